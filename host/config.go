@@ -1,0 +1,144 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+// Config is everything a Host needs. Every field says its default; New fills
+// the defaults in one place and validates the result.
+type Config struct {
+	// DatabaseURL is the Postgres connection string. Required unless Pool
+	// is set.
+	DatabaseURL string
+	// Pool is an existing pgx pool (an embedding application's). Optional.
+	Pool *pgxpool.Pool
+	// RedisURL is the Redis connection string. Required unless Redis is set.
+	RedisURL string
+	// Redis is an existing client. Optional.
+	Redis redis.UniversalClient
+
+	// Stream is the stream key. Default "usher:{jobs}" (the hash tag keeps
+	// a partition's keys in one Redis Cluster slot).
+	Stream string
+	// Group is the consumer group. Default "usher".
+	Group string
+	// Consumer is this host's name in the group; unique per process.
+	// Default "<hostname>-<pid>".
+	Consumer string
+
+	// PluginDir holds plugin binaries; every executable file is started.
+	// Optional.
+	PluginDir string
+	// Plugins lists plugin binaries to start besides PluginDir's.
+	Plugins []string
+
+	// Concurrency bounds the jobs in flight in this host. Default 16.
+	Concurrency int
+	// ReclaimIdle is the reclaim threshold. Default 60s.
+	ReclaimIdle time.Duration
+	// ReclaimInterval is how often the reclaimer scans. Default
+	// ReclaimIdle/4.
+	ReclaimInterval time.Duration
+	// JobTimeout bounds one run of a handler; an overrun is cancelled, its
+	// transaction rolled back, and the job retried. Default 30s.
+	JobTimeout time.Duration
+	// MaxDeliveries: an entry delivered more often is dead-lettered.
+	// Default 10.
+	MaxDeliveries int64
+	// MaxAttempts: a job whose transient failures were retried this often
+	// is dead-lettered. Default 8.
+	MaxAttempts int
+	// StatementTimeout bounds each statement in a host transaction.
+	// Default 10s.
+	StatementTimeout time.Duration
+	// RetryBackoff is the first delay after a transient failure, doubled
+	// per attempt. Default 1s.
+	RetryBackoff time.Duration
+
+	// DisableRelay and DisableScheduler turn off this host's outbox relay
+	// and scheduler (another process runs them). Default: both run.
+	DisableRelay     bool
+	DisableScheduler bool
+	// RelayPollInterval is the relay's fallback poll. Default 1s.
+	RelayPollInterval time.Duration
+	// RelayAfterPublish is a fault hook for tests and the demo: an error
+	// aborts a published batch before it is marked, as a crash would.
+	RelayAfterPublish func(ids []int64) error
+
+	// AdminAddr serves /metrics, /healthz and /plugins. Empty: off.
+	AdminAddr string
+
+	// Logger defaults to a JSON slog logger on stderr.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Pool == nil && c.DatabaseURL == "" {
+		return errors.New("host: DatabaseURL (or Pool) is required")
+	}
+	if c.Redis == nil && c.RedisURL == "" {
+		return errors.New("host: RedisURL (or Redis) is required")
+	}
+	if c.Stream == "" {
+		c.Stream = "usher:{jobs}"
+	}
+	if c.Group == "" {
+		c.Group = "usher"
+	}
+	if c.Consumer == "" {
+		name, _ := os.Hostname()
+		c.Consumer = fmt.Sprintf("%s-%d", name, os.Getpid())
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 16
+	}
+	if c.ReclaimIdle <= 0 {
+		c.ReclaimIdle = 60 * time.Second
+	}
+	if c.JobTimeout <= 0 {
+		c.JobTimeout = 30 * time.Second
+	}
+	if c.MaxDeliveries <= 0 {
+		c.MaxDeliveries = 10
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 8
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	}
+	return nil
+}
+
+// LogValue prints the configuration with secrets masked.
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("database_url", maskURL(c.DatabaseURL)),
+		slog.String("redis_url", maskURL(c.RedisURL)),
+		slog.String("stream", c.Stream), slog.String("group", c.Group), slog.String("consumer", c.Consumer),
+		slog.String("plugin_dir", c.PluginDir), slog.Any("plugins", c.Plugins),
+		slog.Int("concurrency", c.Concurrency), slog.Duration("reclaim_idle", c.ReclaimIdle),
+		slog.Duration("job_timeout", c.JobTimeout), slog.Int64("max_deliveries", c.MaxDeliveries),
+		slog.Int("max_attempts", c.MaxAttempts), slog.Bool("relay", !c.DisableRelay),
+		slog.Bool("scheduler", !c.DisableScheduler), slog.String("admin_addr", c.AdminAddr),
+	)
+}
+
+func maskURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}

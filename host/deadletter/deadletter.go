@@ -1,0 +1,124 @@
+// Package deadletter keeps the jobs usher gave up on, with their reason and
+// history, and puts them back on request. Nothing is dropped silently: an
+// entry is dead-lettered in Postgres first and acked on the stream after.
+package deadletter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/usherhq/usher/host/outbox"
+)
+
+// Letter is one dead-lettered job.
+type Letter struct {
+	ID         int64
+	JobID      string
+	Kind       string
+	Payload    []byte
+	RequestID  string
+	Trace      string
+	Reason     string
+	LastError  string
+	Attempts   int
+	StreamID   string
+	History    json.RawMessage
+	CreatedAt  time.Time
+	RequeuedAt *time.Time
+}
+
+// Add records l. A second Add for the same stream entry (its ack was lost
+// and it came back) is absorbed; it reports whether a row was written.
+func Add(ctx context.Context, q outbox.Querier, l Letter) (bool, error) {
+	if l.Reason == "" {
+		return false, errors.New("deadletter: a letter needs a reason")
+	}
+	hist := l.History
+	if len(hist) == 0 {
+		hist = json.RawMessage("[]")
+	}
+	tag, err := q.Exec(ctx, `
+		INSERT INTO dead_letters (job_id, kind, payload, request_id, trace, reason, last_error, attempts, stream_id, history)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb)
+		ON CONFLICT (stream_id) DO NOTHING`,
+		l.JobID, l.Kind, l.Payload, l.RequestID, l.Trace, l.Reason, l.LastError, l.Attempts, l.StreamID, string(hist))
+	if err != nil {
+		return false, fmt.Errorf("deadletter: add: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+const columns = `id, job_id, kind, payload, request_id, trace, reason, last_error, attempts, stream_id, history::text, created_at, requeued_at`
+
+func scan(r pgx.CollectableRow) (Letter, error) {
+	var l Letter
+	var hist string
+	err := r.Scan(&l.ID, &l.JobID, &l.Kind, &l.Payload, &l.RequestID, &l.Trace, &l.Reason, &l.LastError,
+		&l.Attempts, &l.StreamID, &hist, &l.CreatedAt, &l.RequeuedAt)
+	l.History = json.RawMessage(hist)
+	return l, err
+}
+
+// List returns open (not requeued) letters, of one kind when kind is set.
+func List(ctx context.Context, q outbox.Querier, kind string, limit int) ([]Letter, error) {
+	rows, err := q.Query(ctx, `SELECT `+columns+` FROM dead_letters
+		WHERE requeued_at IS NULL AND ($1 = '' OR kind = $1) ORDER BY id LIMIT $2`, kind, limit)
+	if err != nil {
+		return nil, fmt.Errorf("deadletter: list: %w", err)
+	}
+	return pgx.CollectRows(rows, scan)
+}
+
+// Get returns one letter.
+func Get(ctx context.Context, q outbox.Querier, id int64) (Letter, error) {
+	rows, err := q.Query(ctx, `SELECT `+columns+` FROM dead_letters WHERE id = $1`, id)
+	if err != nil {
+		return Letter{}, fmt.Errorf("deadletter: get: %w", err)
+	}
+	l, err := pgx.CollectExactlyOneRow(rows, scan)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Letter{}, fmt.Errorf("deadletter: no dead letter %d", id)
+	}
+	return l, err
+}
+
+// Requeue puts open letters back through the outbox with their identity
+// kept, so the guards still recognise a job that had partly run. It takes
+// either one id, or every open letter of kind (id 0). It returns how many
+// it requeued.
+func Requeue(ctx context.Context, tx pgx.Tx, id int64, kind string) (int, error) {
+	if id == 0 && kind == "" {
+		return 0, errors.New("deadletter: requeue needs an id or a kind")
+	}
+	rows, err := tx.Query(ctx, `UPDATE dead_letters SET requeued_at = now()
+		WHERE requeued_at IS NULL AND (($1::bigint <> 0 AND id = $1) OR ($1::bigint = 0 AND kind = $2))
+		RETURNING job_id, kind, convert_from(payload, 'UTF8'), request_id, trace, attempts`, id, kind)
+	if err != nil {
+		return 0, fmt.Errorf("deadletter: requeue: %w", err)
+	}
+	msgs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Message, error) {
+		var m outbox.Message
+		var payload string
+		err := r.Scan(&m.JobID, &m.Kind, &payload, &m.RequestID, &m.Trace, &m.Attempt)
+		m.Payload = json.RawMessage(payload)
+		if err == nil && !json.Valid(m.Payload) {
+			err = fmt.Errorf("the payload of dead letter for job %s is not JSON and cannot be requeued as it is", m.JobID)
+		}
+		return m, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("deadletter: requeue: %w", err)
+	}
+	if id != 0 && len(msgs) == 0 {
+		return 0, fmt.Errorf("deadletter: no open dead letter %d", id)
+	}
+	if _, err := outbox.Add(ctx, tx, msgs...); err != nil {
+		return 0, err
+	}
+	return len(msgs), nil
+}

@@ -1,0 +1,156 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/usherhq/usher/host/deadletter"
+	"github.com/usherhq/usher/host/guard"
+	"github.com/usherhq/usher/host/schedule"
+	"github.com/usherhq/usher/host/stream"
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+	"github.com/usherhq/usher/sdk/wire"
+)
+
+// dispatch runs one entry and reports whether it may be acked. It never
+// panics the host and never drops an entry silently: a finished job is
+// acked, a job to retry is acked after its delayed run is committed, a job
+// that can never succeed is acked after its dead letter is committed, and
+// anything else stays pending to be reclaimed.
+func (h *Host) dispatch(ctx context.Context, e stream.Entry) (ack bool) {
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			h.log.Error("dispatch panicked; entry left pending", "stream_id", e.StreamID, "job_id", e.JobID, "panic", r)
+			ack = false
+		}
+	}()
+	if reason, bad := h.refuse(e); bad {
+		return h.deadLetter(ctx, e, "bad_input", reason, "")
+	}
+	h.mu.RLock()
+	rt := h.routes[e.Kind]
+	h.mu.RUnlock()
+	if !rt.plugin.Healthy() {
+		// Its kinds wait in the stream, not in dead letters, until the
+		// plugin is reloaded.
+		return false
+	}
+	if e.Deliveries > h.cfg.MaxDeliveries {
+		return h.deadLetter(ctx, e, "max_deliveries",
+			fmt.Sprintf("delivered %d times (max %d) without finishing; the last runs crashed, hung or lost their host", e.Deliveries, h.cfg.MaxDeliveries), "")
+	}
+
+	ctx, span, traceparent := h.startSpan(ctx, e)
+	defer span.End()
+	jobCtx, cancel := context.WithTimeout(ctx, h.cfg.JobTimeout)
+	defer cancel()
+	job := &usherv1.Job{Id: e.JobID, Kind: e.Kind, Payload: e.Payload, Attempt: int32(e.Attempt),
+		RequestId: e.RequestID, Trace: traceparent}
+	out := h.runner.Run(jobCtx, rt.plugin, rt.guard, job)
+	if out.Verdict == guard.Abandoned && errors.Is(jobCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		// The handler overran its deadline: it was cancelled and its
+		// transaction rolled back. Retry it like a transient failure.
+		out = guard.Outcome{Verdict: guard.Retry, RetryAfter: h.cfg.RetryBackoff,
+			Err: fmt.Errorf("timed out after %s: %w", h.cfg.JobTimeout, out.Err)}
+		out.Reason = out.Err.Error()
+	}
+	h.metrics.duration.WithLabelValues(e.Kind).Observe(time.Since(start).Seconds())
+	h.metrics.jobs.WithLabelValues(e.Kind, out.Verdict.String()).Inc()
+	log := h.log.With("job_id", e.JobID, "kind", e.Kind, "stream_id", e.StreamID, "attempt", e.Attempt,
+		"request_id", e.RequestID, "trace", traceparent)
+
+	switch out.Verdict {
+	case guard.Applied:
+		log.Debug("job applied")
+		return true
+	case guard.Absorbed:
+		log.Info("duplicate absorbed", "guard", guardName(rt.guard), "reason", out.Reason)
+		return true
+	case guard.Retry:
+		if out.Err != nil && e.Attempt+1 >= h.cfg.MaxAttempts {
+			return h.deadLetter(ctx, e, "max_attempts",
+				fmt.Sprintf("failed %d attempts (max %d)", e.Attempt+1, h.cfg.MaxAttempts), out.Reason)
+		}
+		return h.retry(ctx, e, out, log)
+	case guard.Permanent:
+		return h.deadLetter(ctx, e, "permanent", out.Reason, out.Reason)
+	default: // Abandoned
+		log.Warn("job did not finish; entry left pending for reclaim", "err", out.Err)
+		return false
+	}
+}
+
+// refuse checks what can be checked before any plugin sees the entry.
+func (h *Host) refuse(e stream.Entry) (string, bool) {
+	if e.Err != nil {
+		return "malformed entry: " + e.Err.Error(), true
+	}
+	if e.Size > wire.MaxPayloadBytes {
+		return fmt.Sprintf("entry of %d bytes exceeds the %d-byte limit", e.Size, wire.MaxPayloadBytes), true
+	}
+	h.mu.RLock()
+	_, known := h.routes[e.Kind]
+	h.mu.RUnlock()
+	if !known {
+		return fmt.Sprintf("unknown kind %q: no loaded plugin serves it (served: %s)", e.Kind, strings.Join(h.Kinds(), ", ")), true
+	}
+	if !json.Valid(e.Payload) {
+		return fmt.Sprintf("payload of %s job %s is not valid JSON", e.Kind, e.JobID), true
+	}
+	return "", false
+}
+
+func (h *Host) retry(ctx context.Context, e stream.Entry, out guard.Outcome, log interface {
+	Info(string, ...any)
+	Warn(string, ...any)
+}) bool {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	added, err := schedule.Add(wctx, h.pool, schedule.Run{
+		JobID: e.JobID, Attempt: e.Attempt + 1, Kind: e.Kind, Payload: e.Payload,
+		RequestID: e.RequestID, Trace: e.Trace, Reason: out.Reason, RunAt: time.Now().Add(out.RetryAfter),
+	})
+	if err != nil {
+		log.Warn("could not schedule retry; entry left pending", "err", err)
+		return false
+	}
+	log.Info("job scheduled to run again", "in", out.RetryAfter, "reason", out.Reason, "already_scheduled", !added)
+	return true
+}
+
+// deadLetter records the entry in Postgres; only then may it be acked.
+func (h *Host) deadLetter(ctx context.Context, e stream.Entry, cause, reason, lastErr string) bool {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if lastErr == "" {
+		lastErr = reason
+	}
+	hist, _ := json.Marshal([]map[string]any{{
+		"at": time.Now().UTC(), "consumer": h.cfg.Consumer, "deliveries": e.Deliveries, "attempt": e.Attempt, "error": lastErr,
+	}})
+	jobID := e.JobID
+	if jobID == "" {
+		jobID = "entry:" + e.StreamID
+	}
+	kind := e.Kind
+	if kind == "" {
+		kind = "(none)"
+	}
+	_, err := deadletter.Add(wctx, h.pool, deadletter.Letter{
+		JobID: jobID, Kind: kind, Payload: e.Payload, RequestID: e.RequestID, Trace: e.Trace,
+		Reason: reason, LastError: lastErr, Attempts: e.Attempt + 1, StreamID: e.StreamID, History: hist,
+	})
+	if err != nil {
+		h.log.Error("could not write dead letter; entry left pending", "stream_id", e.StreamID, "err", err)
+		return false
+	}
+	h.metrics.deadLetters.WithLabelValues(kind, cause).Inc()
+	h.metrics.jobs.WithLabelValues(kind, "dead_letter").Inc()
+	h.log.Warn("job dead-lettered", "job_id", jobID, "kind", kind, "stream_id", e.StreamID, "cause", cause, "reason", reason)
+	return true
+}

@@ -1,0 +1,366 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+	"github.com/usherhq/usher/sdk/wire"
+)
+
+// Invoker calls a plugin. An error means the call did not complete (the
+// plugin crashed, hung, or the connection broke), not that the handler
+// failed: handler failures come back as results.
+type Invoker interface {
+	Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error)
+}
+
+// Verdict is how a run ended.
+type Verdict int
+
+const (
+	// Applied: this run applied the effect.
+	Applied Verdict = iota + 1
+	// Absorbed: a duplicate; the guard found the effect already applied
+	// (or being applied) and did nothing.
+	Absorbed
+	// Retry: run again after RetryAfter (RetryLater, or a transient
+	// handler error), keeping the job's identity.
+	Retry
+	// Permanent: the job can never succeed; dead-letter it.
+	Permanent
+	// Abandoned: the run could not finish (plugin crashed, database
+	// unreachable); leave the entry pending so it is reclaimed.
+	Abandoned
+)
+
+func (v Verdict) String() string {
+	return [...]string{"unknown", "applied", "absorbed", "retry", "permanent", "abandoned"}[v]
+}
+
+// Outcome is the result of one run.
+type Outcome struct {
+	Verdict    Verdict
+	Reason     string
+	RetryAfter time.Duration
+	Err        error
+}
+
+func applied() Outcome { return Outcome{Verdict: Applied} }
+func absorbed(reason string) Outcome {
+	return Outcome{Verdict: Absorbed, Reason: reason}
+}
+func abandoned(err error) Outcome { return Outcome{Verdict: Abandoned, Err: err, Reason: err.Error()} }
+func permanent(err error) Outcome { return Outcome{Verdict: Permanent, Err: err, Reason: err.Error()} }
+
+// Config configures a Runner.
+type Config struct {
+	// Pool is the Postgres pool every transaction is opened on. Required.
+	Pool *pgxpool.Pool
+	// Handles serves the plugins' callbacks. Required.
+	Handles *Handles
+	// StatementTimeout bounds each statement in a host transaction.
+	// Default 10s.
+	StatementTimeout time.Duration
+	// TransientBackoff is the delay before retrying a transient handler
+	// error, doubled per attempt up to 5 minutes. Default 1s.
+	TransientBackoff time.Duration
+	// OnAbsorbed, when set, is told of every duplicate a guard absorbed.
+	OnAbsorbed func(guard usherv1.Guard, kind, reason string)
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Runner executes guards.
+type Runner struct {
+	cfg Config
+}
+
+// NewRunner validates cfg and fills its defaults.
+func NewRunner(cfg Config) (*Runner, error) {
+	if cfg.Pool == nil || cfg.Handles == nil {
+		return nil, errors.New("guard: runner needs Pool and Handles")
+	}
+	if cfg.StatementTimeout <= 0 {
+		cfg.StatementTimeout = 10 * time.Second
+	}
+	if cfg.TransientBackoff <= 0 {
+		cfg.TransientBackoff = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Runner{cfg: cfg}, nil
+}
+
+// Run executes job's guard against the plugin behind inv.
+func (r *Runner) Run(ctx context.Context, inv Invoker, g usherv1.Guard, job *usherv1.Job) Outcome {
+	var out Outcome
+	switch g {
+	case usherv1.Guard_GUARD_STATE_FIRST:
+		out = r.stateFirst(ctx, inv, job)
+	case usherv1.Guard_GUARD_CLAIM:
+		out = r.claim(ctx, inv, job)
+	case usherv1.Guard_GUARD_JOB_ID:
+		out = r.jobID(ctx, inv, job)
+	default:
+		out = permanent(fmt.Errorf("kind %s has no guard", job.GetKind()))
+	}
+	if out.Verdict == Absorbed && r.cfg.OnAbsorbed != nil {
+		r.cfg.OnAbsorbed(g, job.GetKind(), out.Reason)
+	}
+	return out
+}
+
+// call invokes one phase and maps a failed call or a non-OK result onto an
+// Outcome; ok is true when the phase returned OK or DONE.
+func (r *Runner) call(ctx context.Context, inv Invoker, c *usherv1.Call) (*usherv1.Result, Outcome, bool) {
+	res, err := inv.Invoke(ctx, []*usherv1.Call{c})
+	if err != nil {
+		return nil, abandoned(fmt.Errorf("%s of %s job %s did not complete: %w", phaseName(c.GetPhase()), c.GetJob().GetKind(), c.GetJob().GetId(), err)), false
+	}
+	if len(res) != 1 || res[0] == nil {
+		return nil, permanent(fmt.Errorf("plugin answered garbage: %d results for 1 call", len(res))), false
+	}
+	rs := res[0]
+	switch rs.GetOutcome() {
+	case usherv1.Outcome_OUTCOME_OK, usherv1.Outcome_OUTCOME_DONE:
+		return rs, Outcome{}, true
+	case usherv1.Outcome_OUTCOME_RETRY_LATER:
+		return rs, Outcome{Verdict: Retry, RetryAfter: time.Duration(rs.GetRetryAfterMs()) * time.Millisecond, Reason: rs.GetError()}, false
+	case usherv1.Outcome_OUTCOME_PERMANENT:
+		return rs, permanent(fmt.Errorf("%s: %s", phaseName(c.GetPhase()), rs.GetError())), false
+	case usherv1.Outcome_OUTCOME_ERROR:
+		err := fmt.Errorf("%s: %s", phaseName(c.GetPhase()), rs.GetError())
+		return rs, Outcome{Verdict: Retry, RetryAfter: r.backoff(c.GetJob().GetAttempt()), Err: err, Reason: err.Error()}, false
+	default:
+		return rs, permanent(fmt.Errorf("plugin answered garbage: outcome %v in %s", rs.GetOutcome(), phaseName(c.GetPhase()))), false
+	}
+}
+
+func (r *Runner) backoff(attempt int32) time.Duration {
+	d := r.cfg.TransientBackoff << min(attempt, 16)
+	return min(d, 5*time.Minute)
+}
+
+func phaseName(p usherv1.Phase) string {
+	return strings.ToLower(strings.TrimPrefix(p.String(), "PHASE_"))
+}
+
+// begin opens a host transaction with the statement timeout set.
+func (r *Runner) begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := r.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", r.cfg.StatementTimeout.Milliseconds())); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, fmt.Errorf("set statement_timeout: %w", err)
+	}
+	return tx, nil
+}
+
+// stateFirst: check → prepare → commit with a conditional write.
+func (r *Runner) stateFirst(ctx context.Context, inv Invoker, job *usherv1.Job) Outcome {
+	ro := r.cfg.Handles.issue(capReadOnly, job, nil)
+	res, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_CHECK, Job: job, Handle: ro.id})
+	r.cfg.Handles.release(ro)
+	if !ok {
+		return out
+	}
+	if res.GetOutcome() == usherv1.Outcome_OUTCOME_DONE {
+		return absorbed("state already reached at check")
+	}
+	res, out, ok = r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_PREPARE, Job: job, State: res.GetState()})
+	if !ok {
+		return out
+	}
+	tx, err := r.begin(ctx)
+	if err != nil {
+		return abandoned(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	h := r.cfg.Handles.issue(capCommit, job, tx)
+	_, out, ok = r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_COMMIT, Job: job, Handle: h.id, State: res.GetState()})
+	r.cfg.Handles.release(h)
+	if !ok {
+		return out
+	}
+	if !h.wroteIf {
+		return permanent(fmt.Errorf("commit of %s job %s made no conditional write: state first must end with WriteIf", job.GetKind(), job.GetId()))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return abandoned(fmt.Errorf("commit: %w", err))
+	}
+	if !h.won {
+		return absorbed("conditional write lost to another run")
+	}
+	return applied()
+}
+
+// jobID: record the identity and apply in one transaction.
+func (r *Runner) jobID(ctx context.Context, inv Invoker, job *usherv1.Job) Outcome {
+	tx, err := r.begin(ctx)
+	if err != nil {
+		return abandoned(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var recorded string
+	err = tx.QueryRow(ctx, `
+		INSERT INTO processed_jobs (job_id, kind) VALUES ($1, $2)
+		ON CONFLICT (job_id) DO NOTHING RETURNING job_id`, job.GetId(), job.GetKind()).Scan(&recorded)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return absorbed("job id already recorded")
+	}
+	if err != nil {
+		return abandoned(fmt.Errorf("record job id: %w", err))
+	}
+	h := r.cfg.Handles.issue(capApply, job, tx)
+	_, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_APPLY, Job: job, Handle: h.id})
+	r.cfg.Handles.release(h)
+	if !ok {
+		return out
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return abandoned(fmt.Errorf("commit: %w", err))
+	}
+	return applied()
+}
+
+// claimSQL is a validated claim spec turned into SQL.
+type claimSQL struct {
+	claim, status, mark, release string
+	keys                         []any
+	lease                        time.Duration
+	intent                       string
+}
+
+func buildClaim(spec *usherv1.ClaimSpec) (*claimSQL, error) {
+	if spec == nil {
+		return nil, errors.New("claim phase returned no claim")
+	}
+	if len(spec.GetKeyColumns()) == 0 || len(spec.GetKeyColumns()) != len(spec.GetKeyValues()) {
+		return nil, fmt.Errorf("claim on %q: %d key columns for %d values", spec.GetTable(), len(spec.GetKeyColumns()), len(spec.GetKeyValues()))
+	}
+	for _, name := range append([]string{spec.GetTable(), spec.GetClaimedColumn(), spec.GetDoneColumn()}, spec.GetKeyColumns()...) {
+		if !identifier(name) {
+			return nil, fmt.Errorf("claim: %q is not a plain SQL identifier", name)
+		}
+	}
+	if spec.GetLeaseMs() <= 0 || spec.GetIntent() == "" {
+		return nil, fmt.Errorf("claim on %q needs a positive lease and an intent", spec.GetTable())
+	}
+	t := pgx.Identifier{spec.GetTable()}.Sanitize()
+	claimed := pgx.Identifier{spec.GetClaimedColumn()}.Sanitize()
+	done := pgx.Identifier{spec.GetDoneColumn()}.Sanitize()
+	var cols, params, where []string
+	for i, c := range spec.GetKeyColumns() {
+		q := pgx.Identifier{c}.Sanitize()
+		cols = append(cols, q)
+		params = append(params, fmt.Sprintf("$%d", i+1))
+		where = append(where, fmt.Sprintf("%s = $%d", q, i+1))
+	}
+	n := len(cols)
+	keyList, whereKeys := strings.Join(cols, ", "), strings.Join(where, " AND ")
+	return &claimSQL{
+		// The reference text's one statement: insert, or re-claim only when
+		// not done and the claim is older than the lease.
+		claim: fmt.Sprintf(`INSERT INTO %[1]s (%[2]s, %[3]s) VALUES (%[4]s, now())
+			ON CONFLICT (%[2]s) DO UPDATE SET %[3]s = now()
+			WHERE %[1]s.%[5]s IS NULL AND %[1]s.%[3]s < now() - make_interval(secs => $%[6]d)
+			RETURNING %[3]s`, t, keyList, claimed, strings.Join(params, ", "), done, n+1),
+		status: fmt.Sprintf(`SELECT %[3]s IS NOT NULL,
+			greatest(extract(epoch FROM %[2]s + make_interval(secs => $%[5]d) - now()), 0)::float8
+			FROM %[1]s WHERE %[4]s`, t, claimed, done, whereKeys, n+1),
+		mark:    fmt.Sprintf(`UPDATE %s SET %s = now() WHERE %s AND %s IS NULL`, t, done, whereKeys, done),
+		release: fmt.Sprintf(`UPDATE %[1]s SET %[2]s = '-infinity' WHERE %[3]s AND %[4]s IS NULL AND %[2]s = $%[5]d`, t, claimed, whereKeys, done, n+1),
+		keys:    wire.FromValues(spec.GetKeyValues()),
+		lease:   time.Duration(spec.GetLeaseMs()) * time.Millisecond,
+		intent:  spec.GetIntent(),
+	}, nil
+}
+
+func identifier(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for i, c := range s {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// claim: the host claims, the plugin sends, the host marks.
+func (r *Runner) claim(ctx context.Context, inv Invoker, job *usherv1.Job) Outcome {
+	res, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_CLAIM, Job: job})
+	if !ok {
+		return out
+	}
+	c, err := buildClaim(res.GetClaim())
+	if err != nil {
+		return permanent(fmt.Errorf("%s job %s: %w", job.GetKind(), job.GetId(), err))
+	}
+	leaseSecs := c.lease.Seconds()
+	var token time.Time
+	err = r.cfg.Pool.QueryRow(ctx, c.claim, append(append([]any{}, c.keys...), leaseSecs)...).Scan(&token)
+	if errors.Is(err, pgx.ErrNoRows) {
+		var done bool
+		var remaining float64
+		err := r.cfg.Pool.QueryRow(ctx, c.status, append(append([]any{}, c.keys...), leaseSecs)...).Scan(&done, &remaining)
+		if err != nil {
+			return abandoned(fmt.Errorf("read claim: %w", err))
+		}
+		if done {
+			return absorbed("effect already done")
+		}
+		wait := max(time.Duration(remaining*float64(time.Second)), 100*time.Millisecond)
+		r.cfg.Logger.Info("claim held by another run; retrying after its lease", "job_id", job.GetId(), "kind", job.GetKind(), "retry_in", wait)
+		return Outcome{Verdict: Retry, RetryAfter: wait, Reason: "claim held by another run"}
+	}
+	if err != nil {
+		if out := claimError(err); out != nil {
+			return *out
+		}
+		return abandoned(fmt.Errorf("claim: %w", err))
+	}
+	ro := r.cfg.Handles.issue(capReadOnly, job, nil)
+	_, out, ok = r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_EFFECT, Job: job, Handle: ro.id, IdempotencyKey: c.intent})
+	r.cfg.Handles.release(ro)
+	if !ok {
+		if out.Verdict == Retry || out.Verdict == Permanent {
+			// The effect reported failure: give the claim back so the
+			// retry need not wait out the lease. Should the effect have
+			// left anyway, the provider's key catches the resend.
+			relCtx := context.WithoutCancel(ctx)
+			if _, err := r.cfg.Pool.Exec(relCtx, c.release, append(append([]any{}, c.keys...), token)...); err != nil {
+				r.cfg.Logger.Warn("release claim failed; the retry waits out the lease", "job_id", job.GetId(), "err", err)
+			}
+		}
+		return out
+	}
+	// Send, then mark: a crash here leaves the claim to go stale and the
+	// resend to the provider's idempotency key.
+	if _, err := r.cfg.Pool.Exec(ctx, c.mark, c.keys...); err != nil {
+		return abandoned(fmt.Errorf("mark done: %w", err))
+	}
+	return applied()
+}
+
+// claimError turns a claim statement that can never work (no such table or
+// column, no unique constraint on the key) into a permanent failure.
+func claimError(err error) *Outcome {
+	if st := sqlStatus(err); st != nil && strings.Contains(st.Error(), "InvalidArgument") {
+		o := permanent(fmt.Errorf("claim statement refused: %w", err))
+		return &o
+	}
+	return nil
+}

@@ -1,0 +1,49 @@
+package host
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are the host's Prometheus series, on a registry of its own so
+// several hosts can live in one process (tests, embedding applications).
+type metrics struct {
+	reg         *prometheus.Registry
+	jobs        *prometheus.CounterVec
+	absorbed    *prometheus.CounterVec
+	deadLetters *prometheus.CounterVec
+	published   prometheus.Counter
+	reclaimed   prometheus.Counter
+	duration    *prometheus.HistogramVec
+	restarts    *prometheus.CounterVec
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_jobs_total", Help: "Job runs by kind and verdict (applied, absorbed, retry, permanent, abandoned, dead_letter).",
+		}, []string{"kind", "verdict"}),
+		absorbed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_duplicates_absorbed_total", Help: "Duplicate runs a guard absorbed, by guard, kind and reason.",
+		}, []string{"guard", "kind", "reason"}),
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_dead_letters_total", Help: "Entries dead-lettered, by kind and cause.",
+		}, []string{"kind", "cause"}),
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "usher_outbox_published_total", Help: "Outbox rows the relay published (duplicates included).",
+		}),
+		reclaimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "usher_entries_reclaimed_total", Help: "Stream entries taken over with XAUTOCLAIM.",
+		}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "usher_job_duration_seconds", Help: "Time from dispatch to verdict.", Buckets: prometheus.DefBuckets,
+		}, []string{"kind"}),
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_plugin_restarts_total", Help: "Plugin processes restarted after a crash.",
+		}, []string{"plugin"}),
+	}
+	m.reg.MustRegister(m.jobs, m.absorbed, m.deadLetters, m.published, m.reclaimed, m.duration, m.restarts,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}

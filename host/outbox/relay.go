@@ -1,0 +1,230 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+// Channel is the LISTEN/NOTIFY channel the outbox trigger notifies.
+const Channel = "usher_outbox"
+
+// Stream entry field names. outbox_id and job_id are always present; the
+// stream entry id is never a job's identity.
+const (
+	FieldJobID     = "job_id"
+	FieldOutboxID  = "outbox_id"
+	FieldKind      = "kind"
+	FieldPayload   = "payload"
+	FieldRequestID = "request_id"
+	FieldTrace     = "trace"
+	FieldAttempt   = "attempt"
+)
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	// Pool is the Postgres pool. Required.
+	Pool *pgxpool.Pool
+	// Redis is the stream's client. Required.
+	Redis redis.UniversalClient
+	// Stream is the stream key. Required.
+	Stream string
+	// BatchSize is how many rows one transaction takes. Default 256.
+	BatchSize int
+	// PollInterval is the fallback poll when no notification arrives.
+	// Default 1s.
+	PollInterval time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// AfterPublish, when set, runs after a batch was published and before
+	// it is marked. An error aborts the batch unmarked, exactly as a crash
+	// between publish and mark would: tests use it to force duplicates.
+	AfterPublish func(ids []int64) error
+	// OnPublished, when set, is told how many rows each batch published.
+	OnPublished func(n int)
+}
+
+func (c *RelayConfig) setDefaults() error {
+	if c.Pool == nil || c.Redis == nil || c.Stream == "" {
+		return errors.New("outbox: relay needs Pool, Redis and Stream")
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 256
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Relay moves committed outbox rows onto the stream. Several relays may run
+// at once: FOR UPDATE SKIP LOCKED gives each row to one of them at a time,
+// and a row stays unpublished until a relay has both published and marked
+// it, so none is lost.
+type Relay struct {
+	cfg RelayConfig
+}
+
+// NewRelay validates cfg and fills its defaults.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	return &Relay{cfg: cfg}, nil
+}
+
+// Run relays until ctx is done. It wakes on a notification from the outbox
+// trigger and polls every PollInterval in case one was missed (or the
+// listening connection is down).
+func (r *Relay) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	go r.listen(ctx, wake)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-timer.C:
+		}
+		for {
+			n, err := r.RelayOnce(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				r.cfg.Logger.Warn("outbox relay batch failed; will retry", "err", err)
+				break
+			}
+			if n < r.cfg.BatchSize {
+				break
+			}
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(r.cfg.PollInterval)
+	}
+}
+
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx, wake)
+		if ctx.Err() != nil {
+			return
+		}
+		r.cfg.Logger.Warn("outbox listener lost; polling until it is back", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(r.cfg.PollInterval):
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
+	conn, err := r.cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// A LISTENing connection must not go back to the pool.
+	defer conn.Hijack().Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+		return err
+	}
+	for {
+		if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+			return err
+		}
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+type row struct {
+	id        int64
+	jobID     string
+	kind      string
+	payload   string
+	requestID string
+	trace     string
+	attempt   int32
+}
+
+// RelayOnce publishes one batch and returns how many rows it published.
+func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	tx, err := r.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	rows, err := tx.Query(ctx, `
+		SELECT id, coalesce(job_id, id::text), kind, payload::text, request_id, trace, attempt
+		FROM outbox WHERE published_at IS NULL
+		ORDER BY id LIMIT $1
+		FOR UPDATE SKIP LOCKED`, r.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: select: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, func(rw pgx.CollectableRow) (row, error) {
+		var x row
+		err := rw.Scan(&x.id, &x.jobID, &x.kind, &x.payload, &x.requestID, &x.trace, &x.attempt)
+		return x, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("outbox: select: %w", err)
+	}
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	ids := make([]int64, len(batch))
+	pipe := r.cfg.Redis.Pipeline()
+	for i, x := range batch {
+		ids[i] = x.id
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: r.cfg.Stream, Values: []any{
+			FieldJobID, x.jobID,
+			FieldOutboxID, strconv.FormatInt(x.id, 10),
+			FieldKind, x.kind,
+			FieldPayload, x.payload,
+			FieldRequestID, x.requestID,
+			FieldTrace, x.trace,
+			FieldAttempt, strconv.Itoa(int(x.attempt)),
+		}})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		// Some entries may be on the stream: that is the documented
+		// duplicate. The rows stay unpublished and go out again.
+		return 0, fmt.Errorf("outbox: publish: %w", err)
+	}
+	if r.cfg.AfterPublish != nil {
+		if err := r.cfg.AfterPublish(ids); err != nil {
+			return 0, fmt.Errorf("outbox: after publish: %w", err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = now() WHERE id = ANY($1)`, ids); err != nil {
+		return 0, fmt.Errorf("outbox: mark: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("outbox: commit: %w", err)
+	}
+	if r.cfg.OnPublished != nil {
+		r.cfg.OnPublished(len(batch))
+	}
+	return len(batch), nil
+}

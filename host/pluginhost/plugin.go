@@ -1,0 +1,240 @@
+// Package pluginhost starts handler plugins as separate processes with
+// hashicorp/go-plugin over gRPC, reads and checks their manifests, serves
+// them the host's callback service through go-plugin's broker, and keeps
+// them running.
+package pluginhost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+	"github.com/usherhq/usher/sdk/wire"
+)
+
+// Manifest is what a plugin reports about itself.
+type Manifest struct {
+	Name            string
+	Version         string
+	ProtocolVersion int
+	Kinds           []KindInfo
+}
+
+// KindInfo is one kind a plugin serves, with its guard.
+type KindInfo struct {
+	Kind          string
+	Guard         usherv1.Guard
+	SchemaVersion int
+}
+
+// clientShim is the host side of the go-plugin contract: a Plugin client
+// plus the broker id of the callback server it serves to the plugin.
+type clientShim struct {
+	rpc      usherv1.PluginClient
+	brokerID uint32
+}
+
+// grpcPlugin is the go-plugin GRPCPlugin on the host side.
+type grpcPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	host usherv1.HostServer
+}
+
+func (p *grpcPlugin) GRPCServer(*plugin.GRPCBroker, *grpc.Server) error {
+	return errors.New("pluginhost: the host does not serve plugins")
+}
+
+// GRPCClient starts ONE callback server on the broker for this plugin
+// instance. go-plugin's broker opens a listener per AcceptAndServe, so a
+// server per call would leak listeners and cost a handshake per job.
+func (p *grpcPlugin) GRPCClient(_ context.Context, broker *plugin.GRPCBroker, conn *grpc.ClientConn) (any, error) {
+	id := broker.NextId()
+	go broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
+		s := grpc.NewServer(append(opts,
+			grpc.MaxRecvMsgSize(wire.MaxMessageBytes),
+			grpc.MaxSendMsgSize(wire.MaxMessageBytes))...)
+		usherv1.RegisterHostServer(s, p.host)
+		return s
+	})
+	return &clientShim{rpc: usherv1.NewPluginClient(conn), brokerID: id}, nil
+}
+
+var _ plugin.GRPCPlugin = (*grpcPlugin)(nil)
+
+// Config describes one plugin binary to start.
+type Config struct {
+	// Path of the plugin binary. Required.
+	Path string
+	// Host serves the plugin's callbacks. Required.
+	Host usherv1.HostServer
+	// SHA256, when set, is the binary's expected checksum; go-plugin
+	// verifies it before starting the process.
+	SHA256 []byte
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Stderr, when set, also receives the plugin's raw stderr.
+	Stderr io.Writer
+}
+
+// Instance is one running plugin process.
+type Instance struct {
+	client   *plugin.Client
+	shim     *clientShim
+	manifest Manifest
+	pid      int
+}
+
+// Start launches the plugin, completes the handshake, reads the manifest and
+// checks it. A plugin whose manifest declares a kind without a guard is
+// killed and refused with an error naming the kind.
+func Start(ctx context.Context, cfg Config) (*Instance, error) {
+	if cfg.Path == "" || cfg.Host == nil {
+		return nil, errors.New("pluginhost: Start needs Path and Host")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cmd := exec.Command(cfg.Path)
+	cmd.Env = append(os.Environ(), wire.ParentPIDEnv+"="+strconv.Itoa(os.Getpid()))
+	var secure *plugin.SecureConfig
+	if len(cfg.SHA256) > 0 {
+		secure = &plugin.SecureConfig{Checksum: cfg.SHA256, Hash: newSHA256()}
+	}
+	client := plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig: wire.Handshake,
+		VersionedPlugins: map[int]plugin.PluginSet{
+			wire.ProtocolVersion: {wire.PluginName: &grpcPlugin{host: cfg.Host}},
+		},
+		Cmd:              cmd,
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		SecureConfig:     secure,
+		AutoMTLS:         true,
+		Logger:           hclogFor(cfg.Logger, cfg.Path),
+		Stderr:           cfg.Stderr,
+		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(wire.MaxMessageBytes),
+			grpc.MaxCallSendMsgSize(wire.MaxMessageBytes))},
+	})
+	inst, err := connect(ctx, client)
+	if err != nil {
+		client.Kill()
+		return nil, fmt.Errorf("pluginhost: start %s: %w", cfg.Path, err)
+	}
+	return inst, nil
+}
+
+func connect(ctx context.Context, client *plugin.Client) (*Instance, error) {
+	proto, err := client.Client()
+	if err != nil {
+		return nil, explainStartError(err)
+	}
+	raw, err := proto.Dispense(wire.PluginName)
+	if err != nil {
+		return nil, err
+	}
+	shim := raw.(*clientShim)
+	m, err := shim.rpc.Manifest(ctx, &usherv1.ManifestRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("read manifest: %w", err)
+	}
+	manifest, err := checkManifest(m)
+	if err != nil {
+		return nil, err
+	}
+	inst := &Instance{client: client, shim: shim, manifest: manifest}
+	if rc := client.ReattachConfig(); rc != nil {
+		inst.pid = rc.Pid
+	}
+	return inst, nil
+}
+
+// explainStartError adds what an operator needs to the usual causes.
+func explainStartError(err error) error {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, plugin.ErrChecksumsDoNotMatch):
+		return fmt.Errorf("the binary's SHA-256 does not match its manifest; refusing to start it: %w", err)
+	case strings.Contains(msg, "Incompatible API version"):
+		return fmt.Errorf("protocol version mismatch: this host speaks protocol %d: %w", wire.ProtocolVersion, err)
+	case strings.Contains(msg, "Unrecognized remote plugin"):
+		return fmt.Errorf("the plugin wrote to stdout before its handshake (write diagnostics to stderr): %w", err)
+	}
+	return err
+}
+
+// checkManifest refuses a manifest the host cannot route safely.
+func checkManifest(m *usherv1.ManifestResponse) (Manifest, error) {
+	out := Manifest{Name: m.GetName(), Version: m.GetVersion(), ProtocolVersion: int(m.GetProtocolVersion())}
+	if out.Name == "" {
+		return out, errors.New("manifest has no plugin name")
+	}
+	if len(m.GetKinds()) == 0 {
+		return out, fmt.Errorf("plugin %s declares no kind", out.Name)
+	}
+	seen := map[string]bool{}
+	for _, k := range m.GetKinds() {
+		switch {
+		case k.GetKind() == "":
+			return out, fmt.Errorf("plugin %s declares a kind with no name", out.Name)
+		case seen[k.GetKind()]:
+			return out, fmt.Errorf("plugin %s declares kind %q twice", out.Name, k.GetKind())
+		case k.GetGuard() == usherv1.Guard_GUARD_UNSPECIFIED || usherv1.Guard_name[int32(k.GetGuard())] == "":
+			return out, fmt.Errorf("plugin %s declares kind %q without a guard; refusing to load it", out.Name, k.GetKind())
+		}
+		seen[k.GetKind()] = true
+		out.Kinds = append(out.Kinds, KindInfo{Kind: k.GetKind(), Guard: k.GetGuard(), SchemaVersion: int(k.GetPayloadSchemaVersion())})
+	}
+	return out, nil
+}
+
+// Manifest returns what the plugin reported at start.
+func (i *Instance) Manifest() Manifest { return i.manifest }
+
+// Pid returns the plugin process id.
+func (i *Instance) Pid() int { return i.pid }
+
+// Exited reports whether the plugin process has exited.
+func (i *Instance) Exited() bool { return i.client.Exited() }
+
+// Kill stops the plugin process (gracefully first, then forcibly).
+func (i *Instance) Kill() { i.client.Kill() }
+
+// Invoke sends a batch of phase calls to the plugin.
+func (i *Instance) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error) {
+	res, err := i.shim.rpc.Invoke(ctx, &usherv1.InvokeRequest{HostBrokerId: i.shim.brokerID, Calls: calls})
+	if err != nil {
+		return nil, err
+	}
+	if len(res.GetResults()) != len(calls) {
+		return nil, fmt.Errorf("plugin %s answered %d results for %d calls", i.manifest.Name, len(res.GetResults()), len(calls))
+	}
+	return res.GetResults(), nil
+}
+
+func hclogFor(l *slog.Logger, path string) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{
+		Name:   "plugin",
+		Level:  hclog.Warn,
+		Output: slogWriter{l: l.With("plugin_path", path)},
+	})
+}
+
+// slogWriter forwards go-plugin's log lines (and the plugin's stderr) into
+// the host's slog logger.
+type slogWriter struct{ l *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.l.Info(strings.TrimSpace(string(p)), "source", "go-plugin")
+	return len(p), nil
+}

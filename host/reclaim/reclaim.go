@@ -1,0 +1,148 @@
+// Package reclaim takes over stream entries whose consumer went quiet.
+//
+// An entry pending longer than the threshold (default 60 s) belongs to a
+// consumer that crashed, was killed, or is merely slow. The reclaimer takes
+// it with XAUTOCLAIM and runs it again. A slow original may still finish:
+// the handler's guard makes both runs end with the effect applied once.
+package reclaim
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/host/stream"
+)
+
+// Config configures a Reclaimer.
+type Config struct {
+	// Redis client. Required.
+	Redis redis.UniversalClient
+	// Stream, Group and Consumer (the name entries are claimed for).
+	// Required.
+	Stream, Group, Consumer string
+	// MinIdle is the reclaim threshold. Default 60s.
+	MinIdle time.Duration
+	// Interval between scans. Default MinIdle/4, at least 100ms.
+	Interval time.Duration
+	// Count is how many entries one XAUTOCLAIM takes. Default 64.
+	Count int64
+	// Submit runs the claimed entries. Required.
+	Submit func(ctx context.Context, entries []stream.Entry)
+	// OnReclaimed, when set, is told how many entries each scan took.
+	OnReclaimed func(n int)
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Redis == nil || c.Stream == "" || c.Group == "" || c.Consumer == "" || c.Submit == nil {
+		return errors.New("reclaim: needs Redis, Stream, Group, Consumer and Submit")
+	}
+	if c.MinIdle <= 0 {
+		c.MinIdle = 60 * time.Second
+	}
+	if c.Interval <= 0 {
+		c.Interval = max(c.MinIdle/4, 100*time.Millisecond)
+	}
+	if c.Count <= 0 {
+		c.Count = 64
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Reclaimer periodically claims idle entries for its consumer.
+type Reclaimer struct {
+	cfg Config
+}
+
+// New validates cfg and fills its defaults.
+func New(cfg Config) (*Reclaimer, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	return &Reclaimer{cfg: cfg}, nil
+}
+
+// Run scans every Interval until ctx is done.
+func (r *Reclaimer) Run(ctx context.Context) error {
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if _, err := r.Scan(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("reclaim scan failed", "stream", r.cfg.Stream, "err", err)
+		}
+	}
+}
+
+// Scan walks the whole pending list once, claiming every entry idle past
+// the threshold, and returns how many it claimed.
+func (r *Reclaimer) Scan(ctx context.Context) (int, error) {
+	total := 0
+	start := "0-0"
+	for {
+		msgs, next, err := r.cfg.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+			Stream: r.cfg.Stream, Group: r.cfg.Group, Consumer: r.cfg.Consumer,
+			MinIdle: r.cfg.MinIdle, Start: start, Count: r.cfg.Count,
+		}).Result()
+		if err != nil {
+			if strings.HasPrefix(err.Error(), "NOGROUP") {
+				return total, nil
+			}
+			return total, err
+		}
+		if len(msgs) > 0 {
+			entries, err := r.withDeliveries(ctx, msgs)
+			if err != nil {
+				return total, err
+			}
+			total += len(entries)
+			if r.cfg.OnReclaimed != nil {
+				r.cfg.OnReclaimed(len(entries))
+			}
+			r.cfg.Logger.Info("reclaimed idle entries", "stream", r.cfg.Stream, "count", len(entries), "idle_over", r.cfg.MinIdle)
+			r.cfg.Submit(ctx, entries)
+		}
+		if next == "0-0" || next == "" {
+			return total, nil
+		}
+		start = next
+	}
+}
+
+// withDeliveries decodes the claimed messages and attaches each one's
+// delivery count from XPENDING, which the dispatcher compares with its
+// maximum. XAUTOCLAIM itself has already counted this delivery.
+func (r *Reclaimer) withDeliveries(ctx context.Context, msgs []redis.XMessage) ([]stream.Entry, error) {
+	entries := make([]stream.Entry, 0, len(msgs))
+	pipe := r.cfg.Redis.Pipeline()
+	cmds := make([]*redis.XPendingExtCmd, len(msgs))
+	for i, m := range msgs {
+		cmds[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: r.cfg.Stream, Group: r.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
+		})
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	for i, m := range msgs {
+		e := stream.Decode(m)
+		if p, err := cmds[i].Result(); err == nil && len(p) == 1 {
+			e.Deliveries = p[0].RetryCount
+		}
+		entries = append(entries, e)
+	}
+	return entries, nil
+}

@@ -1,0 +1,34 @@
+-- +goose Up
+-- Stagedoor, the ticketing service whose jobs prove the guards.
+CREATE TABLE events (
+    id         bigserial   PRIMARY KEY,
+    name       text        NOT NULL,
+    venue      text        NOT NULL DEFAULT '',
+    starts_at  timestamptz NOT NULL DEFAULT now(),
+    -- The organizer's sales counter, moved by update_sales_counter.
+    seats_sold bigint      NOT NULL DEFAULT 0
+);
+
+CREATE TABLE orders (
+    id         bigserial   PRIMARY KEY,
+    public_id  text        NOT NULL UNIQUE,
+    event_id   bigint      NOT NULL REFERENCES events (id),
+    buyer      text        NOT NULL,
+    email      text        NOT NULL,
+    seats      integer     NOT NULL CHECK (seats > 0),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX orders_event ON orders (event_id);
+
+CREATE TABLE tickets (
+    id       bigserial PRIMARY KEY,
+    order_id bigint    NOT NULL REFERENCES orders (id),
+    code     text      NOT NULL UNIQUE,
+    seat     text      NOT NULL
+);
+CREATE INDEX tickets_order ON tickets (order_id);
+
+-- +goose Down
+DROP TABLE tickets;
+DROP TABLE orders;
+DROP TABLE events;

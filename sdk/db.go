@@ -1,0 +1,175 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+	"github.com/usherhq/usher/sdk/wire"
+)
+
+// hostCaller is the plugin's view of the host's callback service.
+type hostCaller interface {
+	exec(ctx context.Context, handle string, stmts []*usherv1.Statement) ([]*usherv1.StatementResult, error)
+	enqueue(ctx context.Context, handle string, msgs []*usherv1.OutboxMessage) ([]int64, error)
+}
+
+// handle is a capability the host issued for one phase of one job. The host
+// checks every statement against it, so a plugin that bypasses the SDK's
+// types is refused there as well.
+type handle struct {
+	host hostCaller
+	id   string
+}
+
+func (h handle) run(ctx context.Context, mode usherv1.Mode, sql string, args []any) (*usherv1.StatementResult, error) {
+	if h.host == nil || h.id == "" {
+		return nil, fmt.Errorf("sdk: no database in this phase")
+	}
+	vals, err := wire.ToValues(args)
+	if err != nil {
+		return nil, fmt.Errorf("sdk: %w", err)
+	}
+	res, err := h.host.exec(ctx, h.id, []*usherv1.Statement{{Mode: mode, Sql: sql, Args: vals}})
+	if err != nil {
+		return nil, err
+	}
+	if len(res) != 1 {
+		return nil, fmt.Errorf("sdk: host answered %d results for 1 statement", len(res))
+	}
+	return res[0], nil
+}
+
+func (h handle) query(ctx context.Context, sql string, args []any) (*Rows, error) {
+	res, err := h.run(ctx, usherv1.Mode_MODE_QUERY, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	return newRows(res), nil
+}
+
+func (h handle) exec(ctx context.Context, sql string, args []any) (int64, error) {
+	res, err := h.run(ctx, usherv1.Mode_MODE_EXEC, sql, args)
+	if err != nil {
+		return 0, err
+	}
+	return res.GetRowsAffected(), nil
+}
+
+func (h handle) enqueue(ctx context.Context, args []Args) error {
+	msgs := make([]*usherv1.OutboxMessage, len(args))
+	for i, a := range args {
+		payload, err := json.Marshal(a)
+		if err != nil {
+			return fmt.Errorf("sdk: encode %s payload: %w", a.Kind(), err)
+		}
+		msgs[i] = &usherv1.OutboxMessage{Kind: a.Kind(), Payload: payload}
+	}
+	_, err := h.host.enqueue(ctx, h.id, msgs)
+	return err
+}
+
+// ReadOnly runs read-only queries, each in a short read-only transaction of
+// the host's: no transaction is held between calls, and Postgres refuses any
+// write. It is what the check phase of state first and the effect phase of a
+// claim receive.
+type ReadOnly struct{ h handle }
+
+// Query runs a query and returns all its rows.
+func (db *ReadOnly) Query(ctx context.Context, sql string, args ...any) (*Rows, error) {
+	return db.h.query(ctx, sql, args)
+}
+
+// QueryRow runs a query expected to return at most one row.
+func (db *ReadOnly) QueryRow(ctx context.Context, sql string, args ...any) *Row {
+	rows, err := db.h.query(ctx, sql, args)
+	return &Row{rows: rows, err: err}
+}
+
+// CommitTx is the host's transaction in the commit phase of state first. It
+// can read, and it can write only conditionally: WriteIf reports whether the
+// write won, and only a [Win] can write further or enqueue follow-on jobs.
+// The host refuses a commit phase that made no conditional write.
+type CommitTx struct{ h handle }
+
+// Query runs a query inside the transaction.
+func (tx *CommitTx) Query(ctx context.Context, sql string, args ...any) (*Rows, error) {
+	return tx.h.query(ctx, sql, args)
+}
+
+// QueryRow runs a query inside the transaction, expecting at most one row.
+func (tx *CommitTx) QueryRow(ctx context.Context, sql string, args ...any) *Row {
+	rows, err := tx.h.query(ctx, sql, args)
+	return &Row{rows: rows, err: err}
+}
+
+// WriteIf runs a conditional write: an UPDATE, INSERT or DELETE with a
+// RETURNING clause whose condition holds only while the state is not yet
+// reached (`UPDATE tickets SET pdf_key = $1 WHERE order_id = $2 AND pdf_key
+// IS NULL RETURNING id`). It returns a *Win when the write returned a row,
+// and nil (with a nil error) when another run reached the state first.
+func (tx *CommitTx) WriteIf(ctx context.Context, sql string, args ...any) (*Win, error) {
+	res, err := tx.h.run(ctx, usherv1.Mode_MODE_WRITE_IF, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	if !res.GetWon() {
+		return nil, nil
+	}
+	return &Win{h: tx.h, returned: newRows(res)}, nil
+}
+
+// Win is the proof that this run's conditional write reached the state. It
+// is the only way to make further writes or enqueue follow-on jobs in the
+// commit phase, so a follow-on job is queued once however many runs commit.
+type Win struct {
+	h        handle
+	returned *Rows
+}
+
+// Returned is what the conditional write's RETURNING clause returned.
+func (w *Win) Returned() *Rows { return w.returned }
+
+// Exec runs a further write in the same transaction.
+func (w *Win) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	if w == nil {
+		return 0, ErrNotWon
+	}
+	return w.h.exec(ctx, sql, args)
+}
+
+// Enqueue adds follow-on jobs to the outbox in the same transaction, carrying
+// this job's request_id and trace.
+func (w *Win) Enqueue(ctx context.Context, jobs ...Args) error {
+	if w == nil {
+		return ErrNotWon
+	}
+	return w.h.enqueue(ctx, jobs)
+}
+
+// Tx is the host's transaction in the apply phase of a job whose identity
+// the host records in processed_jobs. Everything here commits together with
+// that record, or not at all.
+type Tx struct{ h handle }
+
+// Query runs a query inside the transaction.
+func (tx *Tx) Query(ctx context.Context, sql string, args ...any) (*Rows, error) {
+	return tx.h.query(ctx, sql, args)
+}
+
+// QueryRow runs a query inside the transaction, expecting at most one row.
+func (tx *Tx) QueryRow(ctx context.Context, sql string, args ...any) *Row {
+	rows, err := tx.h.query(ctx, sql, args)
+	return &Row{rows: rows, err: err}
+}
+
+// Exec runs a write inside the transaction and returns the rows affected.
+func (tx *Tx) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	return tx.h.exec(ctx, sql, args)
+}
+
+// Enqueue adds follow-on jobs to the outbox inside the transaction.
+func (tx *Tx) Enqueue(ctx context.Context, jobs ...Args) error {
+	return tx.h.enqueue(ctx, jobs)
+}

@@ -1,0 +1,63 @@
+package sdk
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+)
+
+// hostError turns a gRPC status from the host into a plain error carrying
+// the host's message; a refused capability becomes a permanent failure,
+// because retrying the same handler code cannot make it allowed.
+func hostError(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	e := fmt.Errorf("host: %s", st.Message())
+	if st.Code() == codes.PermissionDenied || st.Code() == codes.InvalidArgument {
+		return Permanent(e)
+	}
+	return e
+}
+
+// jobLogger returns a logger whose records go to the host's log, tagged with
+// the job's identity, request_id and trace.
+func (h *hostClient) jobLogger(job *usherv1.Job) *slog.Logger {
+	return slog.New(&hostLogHandler{host: h, job: job})
+}
+
+type hostLogHandler struct {
+	host  *hostClient
+	job   *usherv1.Job
+	attrs []slog.Attr
+}
+
+func (l *hostLogHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (l *hostLogHandler) Handle(ctx context.Context, r slog.Record) error {
+	rec := &usherv1.LogRecord{
+		Level: int32(r.Level), Message: r.Message, Attrs: map[string]string{},
+		JobId: l.job.GetId(), RequestId: l.job.GetRequestId(), Trace: l.job.GetTrace(),
+	}
+	for _, a := range l.attrs {
+		rec.Attrs[a.Key] = a.Value.String()
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		rec.Attrs[a.Key] = a.Value.String()
+		return true
+	})
+	_, err := l.host.c.Log(ctx, &usherv1.LogRequest{Records: []*usherv1.LogRecord{rec}})
+	return err
+}
+
+func (l *hostLogHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &hostLogHandler{host: l.host, job: l.job, attrs: append(append([]slog.Attr{}, l.attrs...), attrs...)}
+}
+
+func (l *hostLogHandler) WithGroup(string) slog.Handler { return l }
