@@ -39,6 +39,9 @@ type Config struct {
 	PluginDir string
 	// Plugins lists plugin binaries to start besides PluginDir's.
 	Plugins []string
+	// PluginEnv is added to every plugin's environment (e.g. the mail
+	// provider's address).
+	PluginEnv []string
 
 	// Concurrency bounds the jobs in flight in this host. Default 16.
 	Concurrency int

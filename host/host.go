@@ -149,7 +149,7 @@ func (h *Host) pluginPaths() ([]string, error) {
 // loaded plugin already serves.
 func (h *Host) LoadPlugin(ctx context.Context, path string) error {
 	sup, err := pluginhost.NewSupervisor(ctx, pluginhost.SupervisorConfig{
-		Plugin: pluginhost.Config{Path: path, Host: h.handles, Logger: h.log},
+		Plugin: pluginhost.Config{Path: path, Host: h.handles, Logger: h.log, Env: h.cfg.PluginEnv},
 		OnRestart: func(m pluginhost.Manifest, pid int) {
 			h.metrics.restarts.WithLabelValues(m.Name).Inc()
 		},
@@ -228,7 +228,7 @@ func (h *Host) Swap(ctx context.Context, name, path string) (pluginhost.SwapResu
 	if sup == nil {
 		return pluginhost.SwapResult{}, fmt.Errorf("host: no plugin %q is loaded", name)
 	}
-	res, err := sup.Swap(ctx, pluginhost.Config{Path: path, Host: h.handles, Logger: h.log})
+	res, err := sup.Swap(ctx, pluginhost.Config{Path: path, Host: h.handles, Logger: h.log, Env: h.cfg.PluginEnv})
 	if err != nil {
 		return res, err
 	}

@@ -28,7 +28,19 @@ CREATE TABLE tickets (
 );
 CREATE INDEX tickets_order ON tickets (order_id);
 
+-- One row per applied update_sales_counter, with the plugin version that
+-- applied it: tests count effects with it and see which version ran a job.
+CREATE TABLE counter_applies (
+    job_id         text        NOT NULL,
+    order_id       bigint      NOT NULL,
+    plugin_version text        NOT NULL,
+    applied_at     timestamptz NOT NULL DEFAULT now()
+);
+-- Deliberately not unique: a doubled apply must show up as two rows.
+CREATE INDEX counter_applies_job ON counter_applies (job_id);
+
 -- +goose Down
+DROP TABLE counter_applies;
 DROP TABLE tickets;
 DROP TABLE orders;
 DROP TABLE events;

@@ -142,12 +142,13 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 		return err
 	}
 	// A LISTENing connection must not go back to the pool.
-	defer conn.Hijack().Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+	pc := conn.Hijack()
+	defer pc.Close(context.WithoutCancel(ctx))
+	if _, err := pc.Exec(ctx, "LISTEN "+Channel); err != nil {
 		return err
 	}
 	for {
-		if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+		if _, err := pc.WaitForNotification(ctx); err != nil {
 			return err
 		}
 		select {

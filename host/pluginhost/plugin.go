@@ -85,6 +85,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Stderr, when set, also receives the plugin's raw stderr.
 	Stderr io.Writer
+	// Env is added to the plugin's environment.
+	Env []string
 }
 
 // Instance is one running plugin process.
@@ -106,7 +108,7 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 		cfg.Logger = slog.Default()
 	}
 	cmd := exec.Command(cfg.Path)
-	cmd.Env = append(os.Environ(), wire.ParentPIDEnv+"="+strconv.Itoa(os.Getpid()))
+	cmd.Env = append(append(os.Environ(), cfg.Env...), wire.ParentPIDEnv+"="+strconv.Itoa(os.Getpid()))
 	var secure *plugin.SecureConfig
 	if len(cfg.SHA256) > 0 {
 		secure = &plugin.SecureConfig{Checksum: cfg.SHA256, Hash: newSHA256()}

@@ -70,6 +70,13 @@ type Consumer struct {
 	// handlers can commit and ack during shutdown.
 	workCtx    context.Context
 	cancelWork context.CancelFunc
+
+	// running holds the stream ids in flight here. XAUTOCLAIM hands an
+	// entry back to the consumer that is still working on it once it idles
+	// past the threshold; starting it twice in one process would only
+	// waste a slot.
+	mu      sync.Mutex
+	running map[string]bool
 }
 
 // NewConsumer validates cfg and fills its defaults.
@@ -77,7 +84,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	c := &Consumer{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency)}
+	c := &Consumer{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency), running: map[string]bool{}}
 	c.workCtx, c.cancelWork = context.WithCancel(context.Background())
 	return c, nil
 }
@@ -149,6 +156,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 // are reclaimed again).
 func (c *Consumer) Submit(ctx context.Context, entries []Entry) {
 	for _, e := range entries {
+		if c.isRunning(e.StreamID) {
+			continue
+		}
 		select {
 		case c.slots <- struct{}{}:
 			c.start(e)
@@ -183,12 +193,31 @@ func (c *Consumer) releaseSlots(n int) {
 	}
 }
 
+func (c *Consumer) isRunning(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.running[id]
+}
+
 // start runs e in its own goroutine; the caller holds a slot for it.
 func (c *Consumer) start(e Entry) {
+	c.mu.Lock()
+	if c.running[e.StreamID] {
+		c.mu.Unlock()
+		<-c.slots
+		return
+	}
+	c.running[e.StreamID] = true
+	c.mu.Unlock()
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
 		defer func() { <-c.slots }()
+		defer func() {
+			c.mu.Lock()
+			delete(c.running, e.StreamID)
+			c.mu.Unlock()
+		}()
 		if !c.cfg.Dispatch(c.workCtx, e) {
 			return
 		}

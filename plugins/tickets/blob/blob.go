@@ -75,7 +75,7 @@ func (s *FS) Put(ctx context.Context, key string, data []byte) error {
 	if err := s.mkdirAll(dir); err != nil {
 		return fmt.Errorf("blob: put %s: %w", key, err)
 	}
-	if err := os.WriteFile(final, data, 0o640); err != nil {
+	if err := writeAtomic(dir, final, data); err != nil {
 		return fmt.Errorf("blob: put %s: %w", key, err)
 	}
 	return nil

@@ -282,13 +282,20 @@ func TestConcurrentPutNeverTorn(t *testing.T) {
 	start := make(chan struct{})
 	var writersWG, readersWG sync.WaitGroup
 	done := make(chan struct{})
-	errs := make(chan error, 1000)
+	errs := make(chan error, writers+4)
+	report := func(err error) { // keep the first few; never block
+		select {
+		case errs <- err:
+		default:
+		}
+	}
 	for i := range writers {
 		writersWG.Go(func() {
 			<-start
 			for range 5 {
 				if err := s.Put(ctx, key, payload(i)); err != nil {
-					errs <- err
+					report(err)
+					return
 				}
 			}
 		})
@@ -303,10 +310,12 @@ func TestConcurrentPutNeverTorn(t *testing.T) {
 				default:
 				}
 				got, err := s.Get(ctx, key)
+				if err == nil && !blobs[string(got)] {
+					err = fmt.Errorf("torn read: %d bytes starting %q", len(got), got[:min(len(got), 8)])
+				}
 				if err != nil {
-					errs <- err
-				} else if !blobs[string(got)] {
-					errs <- fmt.Errorf("torn read: %d bytes starting %q", len(got), got[:min(len(got), 8)])
+					report(err)
+					return
 				}
 			}
 		})

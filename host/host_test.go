@@ -1,0 +1,245 @@
+package host_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/plugins/stagedoor/faults"
+	"github.com/usherhq/usher/plugins/stagedoor/orders"
+)
+
+type testBundle struct {
+	pool     *pgxpool.Pool
+	dbURL    string
+	rdb      *redis.Client
+	stream   string
+	counters string
+	faultDir string
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	pool, url := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	return &testBundle{pool: pool, dbURL: url, rdb: rdb, stream: stream,
+		counters: hosttest.Build(t, "./plugins/counters"), faultDir: t.TempDir()}
+}
+
+func (b *testBundle) config() host.Config {
+	return host.Config{
+		DatabaseURL: b.dbURL, Redis: b.rdb, Stream: b.stream,
+		Plugins:     []string{b.counters},
+		PluginEnv:   []string{faults.DirEnv + "=" + b.faultDir},
+		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond,
+	}
+}
+
+// placeOrders commits n orders spread over events and returns each event's
+// expected seat total.
+func (b *testBundle) placeOrders(t *testing.T, n, events int) map[int64]int64 {
+	t.Helper()
+	ctx := context.Background()
+	ids := make([]int64, events)
+	for i := range ids {
+		id, err := orders.CreateEvent(ctx, b.pool, fmt.Sprintf("Event %d", i), "Stagedoor Hall")
+		require.NoError(t, err)
+		ids[i] = id
+	}
+	want := map[int64]int64{}
+	for i := range n {
+		ev := ids[i%events]
+		seats := 1 + rand.IntN(6)
+		_, err := orders.Place(ctx, b.pool, orders.Order{EventID: ev, Buyer: "Buyer", Email: "b@example.com", Seats: seats},
+			orders.Jobs{Counter: true})
+		require.NoError(t, err)
+		want[ev] += int64(seats)
+	}
+	return want
+}
+
+func (b *testBundle) requireCounters(t *testing.T, want map[int64]int64) {
+	t.Helper()
+	for ev, seats := range want {
+		got := hosttest.Count(t, b.pool, `SELECT seats_sold FROM events WHERE id = $1`, ev)
+		require.Equal(t, seats, got, "event %d's counter", ev)
+	}
+}
+
+func (b *testBundle) waitDrained(t *testing.T, jobs int64) {
+	t.Helper()
+	hosttest.Eventually(t, 60*time.Second, fmt.Sprintf("%d jobs recorded and nothing pending", jobs), func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM processed_jobs`) == jobs &&
+			hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) == 0 &&
+			hosttest.Pending(t, b.rdb, b.stream, "usher") == 0
+	})
+}
+
+// 1,000 orders; 10% of their outbox rows are published twice by a relay
+// that crashes between publish and mark. Every counter is exact.
+func TestRelayDuplicatesAppliedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	want := b.placeOrders(t, 1000, 7)
+
+	// The relay runs on its own, one row per batch, "crashing" after
+	// publishing every tenth row the first time.
+	var mu sync.Mutex
+	crashed := map[int64]bool{}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Redis: b.rdb, Stream: b.stream, BatchSize: 1, PollInterval: 10 * time.Millisecond,
+		AfterPublish: func(ids []int64) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if id := ids[0]; id%10 == 0 && !crashed[id] {
+				crashed[id] = true
+				return errors.New("relay crashed between publish and mark")
+			}
+			return nil
+		}})
+	require.NoError(t, err)
+	cfg := b.config()
+	cfg.DisableRelay = true
+	hosttest.Start(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = relay.Run(ctx) }()
+
+	b.waitDrained(t, 1000)
+	b.requireCounters(t, want)
+	require.EqualValues(t, 1100, b.rdb.XLen(context.Background(), b.stream).Val(), "100 duplicate entries on the stream")
+	require.EqualValues(t, 1000, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`), "one apply per order")
+	require.EqualValues(t, 100, hosttest.Count(t, b.pool,
+		`SELECT coalesce(sum(count), 0) FROM absorbed_duplicates WHERE guard = 'job_id' AND kind = 'update_sales_counter'`),
+		"the guard absorbed every relay duplicate")
+}
+
+// A consumer takes an entry and stalls past the threshold; another consumer
+// reclaims it; both finish; the counter moved once.
+func TestSlowConsumerReclaimed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	want := b.placeOrders(t, 1, 1)
+	var jobID string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT id::text FROM outbox`).Scan(&jobID))
+	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "stall", Duration: "3s", JobIDs: []string{jobID}, Once: true}))
+
+	slow := b.config()
+	slow.ReclaimIdle = time.Hour // only the other host reclaims
+	slow.Consumer = "slow"
+	hosttest.Start(t, slow)
+	hosttest.Eventually(t, 20*time.Second, "the slow consumer to hold the job", func() bool {
+		_, err := os.Stat(filepath.Join(b.faultDir, "counter.apply."+jobID+".hit"))
+		return err == nil
+	})
+	other := b.config()
+	other.Consumer = "other"
+	other.DisableRelay = true
+	hosttest.Start(t, other)
+
+	b.waitDrained(t, 1)
+	hosttest.Eventually(t, 20*time.Second, "both runs to finish", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT coalesce(sum(count), 0) FROM absorbed_duplicates`) == 1
+	})
+	b.requireCounters(t, want)
+	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`))
+	info, err := b.rdb.XInfoConsumers(context.Background(), b.stream, "usher").Result()
+	require.NoError(t, err)
+	names := map[string]bool{}
+	for _, c := range info {
+		names[c.Name] = true
+	}
+	require.True(t, names["other"], "the entry was claimed by the other consumer")
+}
+
+// kill -9 of the plugin process mid-job: the entry stays pending, is
+// reclaimed after the plugin restarts, and is applied once.
+func TestPluginKilledMidJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	want := b.placeOrders(t, 20, 2)
+	var jobID string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT id::text FROM outbox ORDER BY id LIMIT 1`).Scan(&jobID))
+	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{jobID}, Once: true}))
+	h := hosttest.Start(t, b.config())
+
+	hit := filepath.Join(b.faultDir, "counter.apply."+jobID+".hit")
+	hosttest.Eventually(t, 20*time.Second, "the plugin to hold the job", func() bool {
+		_, err := os.Stat(hit)
+		return err == nil
+	})
+	raw, err := os.ReadFile(hit)
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	require.NoError(t, err)
+	require.NotEqual(t, os.Getpid(), pid, "the handler runs in its own process")
+	require.Equal(t, h.Plugins()[0].Pid, pid)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+
+	b.waitDrained(t, 20)
+	b.requireCounters(t, want)
+	require.EqualValues(t, 20, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`))
+	require.NotEqual(t, pid, h.Plugins()[0].Pid, "the plugin was restarted")
+	require.GreaterOrEqual(t, h.Plugins()[0].Restarts, 1)
+}
+
+// Malformed entries are dead-lettered with a clear reason, acked only after,
+// and the other jobs flow.
+func TestMalformedEntriesDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	want := b.placeOrders(t, 30, 3)
+	ctx := context.Background()
+	require.NoError(t, b.rdb.XGroupCreateMkStream(ctx, b.stream, "usher", "0").Err())
+	add := func(vals ...any) {
+		require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: vals}).Err())
+	}
+	add("kind", "update_sales_counter", "payload", `{"order_id":1}`)                                            // no identity
+	add("job_id", "x-1", "kind", "reticulate_splines", "payload", `{}`)                                         // unknown kind
+	add("job_id", "x-2", "kind", "update_sales_counter", "payload", `{"order_id":`)                             // not JSON
+	add("job_id", "x-3", "kind", "update_sales_counter", "payload", `{"order_id":"seven"}`)                     // does not decode
+	add("job_id", "x-4", "kind", "update_sales_counter", "payload", `{"pad":"`+strings.Repeat("a", 2<<20)+`"}`) // oversized
+	add("job_id", "x-5", "kind", "update_sales_counter", "payload", `{"order_id":999999}`)                      // no such order
+	hosttest.Start(t, b.config())
+
+	hosttest.Eventually(t, 30*time.Second, "6 dead letters and 30 applied jobs", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`) == 6 &&
+			hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`) == 30 &&
+			hosttest.Pending(t, b.rdb, b.stream, "usher") == 0
+	})
+	b.requireCounters(t, want)
+	reasons := map[string]string{}
+	rows, err := b.pool.Query(ctx, `SELECT job_id, reason FROM dead_letters`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id, reason string
+		require.NoError(t, rows.Scan(&id, &reason))
+		reasons[id] = reason
+	}
+	require.NoError(t, rows.Err())
+	for id, r := range reasons {
+		if strings.HasPrefix(id, "entry:") {
+			require.Contains(t, r, "no job identity")
+		}
+	}
+	require.Contains(t, reasons["x-1"], `unknown kind "reticulate_splines"`)
+	require.Contains(t, reasons["x-2"], "not valid JSON")
+	require.Contains(t, reasons["x-3"], "does not parse")
+	require.Contains(t, reasons["x-4"], "exceeds the")
+	require.Contains(t, reasons["x-5"], "order 999999 does not exist")
+}

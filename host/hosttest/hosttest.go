@@ -1,0 +1,258 @@
+// Package hosttest is the kit usher's own tests use against real Postgres,
+// real Redis and real plugin processes: a fresh database per test, a unique
+// stream key, plugin binaries built from source, and a running host that
+// stops when the test ends.
+package hosttest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/migrations"
+)
+
+// DatabaseURL is the server tests create their databases on
+// (USHER_TEST_DATABASE_URL, default the local "test" database).
+func DatabaseURL() string {
+	if s := os.Getenv("USHER_TEST_DATABASE_URL"); s != "" {
+		return s
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// RedisURL is the Redis tests use (USHER_TEST_REDIS_URL, default local).
+func RedisURL() string {
+	if s := os.Getenv("USHER_TEST_REDIS_URL"); s != "" {
+		return s
+	}
+	return "redis://127.0.0.1:6379/0"
+}
+
+// Suffix returns a short random suffix for names.
+func Suffix() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// DB creates a fresh, migrated database for the test and drops it when the
+// test ends. It returns the pool and the database's URL.
+func DB(tb testing.TB) (*pgxpool.Pool, string) {
+	tb.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, DatabaseURL())
+	if err != nil {
+		tb.Fatalf("hosttest: postgres: %v", err)
+	}
+	defer admin.Close(ctx)
+	name := "usher_t_" + Suffix()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		tb.Fatalf("hosttest: create database: %v", err)
+	}
+	u, err := url.Parse(DatabaseURL())
+	if err != nil {
+		tb.Fatalf("hosttest: database url: %v", err)
+	}
+	u.Path = "/" + name
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		tb.Fatalf("hosttest: %v", err)
+	}
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("hosttest: pool: %v", err)
+	}
+	tb.Cleanup(func() {
+		pool.Close()
+		c, err := pgx.Connect(context.Background(), DatabaseURL())
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	})
+	if err := migrations.Up(ctx, pool); err != nil {
+		tb.Fatalf("hosttest: migrate: %v", err)
+	}
+	return pool, u.String()
+}
+
+// Redis returns a client and a stream key unique to the test; the key is
+// deleted when the test ends.
+func Redis(tb testing.TB) (*redis.Client, string) {
+	tb.Helper()
+	opt, err := redis.ParseURL(RedisURL())
+	if err != nil {
+		tb.Fatalf("hosttest: redis url: %v", err)
+	}
+	rdb := redis.NewClient(opt)
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		tb.Fatalf("hosttest: redis: %v", err)
+	}
+	key := "usher:test:{" + Suffix() + "}"
+	tb.Cleanup(func() {
+		_ = rdb.Del(context.Background(), key).Err()
+		_ = rdb.Close()
+	})
+	return rdb, key
+}
+
+var (
+	buildMu sync.Mutex
+	built   = map[string]string{}
+)
+
+// ModuleRoot finds the directory holding go.mod.
+func ModuleRoot(tb testing.TB) string {
+	tb.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			tb.Fatal("hosttest: no go.mod above the test")
+		}
+		dir = parent
+	}
+}
+
+// Build compiles the main package pkg (relative to the module root, e.g.
+// "./plugins/counters") with optional -ldflags -X settings, once per test
+// binary, and returns the executable's path under bin/test.
+func Build(tb testing.TB, pkg string, xflags ...string) string {
+	tb.Helper()
+	key := pkg + "|" + strings.Join(xflags, " ")
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := built[key]; ok {
+		return p
+	}
+	root := ModuleRoot(tb)
+	name := strings.NewReplacer("./", "", "/", "_").Replace(pkg)
+	if len(xflags) > 0 {
+		name += "_" + Suffix()
+	}
+	out := filepath.Join(root, "bin", "test", name)
+	args := []string{"build", "-o", out}
+	if len(xflags) > 0 {
+		var ld []string
+		for _, x := range xflags {
+			ld = append(ld, "-X "+x)
+		}
+		args = append(args, "-ldflags", strings.Join(ld, " "))
+	}
+	args = append(args, pkg)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("hosttest: go build %s: %v\n%s", pkg, err, b)
+	}
+	built[key] = out
+	return out
+}
+
+// Logger returns a logger that writes through t.Log (only shown for failing
+// or verbose tests) at level.
+func Logger(tb testing.TB, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: level}))
+}
+
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	defer func() { _ = recover() }() // a log line after the test ended
+	w.tb.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// Running is a host running in the test.
+type Running struct {
+	*host.Host
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// Stop stops the host and waits for Run to return.
+func (r *Running) Stop() error {
+	r.cancel()
+	err := <-r.done
+	r.Close()
+	return err
+}
+
+// Start builds a host from cfg (tests fill DatabaseURL/Pool, Redis and
+// Stream) and runs it until the test ends or Stop is called.
+func Start(tb testing.TB, cfg host.Config) *Running {
+	tb.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = Logger(tb, slog.LevelWarn)
+	}
+	if cfg.Consumer == "" {
+		cfg.Consumer = "test-" + Suffix()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h, err := host.New(ctx, cfg)
+	if err != nil {
+		cancel()
+		tb.Fatalf("hosttest: new host: %v", err)
+	}
+	r := &Running{Host: h, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- h.Run(ctx) }()
+	var once sync.Once
+	tb.Cleanup(func() { once.Do(func() { _ = r.Stop() }) })
+	return r
+}
+
+// Eventually polls cond every 50ms until it holds or timeout passes.
+func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("hosttest: timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Pending returns the number of entries pending in the group.
+func Pending(tb testing.TB, rdb redis.UniversalClient, stream, group string) int64 {
+	tb.Helper()
+	p, err := rdb.XPending(context.Background(), stream, group).Result()
+	if err != nil {
+		return -1
+	}
+	return p.Count
+}
+
+// Count runs a COUNT-style query returning one integer.
+func Count(tb testing.TB, pool *pgxpool.Pool, sql string, args ...any) int64 {
+	tb.Helper()
+	var n int64
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		tb.Fatalf("hosttest: %s: %v", sql, err)
+	}
+	return n
+}
+

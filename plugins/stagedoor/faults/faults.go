@@ -1,0 +1,127 @@
+// Package faults lets tests and the demo stop a shipped plugin at a chosen
+// point: stall it (so it can be killed with -9 or overrun its deadline),
+// crash it, panic, or fail. It is inert unless the host passes the plugin
+// USHER_FAULT_DIR; each point is a JSON file in that directory, read on
+// every call so a running test can arm and disarm it.
+//
+//	{"action": "stall", "duration": "30s", "job_ids": ["17"], "once": true}
+//
+// Actions: stall (sleep, ctx-aware), crash (exit the process at once, as
+// kill -9 would), panic, error (a transient error), permanent. job_ids
+// limits the fault to those jobs; "every": N fires for one job id in N
+// (by a hash, so it is the same job on every run). "once" fires once per
+// job and records that in a marker file. Before acting, the point writes
+// "<point>.<job id>.hit", which a test can wait for.
+package faults
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/usherhq/usher/sdk"
+)
+
+// DirEnv names the fault directory.
+const DirEnv = "USHER_FAULT_DIR"
+
+// Spec is one fault point's instructions.
+type Spec struct {
+	Action   string   `json:"action"`
+	Duration string   `json:"duration,omitempty"`
+	JobIDs   []string `json:"job_ids,omitempty"`
+	Every    int      `json:"every,omitempty"`
+	Once     bool     `json:"once,omitempty"`
+}
+
+// At applies the fault armed for point, if any, to jobID.
+func At(ctx context.Context, point, jobID string) error {
+	dir := os.Getenv(DirEnv)
+	if dir == "" {
+		return nil
+	}
+	b, err := os.ReadFile(filepath.Join(dir, point))
+	if err != nil {
+		return nil
+	}
+	var s Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil
+	}
+	if !s.matches(jobID) {
+		return nil
+	}
+	marker := filepath.Join(dir, point+"."+jobID+".done")
+	if s.Once {
+		if _, err := os.Stat(marker); err == nil {
+			return nil
+		}
+		_ = os.WriteFile(marker, nil, 0o644)
+	}
+	_ = os.WriteFile(filepath.Join(dir, point+"."+jobID+".hit"), []byte(fmt.Sprint(os.Getpid())), 0o644)
+	switch s.Action {
+	case "stall":
+		d, err := time.ParseDuration(s.Duration)
+		if err != nil {
+			d = time.Hour
+		}
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	case "crash":
+		os.Exit(137)
+	case "panic":
+		panic(fmt.Sprintf("fault %s for job %s", point, jobID))
+	case "error":
+		return fmt.Errorf("fault %s: injected transient error", point)
+	case "permanent":
+		return sdk.Permanent(errors.New("fault " + point + ": injected permanent error"))
+	}
+	return nil
+}
+
+func (s Spec) matches(jobID string) bool {
+	if len(s.JobIDs) > 0 {
+		for _, id := range s.JobIDs {
+			if id == jobID {
+				return true
+			}
+		}
+		return false
+	}
+	if s.Every > 1 {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(jobID))
+		return h.Sum32()%uint32(s.Every) == 0
+	}
+	return true
+}
+
+// Arm writes spec for point into dir (for tests and the demo).
+func Arm(dir, point string, s Spec) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, "."+point+".tmp")
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, point))
+}
+
+// Disarm removes point's fault.
+func Disarm(dir, point string) error {
+	err := os.Remove(filepath.Join(dir, point))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}
