@@ -255,4 +255,3 @@ func Count(tb testing.TB, pool *pgxpool.Pool, sql string, args ...any) int64 {
 	}
 	return n
 }
-

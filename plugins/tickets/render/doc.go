@@ -4,7 +4,8 @@
 // time, seat, buyer, order reference and a QR code that encodes the ticket's
 // scannable code. It uses only the PDF core font Helvetica (and Courier for
 // the code), so no font files are needed; text is translated to the
-// Windows-1252 code page and characters outside it are printed as '.'.
+// Windows-1252 code page, characters outside it are printed as '?', and
+// text too long for its slot is wrapped and then cut with an ellipsis.
 //
 // Output is deterministic: the same [Order] yields byte-identical PDFs on every
 // call and in every process. The document dates come from Order.CreatedAt,

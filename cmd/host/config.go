@@ -1,0 +1,70 @@
+package main
+
+import (
+	"flag"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/usherhq/usher/host"
+)
+
+func env(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func envDuration(k string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(k)); err == nil {
+		return d
+	}
+	return def
+}
+
+func envInt(k string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(k)); err == nil {
+		return n
+	}
+	return def
+}
+
+// connFlags are the flags every command that talks to the stores takes.
+type connFlags struct {
+	databaseURL, redisURL, stream, group string
+}
+
+func (c *connFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.databaseURL, "database-url", env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL (DATABASE_URL)")
+	fs.StringVar(&c.redisURL, "redis-url", env("REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL (REDIS_URL)")
+	fs.StringVar(&c.stream, "stream", env("USHER_STREAM", "usher:{jobs}"), "stream key (USHER_STREAM)")
+	fs.StringVar(&c.group, "group", env("USHER_GROUP", "usher"), "consumer group (USHER_GROUP)")
+}
+
+// hostFlags fill a host.Config.
+func hostFlags(fs *flag.FlagSet) (*connFlags, *host.Config, *string) {
+	c := &connFlags{}
+	c.register(fs)
+	cfg := &host.Config{}
+	plugins := fs.String("plugins", env("USHER_PLUGINS", ""), "comma-separated plugin binaries (USHER_PLUGINS)")
+	fs.StringVar(&cfg.PluginDir, "plugin-dir", env("USHER_PLUGIN_DIR", ""), "directory of plugin binaries (USHER_PLUGIN_DIR)")
+	fs.StringVar(&cfg.Consumer, "consumer", env("USHER_CONSUMER", ""), "consumer name, unique per host (USHER_CONSUMER; default hostname-pid)")
+	fs.DurationVar(&cfg.ReclaimIdle, "reclaim-idle", envDuration("USHER_RECLAIM_IDLE", 60*time.Second), "reclaim entries idle longer than this (USHER_RECLAIM_IDLE)")
+	fs.IntVar(&cfg.Concurrency, "concurrency", envInt("USHER_CONCURRENCY", 16), "jobs in flight (USHER_CONCURRENCY)")
+	fs.DurationVar(&cfg.JobTimeout, "job-timeout", envDuration("USHER_JOB_TIMEOUT", 30*time.Second), "deadline of one handler run (USHER_JOB_TIMEOUT)")
+	fs.StringVar(&cfg.AdminAddr, "admin-addr", env("USHER_ADMIN_ADDR", "127.0.0.1:9464"), "admin/metrics listen address, empty to disable (USHER_ADMIN_ADDR)")
+	fs.BoolVar(&cfg.DisableRelay, "no-relay", false, "do not run the outbox relay in this process")
+	fs.BoolVar(&cfg.DisableScheduler, "no-scheduler", false, "do not run the scheduler in this process")
+	return c, cfg, plugins
+}
+
+func (c *connFlags) apply(cfg *host.Config, plugins string) {
+	cfg.DatabaseURL, cfg.RedisURL, cfg.Stream, cfg.Group = c.databaseURL, c.redisURL, c.stream, c.group
+	for _, p := range strings.Split(plugins, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			cfg.Plugins = append(cfg.Plugins, p)
+		}
+	}
+}

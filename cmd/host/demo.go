@@ -1,0 +1,507 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/plugins/stagedoor/faults"
+	"github.com/usherhq/usher/plugins/stagedoor/orders"
+	"github.com/usherhq/usher/plugins/tickets/blob"
+	"github.com/usherhq/usher/plugins/tickets/mail"
+)
+
+type demo struct {
+	orders      int
+	pluginDir   string
+	mailBin     string
+	work        string
+	reclaim     time.Duration
+	lease       time.Duration
+	seed        uint64
+	conn        connFlags
+	dbURL       string
+	pool        *pgxpool.Pool
+	rdb         *redis.Client
+	mailer      *mail.Client
+	relayDups   atomic.Int64
+	pluginKills atomic.Int64
+}
+
+func cmdDemo(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	d := &demo{}
+	d.conn.register(fs)
+	fs.IntVar(&d.orders, "orders", 300, "Stagedoor orders to place")
+	fs.StringVar(&d.pluginDir, "plugin-dir", "bin/plugins", "directory with the counters and tickets plugins")
+	fs.StringVar(&d.mailBin, "mailprovider", "bin/mailprovider", "the mail provider binary")
+	fs.StringVar(&d.work, "workdir", ".demo", "scratch directory (recreated)")
+	fs.DurationVar(&d.reclaim, "reclaim-idle", 3*time.Second, "reclaim threshold (60s in production; short so the demo is quick)")
+	fs.DurationVar(&d.lease, "lease", 4*time.Second, "send_tickets claim lease (2m in production)")
+	fs.Uint64Var(&d.seed, "seed", uint64(time.Now().UnixNano()%1_000_000), "seed for the order mix")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if d.orders < 10 {
+		return errors.New("demo: --orders must be at least 10")
+	}
+	return d.run(ctx)
+}
+
+func (d *demo) say(format string, a ...any) { fmt.Printf("demo: "+format+"\n", a...) }
+
+func (d *demo) run(ctx context.Context) error {
+	if err := d.prepare(ctx); err != nil {
+		return err
+	}
+	defer d.pool.Close()
+	defer d.rdb.Close()
+	mailURL, stopMail, err := d.startMailProvider()
+	if err != nil {
+		return err
+	}
+	defer stopMail()
+	d.mailer = &mail.Client{BaseURL: mailURL}
+
+	// Faults, armed before the first order.
+	faultDir := filepath.Join(d.work, "faults")
+	killJob, slowJob := "1", "4" // outbox ids: order 1's counter job, order 2's render job
+	must(faults.Arm(faultDir, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{killJob}, Once: true}))
+	must(faults.Arm(faultDir, "render.after_check", faults.Spec{Action: "stall", Duration: (2 * d.reclaim).String(), JobIDs: []string{slowJob}, Once: true}))
+	must(faults.Arm(faultDir, "send.after_effect", faults.Spec{Action: "crash", Every: 60, Once: true}))
+	if err := d.mailer.SetFaults(ctx, mail.Faults{FailNext: 5, FailStatus: 503}); err != nil {
+		return fmt.Errorf("demo: mail provider faults: %w", err)
+	}
+	d.say("faults armed: relay crash after publish (batches holding every 100th row), kill -9 of the plugin holding job %s, job %s stalled %s past the %s reclaim threshold, a crash after the provider accepted ~1 in 60 emails, 5 provider 503s",
+		killJob, slowJob, 2*d.reclaim, d.reclaim)
+
+	hosts, stopHosts, err := d.startHosts(ctx, mailURL, faultDir)
+	if err != nil {
+		return err
+	}
+	want, err := d.placeOrders(ctx)
+	if err != nil {
+		stopHosts()
+		return err
+	}
+	go d.killWhenHeld(ctx, faultDir, "counter.apply", killJob)
+	start := time.Now()
+	waitErr := d.waitDone(ctx, 5*time.Minute)
+	elapsed := time.Since(start)
+	stopHosts()
+	_ = hosts
+	ok, err := d.summary(ctx, want, faultDir, elapsed)
+	if err != nil {
+		return err
+	}
+	if waitErr != nil {
+		return waitErr
+	}
+	if !ok {
+		return errors.New("demo: an invariant does not hold (see above)")
+	}
+	return nil
+}
+
+func must(err error) {
+	if err != nil {
+		panic(err)
+	}
+}
+
+// prepare makes a fresh database and stream and a clean work directory.
+func (d *demo) prepare(ctx context.Context) error {
+	if err := os.RemoveAll(d.work); err != nil {
+		return err
+	}
+	for _, sub := range []string{"blobs", "mail", "faults"} {
+		if err := os.MkdirAll(filepath.Join(d.work, sub), 0o755); err != nil {
+			return err
+		}
+	}
+	admin, err := pgx.Connect(ctx, d.conn.databaseURL)
+	if err != nil {
+		return fmt.Errorf("demo: postgres at %s: %w (run `make services`)", d.conn.databaseURL, err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS usher_demo WITH (FORCE)"); err != nil {
+		return err
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE usher_demo"); err != nil {
+		return err
+	}
+	u, err := url.Parse(d.conn.databaseURL)
+	if err != nil {
+		return err
+	}
+	u.Path = "/usher_demo"
+	d.dbURL = u.String()
+	if d.pool, err = pgxpool.New(ctx, d.dbURL); err != nil {
+		return err
+	}
+	opt, err := redis.ParseURL(d.conn.redisURL)
+	if err != nil {
+		return err
+	}
+	d.rdb = redis.NewClient(opt)
+	d.conn.stream = "usher:demo:{jobs}"
+	if err := d.rdb.Del(ctx, d.conn.stream).Err(); err != nil {
+		return fmt.Errorf("demo: redis at %s: %w (run `make services`)", d.conn.redisURL, err)
+	}
+	d.say("fresh database usher_demo, stream %s, work dir %s", d.conn.stream, d.work)
+	return nil
+}
+
+func (d *demo) startMailProvider() (string, func(), error) {
+	cmd := exec.Command(d.mailBin, "-addr", "127.0.0.1:0", "-data", filepath.Join(d.work, "mail"))
+	logf, err := os.Create(filepath.Join(d.work, "mailprovider.log"))
+	if err != nil {
+		return "", nil, err
+	}
+	cmd.Stderr = logf
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", nil, fmt.Errorf("demo: start mail provider %s: %w (run `make build`)", d.mailBin, err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		_ = cmd.Process.Kill()
+		return "", nil, fmt.Errorf("demo: mail provider did not start: %w", err)
+	}
+	addr := strings.TrimSpace(strings.TrimPrefix(line, "mailprovider listening on "))
+	d.say("mail provider (pid %d) at %s", cmd.Process.Pid, addr)
+	return addr, func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		logf.Close()
+	}, nil
+}
+
+// startHosts runs two hosts in one consumer group, each with its own plugin
+// processes, so a stalled entry is reclaimed by the other one.
+func (d *demo) startHosts(ctx context.Context, mailURL, faultDir string) ([]*host.Host, func(), error) {
+	var hosts []*host.Host
+	var wg sync.WaitGroup
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var crashedOnce sync.Map
+	for _, name := range []string{"host-a", "host-b"} {
+		logf, err := os.Create(filepath.Join(d.work, name+".log"))
+		if err != nil {
+			cancel()
+			return nil, nil, err
+		}
+		cfg := host.Config{
+			DatabaseURL: d.dbURL, RedisURL: d.conn.redisURL, Stream: d.conn.stream, Consumer: name,
+			PluginDir: d.pluginDir, ReclaimIdle: d.reclaim, JobTimeout: 20 * time.Second,
+			RetryBackoff: 500 * time.Millisecond, RelayPollInterval: 200 * time.Millisecond,
+			PluginEnv: []string{
+				faults.DirEnv + "=" + faultDir,
+				"USHER_BLOB_DIR=" + filepath.Join(d.work, "blobs"),
+				"MAILPROVIDER_URL=" + mailURL,
+				"TICKETS_CLAIM_LEASE=" + d.lease.String(),
+			},
+			Logger: slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelInfo})),
+			// A batch holding every 100th outbox row: the relay "crashes" after publishing it
+			// and before marking it, once, so it is published twice.
+			RelayAfterPublish: func(ids []int64) error {
+				for _, id := range ids {
+					if id%100 == 0 {
+						if _, dup := crashedOnce.LoadOrStore(id, true); !dup {
+							d.relayDups.Add(int64(len(ids)))
+							return fmt.Errorf("injected relay crash after publishing row %d", id)
+						}
+					}
+				}
+				return nil
+			},
+		}
+		h, err := host.New(ctx, cfg)
+		if err != nil {
+			cancel()
+			return nil, nil, err
+		}
+		hosts = append(hosts, h)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer logf.Close()
+			if err := h.Run(runCtx); err != nil {
+				fmt.Fprintf(os.Stderr, "demo: %s: %v\n", name, err)
+			}
+		}()
+		for _, p := range h.Plugins() {
+			d.say("%s: plugin %s %s (pid %d) serves %v", name, p.Name, p.Version, p.Pid, p.Kinds)
+		}
+	}
+	return hosts, func() {
+		cancel()
+		wg.Wait()
+		for _, h := range hosts {
+			h.Close()
+		}
+	}, nil
+}
+
+func (d *demo) placeOrders(ctx context.Context) (map[int64]int64, error) {
+	rng := rand.New(rand.NewPCG(d.seed, 42))
+	var events []int64
+	for i, name := range []string{"Nils Frahm", "Kae Tempest", "Arooj Aftab", "Floating Points", "Hania Rani"} {
+		id, err := orders.CreateEvent(ctx, d.pool, name, fmt.Sprintf("Hall %d", i+1))
+		if err != nil {
+			return nil, err
+		}
+		events = append(events, id)
+	}
+	want := map[int64]int64{}
+	type o struct {
+		ev    int64
+		seats int
+	}
+	list := make([]o, d.orders)
+	for i := range list {
+		list[i] = o{events[rng.IntN(len(events))], 1 + rng.IntN(6)}
+		want[list[i].ev] += int64(list[i].seats)
+	}
+	// The first two orders go first, so their outbox ids are the ones the
+	// faults name.
+	for i := range 2 {
+		if _, err := orders.Place(ctx, d.pool, orders.Order{EventID: list[i].ev, Buyer: "Buyer " + strconv.Itoa(i), Email: fmt.Sprintf("buyer%d@example.com", i), Seats: list[i].seats}, orders.Jobs{Counter: true, Tickets: true}); err != nil {
+			return nil, err
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 2 + w; i < len(list); i += 4 {
+				if _, err := orders.Place(ctx, d.pool, orders.Order{EventID: list[i].ev, Buyer: "Buyer " + strconv.Itoa(i), Email: fmt.Sprintf("buyer%d@example.com", i), Seats: list[i].seats}, orders.Jobs{Counter: true, Tickets: true}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return nil, err
+	}
+	d.say("placed %d orders over %d events (seed %d), each committing update_sales_counter and render_tickets in its transaction", d.orders, len(events), d.seed)
+	return want, nil
+}
+
+// killWhenHeld waits until the plugin holds job, then kills it with -9.
+func (d *demo) killWhenHeld(ctx context.Context, dir, point, job string) {
+	hit := filepath.Join(dir, point+"."+job+".hit")
+	for ctx.Err() == nil {
+		raw, err := os.ReadFile(hit)
+		if err == nil {
+			pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+			if err == nil && syscall.Kill(pid, syscall.SIGKILL) == nil {
+				d.pluginKills.Add(1)
+				d.say("kill -9 of plugin pid %d while it held job %s", pid, job)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+type progress struct {
+	unpublished, scheduled, pending, counted, rendered, sent int64
+}
+
+func (d *demo) progress(ctx context.Context) (progress, error) {
+	var p progress
+	err := d.pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM outbox WHERE published_at IS NULL),
+		(SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL),
+		(SELECT count(*) FROM counter_applies),
+		(SELECT count(DISTINCT order_id) FROM tickets WHERE pdf_key IS NOT NULL),
+		(SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL)`).
+		Scan(&p.unpublished, &p.scheduled, &p.counted, &p.rendered, &p.sent)
+	if err != nil {
+		return p, err
+	}
+	if x, err := d.rdb.XPending(ctx, d.conn.stream, "usher").Result(); err == nil {
+		p.pending = x.Count
+	}
+	return p, nil
+}
+
+func (d *demo) waitDone(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	last := time.Time{}
+	n := int64(d.orders)
+	for {
+		p, err := d.progress(ctx)
+		if err != nil {
+			return err
+		}
+		if time.Since(last) > 2*time.Second {
+			d.say("counted %d/%d, rendered %d/%d, sent %d/%d; pending %d, unpublished %d, scheduled %d",
+				p.counted, n, p.rendered, n, p.sent, n, p.pending, p.unpublished, p.scheduled)
+			last = time.Now()
+		}
+		if p.counted >= n && p.rendered >= n && p.sent >= n && p.pending == 0 && p.unpublished == 0 && p.scheduled == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: not finished after %s", timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir string, elapsed time.Duration) (bool, error) {
+	ok := true
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Println()
+	fmt.Println("== sales counters (update_sales_counter, guard: job id recorded) ==")
+	fmt.Fprintln(w, "event\texpected seats\tcounter\t")
+	rows, err := d.pool.Query(ctx, `SELECT id, name, seats_sold FROM events ORDER BY id`)
+	if err != nil {
+		return false, err
+	}
+	err = forEach(rows, func(r pgx.Rows) error {
+		var id, sold int64
+		var name string
+		if err := r.Scan(&id, &name, &sold); err != nil {
+			return err
+		}
+		mark := ""
+		if sold != want[id] {
+			mark, ok = "  MISMATCH", false
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\n", name, want[id], sold, mark)
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	w.Flush()
+
+	n := int64(d.orders)
+	var counterApplies, counterJobs, pdfOrders, sendQueued, sentRows, dead int64
+	if err := d.pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM counter_applies),
+		(SELECT count(DISTINCT job_id) FROM counter_applies),
+		(SELECT count(DISTINCT order_id) FROM tickets WHERE pdf_key IS NOT NULL),
+		(SELECT count(*) FROM outbox WHERE kind = 'send_tickets' AND job_id IS NULL),
+		(SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL),
+		(SELECT count(*) FROM dead_letters)`).
+		Scan(&counterApplies, &counterJobs, &pdfOrders, &sendQueued, &sentRows, &dead); err != nil {
+		return false, err
+	}
+	store, err := blob.NewFS(filepath.Join(d.work, "blobs"))
+	if err != nil {
+		return false, err
+	}
+	pdfs, err := store.List(ctx, "tickets/")
+	if err != nil {
+		return false, err
+	}
+	msgs, err := d.mailer.Messages(ctx)
+	if err != nil {
+		return false, err
+	}
+	keys := map[string]int{}
+	for _, m := range msgs {
+		keys[m.IdempotencyKey]++
+	}
+	stats, _ := d.mailer.Stats(ctx)
+
+	fmt.Println()
+	fmt.Println("== effects, per order ==")
+	fmt.Fprintln(w, "effect\texpected\tfound\tlost\tdoubled\t")
+	check := func(name string, found, distinct int64) {
+		lost := max(n-distinct, 0)
+		doubled := found - distinct
+		if lost != 0 || doubled != 0 {
+			ok = false
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t\n", name, n, found, lost, doubled)
+	}
+	check("counter increments", counterApplies, counterJobs)
+	check("stored ticket PDFs", int64(len(pdfs)), pdfOrders)
+	check("send_tickets queued", sendQueued, min(sendQueued, n))
+	check("emails at the provider", int64(len(msgs)), int64(len(keys)))
+	check("email_sends marked sent", sentRows, sentRows)
+	w.Flush()
+	if dead != 0 {
+		ok = false
+		fmt.Printf("dead letters: %d (expected 0; see `host deadletters list --database-url %s`)\n", dead, d.dbURL)
+	}
+
+	fmt.Println()
+	fmt.Println("== faults injected ==")
+	fmt.Fprintln(w, "fault\tcount\t")
+	fmt.Fprintf(w, "relay crash between publish and mark (rows republished)\t%d\t\n", d.relayDups.Load())
+	fmt.Fprintf(w, "kill -9 of a plugin mid-job\t%d\t\n", d.pluginKills.Load())
+	fmt.Fprintf(w, "worker stalled past the reclaim threshold\t%d\t\n", countHits(faultDir, "render.after_check"))
+	fmt.Fprintf(w, "plugin crash after the provider accepted, before sent_at\t%d\t\n", countHits(faultDir, "send.after_effect"))
+	fmt.Fprintf(w, "mail provider 503 before sending\t%d\t\n", stats.FailedInjected)
+	w.Flush()
+
+	fmt.Println()
+	fmt.Println("== duplicates absorbed, per guard ==")
+	fmt.Fprintln(w, "guard\tkind\treason\tcount\t")
+	rows, err = d.pool.Query(ctx, `SELECT guard, kind, reason, count FROM absorbed_duplicates ORDER BY guard, kind, reason`)
+	if err != nil {
+		return false, err
+	}
+	if err := forEach(rows, func(r pgx.Rows) error {
+		var g, kind, reason string
+		var c int64
+		if err := r.Scan(&g, &kind, &reason, &c); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t\n", g, kind, reason, c)
+		return nil
+	}); err != nil {
+		return false, err
+	}
+	fmt.Fprintf(w, "provider key\tsend_tickets\tsame key replayed by the provider\t%d\t\n", stats.Replayed)
+	w.Flush()
+	fmt.Println()
+	verdict := "OK: nothing lost, nothing doubled"
+	if !ok {
+		verdict = "FAILED: an invariant does not hold"
+	}
+	fmt.Printf("%d orders in %s. %s. Logs: %s/host-a.log, %s/host-b.log\n", n, elapsed.Round(100*time.Millisecond), verdict, d.work, d.work)
+	return ok, nil
+}
+
+func countHits(dir, point string) int {
+	m, _ := filepath.Glob(filepath.Join(dir, point+".*.hit"))
+	return len(m)
+}

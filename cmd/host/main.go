@@ -1,0 +1,69 @@
+// Command host runs and operates usher.
+//
+//	host run          serve jobs (relay, consumer, reclaim, scheduler, plugins)
+//	host migrate      apply the database migrations
+//	host demo         the Stagedoor demo: everything, with faults, and a summary
+//	host inspect      pending entries, backlog, dead letters, absorbed duplicates
+//	host deadletters  list | show ID | requeue ID | requeue --kind KIND
+//	host plugins      list the plugins a running host serves (admin API)
+//
+// Configuration comes from flags, with environment variables as defaults:
+// DATABASE_URL, REDIS_URL, USHER_STREAM, USHER_PLUGIN_DIR, USHER_CONSUMER,
+// USHER_RECLAIM_IDLE, USHER_CONCURRENCY, USHER_ADMIN_ADDR.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "host:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: host <command> [flags]
+
+commands:
+  run          serve jobs
+  migrate      apply database migrations
+  demo         run the Stagedoor demo with faults injected and print a summary
+  inspect      show pending entries, backlog, dead letters and absorbed duplicates
+  deadletters  list | show ID | requeue ID | requeue --kind KIND
+  plugins      list the plugins a running host serves (needs its admin address)
+
+run 'host <command> -h' for the command's flags`
+
+func run(args []string) error {
+	if len(args) == 0 {
+		return errors.New(usage)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return cmdRun(ctx, rest)
+	case "migrate":
+		return cmdMigrate(ctx, rest)
+	case "demo":
+		return cmdDemo(ctx, rest)
+	case "inspect":
+		return cmdInspect(ctx, rest)
+	case "deadletters":
+		return cmdDeadLetters(ctx, rest)
+	case "plugins":
+		return cmdPlugins(ctx, rest)
+	case "-h", "--help", "help":
+		fmt.Println(usage)
+		return nil
+	default:
+		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+	}
+}

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/migrations"
+)
+
+func cmdRun(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	conn, cfg, plugins := hostFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	conn.apply(cfg, *plugins)
+	h, err := host.New(ctx, *cfg)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return h.Run(ctx)
+}
+
+func cmdMigrate(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	conn := &connFlags{}
+	conn.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, conn.databaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := migrations.Up(ctx, pool); err != nil {
+		return err
+	}
+	fmt.Println("migrations applied")
+	return nil
+}
