@@ -127,7 +127,7 @@ func (r *Runner) call(ctx context.Context, inv Invoker, c *usherv1.Call) (*usher
 		return nil, abandoned(fmt.Errorf("%s of %s job %s did not complete: %w", phaseName(c.GetPhase()), c.GetJob().GetKind(), c.GetJob().GetId(), err)), false
 	}
 	if len(res) != 1 || res[0] == nil {
-		return nil, permanent(fmt.Errorf("plugin answered garbage: %d results for 1 call", len(res))), false
+		return nil, permanent(fmt.Errorf("plugin answered garbage: %d results for 1 calls", len(res))), false
 	}
 	rs := res[0]
 	switch rs.GetOutcome() {

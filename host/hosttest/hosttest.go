@@ -5,6 +5,7 @@
 package hosttest
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -191,14 +192,19 @@ type Running struct {
 	*host.Host
 	cancel context.CancelFunc
 	done   chan error
+	once   sync.Once
+	err    error
 }
 
-// Stop stops the host and waits for Run to return.
+// Stop stops the host and waits for Run to return. It may be called again
+// (the test's cleanup does); later calls return the first result.
 func (r *Running) Stop() error {
-	r.cancel()
-	err := <-r.done
-	r.Close()
-	return err
+	r.once.Do(func() {
+		r.cancel()
+		r.err = <-r.done
+		r.Close()
+	})
+	return r.err
 }
 
 // Start builds a host from cfg (tests fill DatabaseURL/Pool, Redis and
@@ -219,8 +225,7 @@ func Start(tb testing.TB, cfg host.Config) *Running {
 	}
 	r := &Running{Host: h, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- h.Run(ctx) }()
-	var once sync.Once
-	tb.Cleanup(func() { once.Do(func() { _ = r.Stop() }) })
+	tb.Cleanup(func() { _ = r.Stop() })
 	return r
 }
 
@@ -254,4 +259,29 @@ func Count(tb testing.TB, pool *pgxpool.Pool, sql string, args ...any) int64 {
 		tb.Fatalf("hosttest: %s: %v", sql, err)
 	}
 	return n
+}
+
+// MailProvider builds and starts cmd/mailprovider as its own process on a
+// free port with a fresh data directory, and returns its URL. The process
+// is killed when the test ends.
+func MailProvider(tb testing.TB) string {
+	tb.Helper()
+	bin := Build(tb, "./cmd/mailprovider")
+	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-data", tb.TempDir())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("hosttest: start mail provider: %v", err)
+	}
+	tb.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		tb.Fatalf("hosttest: mail provider did not start: %v", err)
+	}
+	return strings.TrimSpace(strings.TrimPrefix(line, "mailprovider listening on "))
 }
