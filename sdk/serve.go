@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+	"github.com/usherhq/usher/sdk/internal/bridge"
 	"github.com/usherhq/usher/sdk/wire"
 )
 
@@ -84,10 +85,18 @@ func (g *grpcPlugin) GRPCClient(context.Context, *plugin.GRPCBroker, *grpc.Clien
 
 var _ plugin.GRPCPlugin = (*grpcPlugin)(nil)
 
+func init() {
+	bridge.NewPluginServer = func(p any, host usherv1.HostClient) usherv1.PluginServer {
+		return &pluginServer{p: p.(*Plugin), local: &hostClient{c: host}}
+	}
+}
+
 type pluginServer struct {
 	usherv1.UnimplementedPluginServer
 	p      *Plugin
 	broker *plugin.GRPCBroker
+	// local, when set, is the host of an in-process server (sdktest).
+	local *hostClient
 
 	mu    sync.Mutex
 	hosts map[uint32]*hostClient
@@ -128,6 +137,9 @@ func (s *pluginServer) Invoke(ctx context.Context, req *usherv1.InvokeRequest) (
 // host returns the callback client for a broker id, dialling once: the host
 // serves one long-lived callback server per plugin instance.
 func (s *pluginServer) host(id uint32) (*hostClient, error) {
+	if s.local != nil {
+		return s.local, nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c := s.hosts[id]; c != nil {

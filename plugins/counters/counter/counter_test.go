@@ -1,0 +1,44 @@
+package counter_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/plugins/counters/counter"
+	"github.com/usherhq/usher/plugins/stagedoor"
+	"github.com/usherhq/usher/plugins/stagedoor/orders"
+	"github.com/usherhq/usher/sdk"
+	"github.com/usherhq/usher/sdk/sdktest"
+)
+
+type counterEffects struct {
+	SeatsSold int64
+	Applies   int64
+}
+
+func TestUpdateSalesCounterIsIdempotent(t *testing.T) {
+	t.Parallel()
+	sdktest.Run(t, sdktest.Case[stagedoor.UpdateSalesCounter]{
+		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[stagedoor.UpdateSalesCounter] {
+			ctx := context.Background()
+			ev, err := orders.CreateEvent(ctx, pool, "Kae Tempest", "Roundhouse")
+			require.NoError(tb, err)
+			o, err := orders.Place(ctx, pool, orders.Order{EventID: ev, Buyer: "B", Email: "b@example.com", Seats: 4}, orders.Jobs{})
+			require.NoError(tb, err)
+			p := sdk.New("counters", "test")
+			sdk.HandleRecordJobID(p, counter.Handler{Version: "test"})
+			return sdktest.Setup[stagedoor.UpdateSalesCounter]{
+				Plugin: p, Args: stagedoor.UpdateSalesCounter{OrderID: o.ID},
+				Effects: func(ctx context.Context) (any, error) {
+					var e counterEffects
+					err := pool.QueryRow(ctx, `SELECT (SELECT seats_sold FROM events WHERE id = $1), (SELECT count(*) FROM counter_applies)`, ev).
+						Scan(&e.SeatsSold, &e.Applies)
+					return e, err
+				},
+			}
+		},
+	})
+}

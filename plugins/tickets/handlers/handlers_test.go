@@ -1,0 +1,103 @@
+package handlers_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/plugins/stagedoor"
+	"github.com/usherhq/usher/plugins/stagedoor/orders"
+	"github.com/usherhq/usher/plugins/tickets/blob"
+	"github.com/usherhq/usher/plugins/tickets/handlers"
+	"github.com/usherhq/usher/plugins/tickets/mail"
+	"github.com/usherhq/usher/sdk"
+	"github.com/usherhq/usher/sdk/sdktest"
+)
+
+func placeOrder(tb testing.TB, pool *pgxpool.Pool) orders.Placed {
+	ctx := context.Background()
+	ev, err := orders.CreateEvent(ctx, pool, "Arooj Aftab", "Barbican")
+	require.NoError(tb, err)
+	o, err := orders.Place(ctx, pool, orders.Order{EventID: ev, Buyer: "Zoë", Email: "zoe@example.com", Seats: 2}, orders.Jobs{})
+	require.NoError(tb, err)
+	return o
+}
+
+type renderEffects struct {
+	TicketsWithKey int64
+	SendQueued     int64
+	Stored         []string
+}
+
+func TestRenderTicketsIsIdempotent(t *testing.T) {
+	t.Parallel()
+	sdktest.Run(t, sdktest.Case[stagedoor.RenderTickets]{
+		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[stagedoor.RenderTickets] {
+			o := placeOrder(tb, pool)
+			store, err := blob.NewFS(tb.TempDir())
+			require.NoError(tb, err)
+			p := sdk.New("tickets", "test")
+			sdk.HandleStateFirst(p, &handlers.Render{Store: store})
+			return sdktest.Setup[stagedoor.RenderTickets]{
+				Plugin: p, Args: stagedoor.RenderTickets{OrderID: o.ID},
+				Effects: func(ctx context.Context) (any, error) {
+					var e renderEffects
+					if err := pool.QueryRow(ctx, `SELECT
+						(SELECT count(*) FROM tickets WHERE pdf_key IS NOT NULL),
+						(SELECT count(*) FROM outbox WHERE kind = 'send_tickets')`).Scan(&e.TicketsWithKey, &e.SendQueued); err != nil {
+						return nil, err
+					}
+					keys, err := store.List(ctx, "tickets/")
+					// Public ids differ per database; compare how many.
+					e.Stored = []string{fmt.Sprint(len(keys))}
+					return e, err
+				},
+			}
+		},
+	})
+}
+
+type sendEffects struct {
+	Messages int
+	Keys     []string
+	Sent     int64
+}
+
+func TestSendTicketsIsIdempotent(t *testing.T) {
+	t.Parallel()
+	sdktest.Run(t, sdktest.Case[stagedoor.SendTickets]{
+		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[stagedoor.SendTickets] {
+			ctx := context.Background()
+			o := placeOrder(tb, pool)
+			store, err := blob.NewFS(tb.TempDir())
+			require.NoError(tb, err)
+			require.NoError(tb, store.Put(ctx, handlers.PDFKey(o.PublicID), []byte("%PDF-1.4 rendered")))
+			_, err = pool.Exec(ctx, `UPDATE tickets SET pdf_key = $1 WHERE order_id = $2`, handlers.PDFKey(o.PublicID), o.ID)
+			require.NoError(tb, err)
+			mailer := &mail.Client{BaseURL: hosttest.MailProvider(tb), HTTP: &http.Client{Timeout: 5 * time.Second}}
+			p := sdk.New("tickets", "test")
+			sdk.HandleClaim(p, &handlers.Send{Store: store, Mailer: mailer})
+			return sdktest.Setup[stagedoor.SendTickets]{
+				Plugin: p, Args: stagedoor.SendTickets{OrderID: o.ID},
+				Effects: func(ctx context.Context) (any, error) {
+					msgs, err := mailer.Messages(ctx)
+					if err != nil {
+						return nil, err
+					}
+					e := sendEffects{Messages: len(msgs)}
+					for _, m := range msgs {
+						e.Keys = append(e.Keys, m.IdempotencyKey)
+					}
+					err = pool.QueryRow(ctx, `SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL`).Scan(&e.Sent)
+					return e, err
+				},
+			}
+		},
+	})
+}

@@ -1,0 +1,26 @@
+// Package sdktest proves a handler idempotent in a few lines.
+//
+// The kit runs the handler in-process against a real Postgres, through the
+// host's own guard code (the runner that opens and commits transactions,
+// runs the claim and the mark, and the handles that enforce each phase's
+// capability), and compares what every scenario leaves behind with what a
+// single clean run leaves behind:
+//
+//   - twice: the job runs, then runs again (a redelivery);
+//   - concurrently: two copies run at once (a reclaimed slow worker);
+//   - a crash at every step boundary of the handler's guard, then a resume:
+//     after check, after prepare, inside commit before and after the
+//     conditional write, after commit's phase but before the transaction
+//     commits; after the claim, after the effect and before the mark;
+//     before and after apply.
+//
+// A scenario that ends with different effects fails with the step that broke
+// idempotency. Effects are whatever the author names: rows in the database
+// and effects outside it (messages at a provider).
+//
+// Each scenario gets a fresh database (USHER_TEST_DATABASE_URL, default the
+// local "test" database), with usher's migrations and the Case's Schema.
+// sdktest is the one part of the SDK that imports the host: it is the
+// host's code path it proves the handler against, and it is only linked
+// into tests.
+package sdktest

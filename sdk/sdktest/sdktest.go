@@ -1,0 +1,383 @@
+package sdktest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/usherhq/usher/host/guard"
+	"github.com/usherhq/usher/host/hosttest"
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+	"github.com/usherhq/usher/sdk"
+	"github.com/usherhq/usher/sdk/internal/bridge"
+	"github.com/usherhq/usher/sdk/wire"
+)
+
+// Case describes a handler to prove idempotent.
+type Case[T sdk.Args] struct {
+	// Schema is extra SQL for the handler's own tables, run on every
+	// scenario's fresh database after usher's migrations. Optional.
+	Schema string
+	// Start prepares one scenario on its fresh database: seed rows, start
+	// whatever the handler talks to (a fresh provider), and return the
+	// plugin, the job's args, and how to read the effects. Required.
+	Start func(tb testing.TB, pool *pgxpool.Pool) Setup[T]
+}
+
+// Setup is one scenario's plugin, job and effects.
+type Setup[T sdk.Args] struct {
+	// Plugin serves the job's kind.
+	Plugin *sdk.Plugin
+	// Args is the job's payload.
+	Args T
+	// Effects reads everything the job changes; the values of a scenario
+	// are compared with reflect.DeepEqual to those of a clean run.
+	Effects func(ctx context.Context) (any, error)
+}
+
+// Run proves c's handler idempotent, one subtest per scenario.
+func Run[T sdk.Args](t *testing.T, c Case[T]) {
+	t.Helper()
+	for _, f := range Check(t, c) {
+		t.Error(f)
+	}
+}
+
+// Check runs every scenario and returns one message per scenario whose
+// effects differ from a clean run's (empty when the handler is idempotent).
+// Infrastructure errors (no database) fail tb.
+func Check[T sdk.Args](tb testing.TB, c Case[T]) []string {
+	tb.Helper()
+	if c.Start == nil {
+		tb.Fatal("sdktest: Case.Start is required")
+	}
+	var zero T
+	kind := zero.Kind()
+	base, guardOf, err := c.scenario(tb, scenario{name: "a single clean run"})
+	if err != nil {
+		return []string{fmt.Sprintf("%s: a single clean run failed: %v", kind, err)}
+	}
+	var failures []string
+	for _, s := range scenariosFor(guardOf) {
+		got, _, err := c.scenario(tb, s)
+		switch {
+		case err != nil:
+			failures = append(failures, fmt.Sprintf("%s, %s: %v", kind, s.name, err))
+		case !reflect.DeepEqual(base, got):
+			failures = append(failures, fmt.Sprintf("%s is not idempotent %s: the effects differ from a single clean run's\n  clean run: %+v\n  this run:  %+v",
+				kind, s.name, base, got))
+		}
+	}
+	return failures
+}
+
+// crash names a step boundary: the run dies there, as a kill -9 would.
+type crash struct {
+	phase usherv1.Phase
+	// before: the process dies before the phase runs; after: the phase ran
+	// and its answer never reached the host.
+	before, after bool
+	// beforeWrite/afterWrite: inside the phase, around its first
+	// conditional write.
+	beforeWrite, afterWrite bool
+}
+
+type scenario struct {
+	name       string
+	twice      bool
+	concurrent bool
+	crash      *crash
+}
+
+func scenariosFor(g usherv1.Guard) []scenario {
+	s := []scenario{
+		{name: "when it runs twice", twice: true},
+		{name: "when two copies run at once", concurrent: true},
+	}
+	at := func(name string, c crash) scenario {
+		return scenario{name: "when the run crashes " + name + " and the job is redelivered", crash: &c}
+	}
+	switch g {
+	case usherv1.Guard_GUARD_STATE_FIRST:
+		s = append(s,
+			at("after check", crash{phase: usherv1.Phase_PHASE_CHECK, after: true}),
+			at("after prepare", crash{phase: usherv1.Phase_PHASE_PREPARE, after: true}),
+			at("inside commit, before the conditional write", crash{phase: usherv1.Phase_PHASE_COMMIT, beforeWrite: true}),
+			at("inside commit, after the conditional write", crash{phase: usherv1.Phase_PHASE_COMMIT, afterWrite: true}),
+			at("after commit's phase, before the transaction commits", crash{phase: usherv1.Phase_PHASE_COMMIT, after: true}))
+	case usherv1.Guard_GUARD_CLAIM:
+		s = append(s,
+			at("after the claim was declared", crash{phase: usherv1.Phase_PHASE_CLAIM, after: true}),
+			at("after claiming, before the effect", crash{phase: usherv1.Phase_PHASE_EFFECT, before: true}),
+			at("after the effect, before the mark", crash{phase: usherv1.Phase_PHASE_EFFECT, after: true}))
+	case usherv1.Guard_GUARD_JOB_ID:
+		s = append(s,
+			at("before apply", crash{phase: usherv1.Phase_PHASE_APPLY, before: true}),
+			at("after apply, before the transaction commits", crash{phase: usherv1.Phase_PHASE_APPLY, after: true}))
+	}
+	return s
+}
+
+var errCrashed = errors.New("sdktest: the plugin process crashed here")
+
+// scenario runs one scenario on a fresh database and returns its effects.
+func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error) {
+	pool, _ := hosttest.DB(tb)
+	ctx := context.Background()
+	if c.Schema != "" {
+		if _, err := pool.Exec(ctx, c.Schema); err != nil {
+			tb.Fatalf("sdktest: schema: %v", err)
+		}
+	}
+	setup := c.Start(tb, pool)
+	if setup.Plugin == nil || setup.Effects == nil {
+		tb.Fatal("sdktest: Start must return a Plugin and Effects")
+	}
+	if err := setup.Plugin.Err(); err != nil {
+		tb.Fatalf("sdktest: plugin: %v", err)
+	}
+	kind := setup.Args.Kind()
+	handles := guard.NewHandles(pool, hosttest.Logger(tb, 100))
+	runner, err := guard.NewRunner(guard.Config{Pool: pool, Handles: handles, Logger: hosttest.Logger(tb, 100)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	g, err := guardOf(setup.Plugin, kind, handles)
+	if err != nil {
+		return nil, 0, err
+	}
+	payload, err := json.Marshal(setup.Args)
+	if err != nil {
+		tb.Fatalf("sdktest: encode args: %v", err)
+	}
+	job := &usherv1.Job{Id: "sdktest-1", Kind: kind, Payload: payload, RequestId: "req-sdktest", Trace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+
+	run := func(cr *crash) (guard.Outcome, error) {
+		inv := newInvoker(setup.Plugin, handles, cr)
+		return runToEnd(ctx, pool, runner, inv, g, job)
+	}
+	switch {
+	case s.twice:
+		for range 2 {
+			if _, err := run(nil); err != nil {
+				return nil, g, err
+			}
+		}
+	case s.concurrent:
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, errs[i] = run(nil)
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return nil, g, err
+		}
+	case s.crash != nil:
+		inv := newInvoker(setup.Plugin, handles, s.crash)
+		out := runner.Run(ctx, inv, g, job)
+		if !inv.crashed() {
+			return nil, g, fmt.Errorf("the crash point was never reached (the run ended %s: %s)", out.Verdict, out.Reason)
+		}
+		if out.Verdict != guard.Abandoned {
+			return nil, g, fmt.Errorf("the host did not treat the crash as an unfinished run (verdict %s)", out.Verdict)
+		}
+		if _, err := run(nil); err != nil { // the redelivery
+			return nil, g, err
+		}
+	default:
+		out, err := run(nil)
+		if err != nil {
+			return nil, g, err
+		}
+		if out.Verdict != guard.Applied {
+			return nil, g, fmt.Errorf("a clean run on a fresh database ended %s (%s), not applied", out.Verdict, out.Reason)
+		}
+	}
+	effects, err := setup.Effects(ctx)
+	if err != nil {
+		tb.Fatalf("sdktest: read effects: %v", err)
+	}
+	return effects, g, nil
+}
+
+func guardOf(p *sdk.Plugin, kind string, handles *guard.Handles) (usherv1.Guard, error) {
+	srv := bridge.NewPluginServer(p, localHost{h: handles})
+	m, err := srv.Manifest(context.Background(), &usherv1.ManifestRequest{})
+	if err != nil {
+		return 0, err
+	}
+	for _, k := range m.GetKinds() {
+		if k.GetKind() == kind {
+			return k.GetGuard(), nil
+		}
+	}
+	return 0, fmt.Errorf("plugin %s does not serve kind %q", m.GetName(), kind)
+}
+
+// runToEnd runs the job until it is applied or absorbed, as the host would
+// over redeliveries and scheduled retries. A claim held by a crashed run is
+// aged past its lease instead of waiting for it.
+func runToEnd(ctx context.Context, pool *pgxpool.Pool, runner *guard.Runner, inv *invoker, g usherv1.Guard, job *usherv1.Job) (guard.Outcome, error) {
+	for attempt := range 6 {
+		j := proto.Clone(job).(*usherv1.Job)
+		j.Attempt = int32(attempt)
+		out := runner.Run(ctx, inv, g, j)
+		switch out.Verdict {
+		case guard.Applied, guard.Absorbed:
+			return out, nil
+		case guard.Retry:
+			if spec := inv.lastClaim(); spec != nil && strings.Contains(out.Reason, "claim held") {
+				if err := ageClaim(ctx, pool, spec); err != nil {
+					return out, err
+				}
+			}
+			continue
+		default:
+			return out, fmt.Errorf("the run ended %s: %s", out.Verdict, out.Reason)
+		}
+	}
+	return guard.Outcome{}, errors.New("the job did not finish in 6 attempts")
+}
+
+// ageClaim moves a claim's timestamp back past its lease, as time would.
+func ageClaim(ctx context.Context, pool *pgxpool.Pool, spec *usherv1.ClaimSpec) error {
+	var where []string
+	args := []any{}
+	for i, col := range spec.GetKeyColumns() {
+		where = append(where, fmt.Sprintf("%s = $%d", pgx.Identifier{col}.Sanitize(), i+1))
+		args = append(args, wire.FromValue(spec.GetKeyValues()[i]))
+	}
+	claimed := pgx.Identifier{spec.GetClaimedColumn()}.Sanitize()
+	sql := fmt.Sprintf(`UPDATE %s SET %s = %s - make_interval(secs => %f) WHERE %s`,
+		pgx.Identifier{spec.GetTable()}.Sanitize(), claimed, claimed,
+		(time.Duration(spec.GetLeaseMs())*time.Millisecond + time.Second).Seconds(), strings.Join(where, " AND "))
+	_, err := pool.Exec(ctx, sql, args...)
+	return err
+}
+
+// invoker calls the plugin in-process and crashes where told.
+type invoker struct {
+	srv   usherv1.PluginServer
+	crash *crash
+
+	mu    sync.Mutex
+	fired bool
+	claim *usherv1.ClaimSpec
+}
+
+func newInvoker(p *sdk.Plugin, handles *guard.Handles, cr *crash) *invoker {
+	inv := &invoker{crash: cr}
+	inv.srv = bridge.NewPluginServer(p, localHost{h: handles, inv: inv})
+	return inv
+}
+
+func (i *invoker) crashed() bool {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.fired
+}
+
+func (i *invoker) fire() {
+	i.mu.Lock()
+	i.fired = true
+	i.mu.Unlock()
+}
+
+func (i *invoker) lastClaim() *usherv1.ClaimSpec {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.claim
+}
+
+// inPhase reports whether the crash is set for phase and has not fired.
+func (i *invoker) armed(phase usherv1.Phase) *crash {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.crash == nil || i.fired || i.crash.phase != phase {
+		return nil
+	}
+	return i.crash
+}
+
+func (i *invoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error) {
+	phase := calls[0].GetPhase()
+	c := i.armed(phase)
+	if c != nil && c.before {
+		i.fire()
+		return nil, errCrashed
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	res, err := i.srv.Invoke(ctx, &usherv1.InvokeRequest{Calls: calls})
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range res.GetResults() {
+		if r.GetClaim() != nil {
+			i.mu.Lock()
+			i.claim = r.GetClaim()
+			i.mu.Unlock()
+		}
+	}
+	if c != nil && (c.after || c.crashed(i)) {
+		i.fire()
+		return nil, errCrashed
+	}
+	return res.GetResults(), nil
+}
+
+// crashed reports whether a crash inside the phase fired during it.
+func (c *crash) crashed(i *invoker) bool {
+	return (c.beforeWrite || c.afterWrite) && i.crashed()
+}
+
+// localHost is the host's callback service called in-process. It crashes
+// the run around a conditional write when told.
+type localHost struct {
+	h   *guard.Handles
+	inv *invoker
+}
+
+func (l localHost) Exec(ctx context.Context, in *usherv1.ExecRequest, _ ...grpc.CallOption) (*usherv1.ExecResponse, error) {
+	var c *crash
+	if l.inv != nil {
+		c = l.inv.armed(usherv1.Phase_PHASE_COMMIT)
+	}
+	conditional := len(in.GetStatements()) > 0 && in.GetStatements()[0].GetMode() == usherv1.Mode_MODE_WRITE_IF
+	if c != nil && c.beforeWrite && conditional {
+		l.inv.fire()
+		return nil, errCrashed
+	}
+	res, err := l.h.Exec(ctx, in)
+	if c != nil && c.afterWrite && conditional {
+		l.inv.fire()
+		return nil, errCrashed
+	}
+	return res, err
+}
+
+func (l localHost) Enqueue(ctx context.Context, in *usherv1.EnqueueRequest, _ ...grpc.CallOption) (*usherv1.EnqueueResponse, error) {
+	return l.h.Enqueue(ctx, in)
+}
+
+func (l localHost) Log(ctx context.Context, in *usherv1.LogRequest, _ ...grpc.CallOption) (*usherv1.LogResponse, error) {
+	return l.h.Log(ctx, in)
+}
+
+var _ usherv1.HostClient = localHost{}

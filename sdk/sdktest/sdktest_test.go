@@ -1,0 +1,83 @@
+package sdktest_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/sdk"
+	"github.com/usherhq/usher/sdk/sdktest"
+)
+
+// Bonus is a job that credits a customer's wallet.
+type Bonus struct {
+	Customer int64 `json:"customer"`
+}
+
+func (Bonus) Kind() string { return "credit_bonus" }
+
+const schema = `
+CREATE TABLE wallets (customer bigint PRIMARY KEY, balance bigint NOT NULL DEFAULT 0, bonus_job text);
+INSERT INTO wallets (customer) VALUES (7);`
+
+// wrongBonus is deliberately not idempotent: its "conditional" write is
+// always true, so every run credits again. The kit must catch it.
+type wrongBonus struct{}
+
+func (wrongBonus) Check(ctx context.Context, job sdk.Job[Bonus], db *sdk.ReadOnly) (struct{}, bool, error) {
+	return struct{}{}, false, nil
+}
+
+func (wrongBonus) Prepare(ctx context.Context, job sdk.Job[Bonus], s struct{}) (struct{}, error) {
+	return s, nil
+}
+
+func (wrongBonus) Commit(ctx context.Context, job sdk.Job[Bonus], tx *sdk.CommitTx, s struct{}) error {
+	_, err := tx.WriteIf(ctx, `UPDATE wallets SET balance = balance + 10 WHERE customer = $1 RETURNING customer`, job.Args.Customer)
+	return err
+}
+
+// rightBonus writes the state it reaches: the bonus is credited where no
+// bonus job is recorded yet.
+type rightBonus struct{ wrongBonus }
+
+func (rightBonus) Commit(ctx context.Context, job sdk.Job[Bonus], tx *sdk.CommitTx, s struct{}) error {
+	_, err := tx.WriteIf(ctx, `UPDATE wallets SET balance = balance + 10, bonus_job = $2
+		WHERE customer = $1 AND bonus_job IS NULL RETURNING customer`, job.Args.Customer, job.ID)
+	return err
+}
+
+func bonusCase(h sdk.StateFirst[Bonus, struct{}]) sdktest.Case[Bonus] {
+	return sdktest.Case[Bonus]{
+		Schema: schema,
+		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[Bonus] {
+			p := sdk.New("bonus", "1")
+			sdk.HandleStateFirst(p, h)
+			return sdktest.Setup[Bonus]{Plugin: p, Args: Bonus{Customer: 7},
+				Effects: func(ctx context.Context) (any, error) {
+					var balance int64
+					err := pool.QueryRow(ctx, `SELECT balance FROM wallets WHERE customer = 7`).Scan(&balance)
+					return balance, err
+				}}
+		},
+	}
+}
+
+func TestKitCatchesTheWrongHandler(t *testing.T) {
+	t.Parallel()
+	failures := sdktest.Check(t, bonusCase(wrongBonus{}))
+	require.NotEmpty(t, failures, "the kit let a handler that credits twice pass")
+	all := strings.Join(failures, "\n")
+	require.Contains(t, all, "credit_bonus is not idempotent when it runs twice")
+	require.Contains(t, all, "when two copies run at once")
+	require.Contains(t, all, "clean run: 10")
+	require.Contains(t, all, "this run:  20")
+}
+
+func TestKitPassesTheRightHandler(t *testing.T) {
+	t.Parallel()
+	sdktest.Run(t, bonusCase(rightBonus{}))
+}
