@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/deadletter"
+	"github.com/usherhq/usher/host/hosttest"
+)
+
+// The operator commands against a database holding one dead letter.
+func TestDeadLetterCommands(t *testing.T) {
+	t.Parallel()
+	pool, url := hosttest.DB(t)
+	_, stream := hosttest.Redis(t)
+	bin := hosttest.Build(t, "./cmd/host")
+	ctx := context.Background()
+	_, err := deadletter.Add(ctx, pool, deadletter.Letter{JobID: "42", Kind: "update_sales_counter", Payload: []byte(`{"order_id":42}`),
+		Reason: "permanent failure: order 42 does not exist", LastError: "order 42 does not exist", Attempts: 1, StreamID: "1-0"})
+	require.NoError(t, err)
+	host := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(bin, append(args[:1:1], append([]string{"--database-url", url, "--stream", stream}, args[1:]...)...)...)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		return string(out)
+	}
+
+	out := host("deadletters", "list")
+	require.Contains(t, out, "update_sales_counter")
+	require.Contains(t, out, "order 42 does not exist")
+	var id string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT id::text FROM dead_letters`).Scan(&id))
+	require.Contains(t, host("deadletters", "show", id), `"payload": "{\"order_id\":42}"`)
+	require.Contains(t, host("deadletters", "requeue", id), "requeued 1 dead letter(s)")
+	require.Contains(t, host("deadletters", "list"), "no open dead letters")
+	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE job_id = '42'`), "back in the outbox with its identity")
+	require.Contains(t, host("inspect"), "outbox unpublished  1")
+
+	bad := exec.Command(bin, "deadletters", "--database-url", url, "requeue", "nope")
+	msg, err := bad.CombinedOutput()
+	require.Error(t, err)
+	require.True(t, strings.Contains(string(msg), `"nope" is not a dead letter ID`), "%s", msg)
+}

@@ -1,0 +1,118 @@
+package host_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/deadletter"
+	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/plugins/stagedoor/faults"
+)
+
+// A handler that overruns its deadline inside its transaction is cancelled,
+// the transaction rolls back (the counter has not moved), and the retry
+// applies the job once.
+func TestDeadlineOverrunRolledBackAndRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	want := b.placeOrders(t, 5, 1)
+	var jobID string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT id::text FROM outbox ORDER BY id LIMIT 1`).Scan(&jobID))
+	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{jobID}, Once: true}))
+	cfg := b.config()
+	cfg.JobTimeout = time.Second
+	cfg.RetryBackoff = 100 * time.Millisecond
+	hosttest.Start(t, cfg)
+
+	b.waitDrained(t, 5)
+	b.requireCounters(t, want)
+	require.EqualValues(t, 5, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`))
+	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM scheduled_jobs WHERE job_id = $1 AND attempt = 1 AND reason LIKE 'timed out after 1s%'`, jobID),
+		"the overrun was retried as attempt 1")
+	require.EqualValues(t, 0, hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`))
+}
+
+// A handler that panics is recovered by the SDK: the job is dead-lettered
+// with the panic, the plugin keeps serving the others.
+func TestHandlerPanicDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	want := b.placeOrders(t, 10, 2)
+	var jobID string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT id::text FROM outbox ORDER BY id LIMIT 1`).Scan(&jobID))
+	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "panic", JobIDs: []string{jobID}}))
+	h := hosttest.Start(t, b.config())
+
+	hosttest.Eventually(t, 30*time.Second, "9 applied and 1 dead letter", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`) == 9 &&
+			hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`) == 1 &&
+			hosttest.Pending(t, b.rdb, b.stream, "usher") == 0
+	})
+	l, err := deadletter.List(context.Background(), b.pool, "update_sales_counter", 10)
+	require.NoError(t, err)
+	require.Len(t, l, 1)
+	require.Equal(t, jobID, l[0].JobID)
+	require.Contains(t, l[0].Reason, "handler for update_sales_counter panicked")
+	require.Zero(t, h.Plugins()[0].Restarts, "a recovered panic does not take the plugin down")
+
+	// Fixed, then requeued: it runs once, under its own identity.
+	require.NoError(t, faults.Disarm(b.faultDir, "counter.apply"))
+	requeue(t, b, l[0].ID, "")
+	hosttest.Eventually(t, 30*time.Second, "the requeued job applied", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies WHERE job_id = $1`, jobID) == 1 &&
+			hosttest.Pending(t, b.rdb, b.stream, "usher") == 0
+	})
+	b.requireCounters(t, want)
+	open, err := deadletter.List(context.Background(), b.pool, "", 10)
+	require.NoError(t, err)
+	require.Empty(t, open, "the requeued letter is closed")
+}
+
+// Requeue all of a kind: the jobs go back through the outbox with their
+// identities, so guard 4 still recognises any that had been applied.
+func TestRequeueKindKeepsIdentity(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	want := b.placeOrders(t, 6, 1)
+	// Three of the jobs are dead letters already; one of those had in fact
+	// been applied (its identity is in processed_jobs).
+	rows, err := b.pool.Query(ctx, `SELECT id::text, payload::text FROM outbox ORDER BY id LIMIT 3`)
+	require.NoError(t, err)
+	type job struct{ id, payload string }
+	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (job, error) {
+		var j job
+		return j, r.Scan(&j.id, &j.payload)
+	})
+	require.NoError(t, err)
+	for i, j := range jobs {
+		_, err := deadletter.Add(ctx, b.pool, deadletter.Letter{JobID: j.id, Kind: "update_sales_counter", Payload: []byte(j.payload),
+			Reason: "test", LastError: "test", Attempts: 1, StreamID: fmt.Sprintf("0-%d", i+1)})
+		require.NoError(t, err)
+	}
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET published_at = now() WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 3)`)
+	require.NoError(t, err)
+	hosttest.Start(t, b.config())
+	hosttest.Eventually(t, 30*time.Second, "the 3 other jobs applied", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`) == 3
+	})
+	requeue(t, b, 0, "update_sales_counter")
+	requeue(t, b, 0, "update_sales_counter") // nothing left to requeue
+	b.waitDrained(t, 6)
+	b.requireCounters(t, want)
+	require.EqualValues(t, 6, hosttest.Count(t, b.pool, `SELECT count(DISTINCT job_id) FROM counter_applies`))
+	require.EqualValues(t, 3, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE job_id IS NOT NULL`), "requeued once, with their identities")
+}
+
+func requeue(t *testing.T, b *testBundle, id int64, kind string) {
+	t.Helper()
+	require.NoError(t, pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+		_, err := deadletter.Requeue(context.Background(), tx, id, kind)
+		return err
+	}))
+}
