@@ -43,10 +43,14 @@ func setup(t *testing.T) *testBundle {
 }
 
 func (b *testBundle) config() host.Config {
+	cfg := hostConfig(b.dbURL, b.rdb, b.stream, b.counters)
+	cfg.PluginEnv = []string{faults.DirEnv + "=" + b.faultDir}
+	return cfg
+}
+
+func hostConfig(dbURL string, rdb *redis.Client, stream, plugin string) host.Config {
 	return host.Config{
-		DatabaseURL: b.dbURL, Redis: b.rdb, Stream: b.stream,
-		Plugins:     []string{b.counters},
-		PluginEnv:   []string{faults.DirEnv + "=" + b.faultDir},
+		DatabaseURL: dbURL, Redis: rdb, Stream: stream, Plugins: []string{plugin},
 		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond,
 	}
 }
