@@ -1,0 +1,70 @@
+package host_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/plugins/stagedoor/orders"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// The request_id and trace committed with an order reach the plugin's log
+// lines, in the host's structured log, with the job's identity; the trace
+// continues the order's trace id.
+func TestPluginLogsCarryRequestAndTrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	ev, err := orders.CreateEvent(ctx, b.pool, "Hania Rani", "Hall")
+	require.NoError(t, err)
+	placed, err := orders.Place(ctx, b.pool, orders.Order{EventID: ev, Buyer: "B", Email: "b@example.com", Seats: 2}, orders.Jobs{Counter: true})
+	require.NoError(t, err)
+	var trace string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT trace FROM outbox`).Scan(&trace))
+	traceID := strings.Split(trace, "-")[1]
+
+	var logs syncBuffer
+	cfg := b.config()
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	hosttest.Start(t, cfg)
+	b.waitDrained(t, 1)
+	hosttest.Eventually(t, 10*time.Second, "the plugin's log line", func() bool {
+		return strings.Contains(logs.String(), `msg="seats counted"`)
+	})
+	var line string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, `msg="seats counted"`) {
+			line = l
+		}
+	}
+	require.Contains(t, line, "source=plugin")
+	require.Contains(t, line, "request_id="+placed.RequestID)
+	require.Contains(t, line, "job_id="+strconv.FormatInt(placed.OutboxIDs[0], 10))
+	require.Contains(t, line, "trace=00-"+traceID+"-", "the plugin logs under the order's trace id")
+}
+
