@@ -67,4 +67,3 @@ func TestPluginLogsCarryRequestAndTrace(t *testing.T) {
 	require.Contains(t, line, "job_id="+strconv.FormatInt(placed.OutboxIDs[0], 10))
 	require.Contains(t, line, "trace=00-"+traceID+"-", "the plugin logs under the order's trace id")
 }
-
