@@ -65,6 +65,11 @@ type Config struct {
 	// RetryBackoff is the first delay after a transient failure, doubled
 	// per attempt. Default 1s.
 	RetryBackoff time.Duration
+	// ShutdownGrace is how long Run waits for in-flight jobs once its
+	// context is done; jobs still running then are cancelled, their
+	// transactions rolled back, and their entries left unacked for another
+	// host to reclaim. Default 10s.
+	ShutdownGrace time.Duration
 
 	// DisableRelay and DisableScheduler turn off this host's outbox relay
 	// and scheduler (another process runs them). Default: both run.

@@ -253,7 +253,7 @@ func (h *Host) Run(ctx context.Context) error {
 	var err error
 	h.consumer, err = stream.NewConsumer(stream.ConsumerConfig{
 		Redis: h.rdb, Stream: h.cfg.Stream, Group: h.cfg.Group, Name: h.cfg.Consumer,
-		Concurrency: h.cfg.Concurrency, Dispatch: h.dispatch, Logger: h.log,
+		Concurrency: h.cfg.Concurrency, Dispatch: h.dispatch, ShutdownGrace: h.cfg.ShutdownGrace, Logger: h.log,
 	})
 	if err != nil {
 		return err
