@@ -21,9 +21,7 @@ func TestDeadlineOverrunRolledBackAndRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	want := b.placeOrders(t, 5, 1)
-	var jobID string
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT id::text FROM outbox ORDER BY id LIMIT 1`).Scan(&jobID))
-	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{jobID}, Once: true}))
+	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", Once: true})
 	cfg := b.config()
 	cfg.JobTimeout = time.Second
 	cfg.RetryBackoff = 100 * time.Millisecond
@@ -43,9 +41,7 @@ func TestHandlerPanicDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	want := b.placeOrders(t, 10, 2)
-	var jobID string
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT id::text FROM outbox ORDER BY id LIMIT 1`).Scan(&jobID))
-	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "panic", JobIDs: []string{jobID}}))
+	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "panic"})
 	h := hosttest.Start(t, b.config())
 
 	hosttest.Eventually(t, 30*time.Second, "9 applied and 1 dead letter", func() bool {

@@ -48,6 +48,26 @@ func (b *testBundle) config() host.Config {
 	return cfg
 }
 
+// armFirstJob arms a fault at point for the first outbox row's job and
+// returns that job's id.
+func (b *testBundle) armFirstJob(t *testing.T, point string, spec faults.Spec) string {
+	t.Helper()
+	var jobID string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT id::text FROM outbox ORDER BY id LIMIT 1`).Scan(&jobID))
+	spec.JobIDs = []string{jobID}
+	require.NoError(t, faults.Arm(b.faultDir, point, spec))
+	return jobID
+}
+
+// held waits until the plugin holds jobID at point.
+func (b *testBundle) held(t *testing.T, point, jobID string) {
+	t.Helper()
+	hosttest.Eventually(t, 20*time.Second, "the plugin to hold job "+jobID, func() bool {
+		_, err := os.Stat(filepath.Join(b.faultDir, point+"."+jobID+".hit"))
+		return err == nil
+	})
+}
+
 func hostConfig(dbURL string, rdb *redis.Client, stream, plugin string) host.Config {
 	return host.Config{
 		DatabaseURL: dbURL, Redis: rdb, Stream: stream, Plugins: []string{plugin},
@@ -139,18 +159,13 @@ func TestSlowConsumerReclaimed(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	want := b.placeOrders(t, 1, 1)
-	var jobID string
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT id::text FROM outbox`).Scan(&jobID))
-	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "stall", Duration: "3s", JobIDs: []string{jobID}, Once: true}))
+	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "3s", Once: true})
 
 	slow := b.config()
 	slow.ReclaimIdle = time.Hour // only the other host reclaims
 	slow.Consumer = "slow"
 	hosttest.Start(t, slow)
-	hosttest.Eventually(t, 20*time.Second, "the slow consumer to hold the job", func() bool {
-		_, err := os.Stat(filepath.Join(b.faultDir, "counter.apply."+jobID+".hit"))
-		return err == nil
-	})
+	b.held(t, "counter.apply", jobID)
 	other := b.config()
 	other.Consumer = "other"
 	other.DisableRelay = true
@@ -177,17 +192,11 @@ func TestPluginKilledMidJob(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	want := b.placeOrders(t, 20, 2)
-	var jobID string
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT id::text FROM outbox ORDER BY id LIMIT 1`).Scan(&jobID))
-	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{jobID}, Once: true}))
+	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", Once: true})
 	h := hosttest.Start(t, b.config())
 
-	hit := filepath.Join(b.faultDir, "counter.apply."+jobID+".hit")
-	hosttest.Eventually(t, 20*time.Second, "the plugin to hold the job", func() bool {
-		_, err := os.Stat(hit)
-		return err == nil
-	})
-	raw, err := os.ReadFile(hit)
+	b.held(t, "counter.apply", jobID)
+	raw, err := os.ReadFile(filepath.Join(b.faultDir, "counter.apply."+jobID+".hit"))
 	require.NoError(t, err)
 	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
 	require.NoError(t, err)
