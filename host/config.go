@@ -77,6 +77,12 @@ type Config struct {
 	DisableScheduler bool
 	// RelayPollInterval is the relay's fallback poll. Default 1s.
 	RelayPollInterval time.Duration
+	// ReconcileAfter: an outbox row published this long ago whose job has
+	// no outcome is published again (its stream entry was lost). Default
+	// 15 minutes; it must exceed the longest expected backlog.
+	ReconcileAfter time.Duration
+	// ReconcileInterval is how often the reconciler scans. Default 1m.
+	ReconcileInterval time.Duration
 	// RelayAfterPublish is a fault hook for tests and the demo: an error
 	// aborts a published batch before it is marked, as a crash would.
 	RelayAfterPublish func(ids []int64) error

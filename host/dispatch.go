@@ -10,6 +10,7 @@ import (
 
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/guard"
+	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/schedule"
 	"github.com/usherhq/usher/host/stream"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
@@ -21,16 +22,33 @@ import (
 // acked, a job to retry is acked after its delayed run is committed, a job
 // that can never succeed is acked after its dead letter is committed, and
 // anything else stays pending to be reclaimed.
-func (h *Host) dispatch(ctx context.Context, e stream.Entry) (ack bool) {
+func (h *Host) dispatch(ctx context.Context, e stream.Entry) bool {
+	outcome, ack := h.run(ctx, e)
+	if !ack {
+		return false
+	}
+	// Record the outcome before the ack: a row with no outcome is
+	// eventually republished, so this write is what lets it rest.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := outbox.Finish(wctx, h.pool, e.OutboxID, outcome); err != nil {
+		h.log.Warn("could not record the job's outcome; entry left pending", "stream_id", e.StreamID, "err", err)
+		return false
+	}
+	return true
+}
+
+// run runs one entry and returns its outcome and whether it may be acked.
+func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack bool) {
 	start := time.Now()
 	defer func() {
 		if r := recover(); r != nil {
 			h.log.Error("dispatch panicked; entry left pending", "stream_id", e.StreamID, "job_id", e.JobID, "panic", r)
-			ack = false
+			outcome, ack = "", false
 		}
 	}()
 	if reason, bad := h.refuse(e); bad {
-		return h.deadLetter(ctx, e, "bad_input", reason, "")
+		return "dead_letter", h.deadLetter(ctx, e, "bad_input", reason, "")
 	}
 	h.mu.RLock()
 	rt := h.routes[e.Kind]
@@ -38,10 +56,10 @@ func (h *Host) dispatch(ctx context.Context, e stream.Entry) (ack bool) {
 	if !rt.plugin.Healthy() {
 		// Its kinds wait in the stream, not in dead letters, until the
 		// plugin is reloaded.
-		return false
+		return "", false
 	}
 	if e.Deliveries > h.cfg.MaxDeliveries {
-		return h.deadLetter(ctx, e, "max_deliveries",
+		return "dead_letter", h.deadLetter(ctx, e, "max_deliveries",
 			fmt.Sprintf("delivered %d times (max %d) without finishing; the last runs crashed, hung or lost their host", e.Deliveries, h.cfg.MaxDeliveries), "")
 	}
 
@@ -67,21 +85,21 @@ func (h *Host) dispatch(ctx context.Context, e stream.Entry) (ack bool) {
 	switch out.Verdict {
 	case guard.Applied:
 		log.Debug("job applied")
-		return true
+		return "applied", true
 	case guard.Absorbed:
 		log.Info("duplicate absorbed", "guard", guardName(rt.guard), "reason", out.Reason)
-		return true
+		return "absorbed", true
 	case guard.Retry:
 		if out.Err != nil && e.Attempt+1 >= h.cfg.MaxAttempts {
-			return h.deadLetter(ctx, e, "max_attempts",
+			return "dead_letter", h.deadLetter(ctx, e, "max_attempts",
 				fmt.Sprintf("failed %d attempts (max %d)", e.Attempt+1, h.cfg.MaxAttempts), out.Reason)
 		}
-		return h.retry(ctx, e, out, log)
+		return "retry_scheduled", h.retry(ctx, e, out, log)
 	case guard.Permanent:
-		return h.deadLetter(ctx, e, "permanent", out.Reason, out.Reason)
+		return "dead_letter", h.deadLetter(ctx, e, "permanent", out.Reason, out.Reason)
 	default: // Abandoned
 		log.Warn("job did not finish; entry left pending for reclaim", "err", out.Err)
-		return false
+		return "", false
 	}
 }
 

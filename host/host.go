@@ -280,6 +280,12 @@ func (h *Host) Run(ctx context.Context) error {
 			return err
 		}
 		loops["relay"] = relay.Run
+		rec, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: h.pool, StaleAfter: h.cfg.ReconcileAfter,
+			Interval: h.cfg.ReconcileInterval, Logger: h.log})
+		if err != nil {
+			return err
+		}
+		loops["reconciler"] = rec.Run
 	}
 	if !h.cfg.DisableScheduler {
 		sched, err := schedule.New(schedule.Config{Pool: h.pool, Logger: h.log})

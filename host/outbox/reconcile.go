@@ -1,0 +1,101 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Finish records how the job of outbox row id ended. The host calls it
+// before acking the row's stream entry; a crash in between redelivers the
+// entry, whose guard absorbs it and finishes the row again (a no-op).
+func Finish(ctx context.Context, q Querier, id int64, outcome string) error {
+	if id <= 0 {
+		return nil
+	}
+	if _, err := q.Exec(ctx, `UPDATE outbox SET done_at = now(), outcome = $2 WHERE id = $1 AND done_at IS NULL`, id, outcome); err != nil {
+		return fmt.Errorf("outbox: finish %d: %w", id, err)
+	}
+	return nil
+}
+
+// ReconcilerConfig configures a Reconciler.
+type ReconcilerConfig struct {
+	// Pool is the Postgres pool. Required.
+	Pool *pgxpool.Pool
+	// StaleAfter is how long a published row may go without an outcome
+	// before it is published again. It must be well above the longest
+	// backlog the stream is expected to hold, since every row republished
+	// is a duplicate delivery. Default 15 minutes.
+	StaleAfter time.Duration
+	// Interval between scans. Default 1 minute.
+	Interval time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Reconciler republishes outbox rows whose stream entry was lost. Redis
+// holds the stream; if it loses entries (a restart without persistence, a
+// failover that drops writes), the rows are marked published in Postgres
+// and nothing would run them. The reconciler hands such rows back to the
+// relay; at-least-once then holds with Postgres as the only source of truth.
+type Reconciler struct {
+	cfg ReconcilerConfig
+}
+
+// NewReconciler validates cfg and fills its defaults.
+func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("outbox: reconciler needs Pool")
+	}
+	if cfg.StaleAfter <= 0 {
+		cfg.StaleAfter = 15 * time.Minute
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Reconciler{cfg: cfg}, nil
+}
+
+// Run scans every Interval until ctx is done.
+func (r *Reconciler) Run(ctx context.Context) error {
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if _, err := r.Reconcile(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("outbox reconcile failed", "err", err)
+		}
+	}
+}
+
+// Reconcile hands stale unfinished rows back to the relay and returns how
+// many.
+func (r *Reconciler) Reconcile(ctx context.Context) (int64, error) {
+	tag, err := r.cfg.Pool.Exec(ctx, `
+		UPDATE outbox SET published_at = NULL, republished = republished + 1
+		WHERE done_at IS NULL AND published_at < now() - make_interval(secs => $1)`, r.cfg.StaleAfter.Seconds())
+	if err != nil {
+		return 0, fmt.Errorf("outbox: reconcile: %w", err)
+	}
+	if n := tag.RowsAffected(); n > 0 {
+		r.cfg.Logger.Warn("republishing outbox rows whose jobs never finished (stream entries lost?)",
+			"rows", n, "stale_after", r.cfg.StaleAfter)
+		if _, err := r.cfg.Pool.Exec(ctx, `SELECT pg_notify($1, '')`, Channel); err != nil {
+			return n, err
+		}
+		return n, nil
+	}
+	return 0, nil
+}
