@@ -14,6 +14,7 @@ type RetryLaterError struct {
 	Reason string
 }
 
+// Error says when the job runs again and why.
 func (e *RetryLaterError) Error() string {
 	if e.Reason == "" {
 		return fmt.Sprintf("retry later (in %s)", e.Delay)
@@ -36,8 +37,10 @@ type PermanentError struct {
 	Err error
 }
 
+// Error is the wrapped error, marked permanent.
 func (e *PermanentError) Error() string { return "permanent failure: " + e.Err.Error() }
 
+// Unwrap returns the wrapped error.
 func (e *PermanentError) Unwrap() error { return e.Err }
 
 // Permanent wraps err so that the host dead-letters the job instead of
