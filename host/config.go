@@ -34,14 +34,49 @@ type Config struct {
 	// Default "<hostname>-<pid>".
 	Consumer string
 
-	// PluginDir holds plugin binaries; every executable file is started.
-	// Optional.
+	// PluginDir holds the plugins: each is a binary plus a manifest file
+	// <name>.plugin.json naming it, with the plugin's name, version and the
+	// binary's SHA-256 (`host plugins manifest` writes one). The checksum
+	// is verified before the binary starts, and the running plugin must
+	// report the manifest's name and version. An executable no manifest
+	// names is ignored with a warning. At New, a manifest that cannot be
+	// loaded is an error; later, while Run watches the directory, it is
+	// logged and the running version keeps serving. Optional.
 	PluginDir string
-	// Plugins lists plugin binaries to start besides PluginDir's.
+	// DisablePluginWatch turns off the watch of PluginDir: manifests are
+	// then re-read only by Reload (`host plugins reload`). Default: Run
+	// watches the directory (fsnotify, and a poll as the fallback) and
+	// reloads what changed.
+	DisablePluginWatch bool
+	// PluginPollInterval is how often PluginDir is compared with what was
+	// last seen, besides fsnotify's events. Default 2s.
+	PluginPollInterval time.Duration
+	// Plugins lists plugin binaries to start besides PluginDir's, with no
+	// manifest: no checksum is verified and Reload does not touch them
+	// (unless a manifest in PluginDir names the same plugin, which then
+	// replaces it). For tests and embedding applications.
 	Plugins []string
 	// PluginEnv is added to every plugin's environment (e.g. the mail
 	// provider's address).
 	PluginEnv []string
+
+	// RequirePluginRole refuses to load a plugin that has no Postgres role
+	// of its own. A plugin's database work runs as the role
+	// usher_plugin_<name> (SET LOCAL ROLE) when that role exists; the
+	// migrations create the roles of the shipped plugins, granted only
+	// their tables, and an operator creates a third-party plugin's the same
+	// way. Default false: a plugin with no role runs as the host's
+	// database user, with a warning logged when it loads.
+	RequirePluginRole bool
+	// PluginCrashLoop crashes within PluginCrashWindow mark a plugin
+	// unhealthy: its entries wait in the stream until a reload starts a
+	// working version. Defaults 5 and 1 minute.
+	PluginCrashLoop   int
+	PluginCrashWindow time.Duration
+	// PluginDrainTimeout bounds how long a swap waits for the old
+	// version's in-flight calls; those that overrun are left unacked and
+	// reclaimed. Default 30s.
+	PluginDrainTimeout time.Duration
 
 	// Concurrency bounds the jobs in flight in this host. Default 16.
 	Concurrency int
@@ -126,6 +161,9 @@ func (c *Config) setDefaults() error {
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 8
 	}
+	if c.PluginPollInterval <= 0 {
+		c.PluginPollInterval = 2 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	}
@@ -138,7 +176,8 @@ func (c Config) LogValue() slog.Value {
 		slog.String("database_url", maskURL(c.DatabaseURL)),
 		slog.String("redis_url", maskURL(c.RedisURL)),
 		slog.String("stream", c.Stream), slog.String("group", c.Group), slog.String("consumer", c.Consumer),
-		slog.String("plugin_dir", c.PluginDir), slog.Any("plugins", c.Plugins),
+		slog.String("plugin_dir", c.PluginDir), slog.Bool("plugin_watch", c.PluginDir != "" && !c.DisablePluginWatch),
+		slog.Any("plugins", c.Plugins), slog.Bool("require_plugin_role", c.RequirePluginRole),
 		slog.Int("concurrency", c.Concurrency), slog.Duration("reclaim_idle", c.ReclaimIdle),
 		slog.Duration("job_timeout", c.JobTimeout), slog.Int64("max_deliveries", c.MaxDeliveries),
 		slog.Int("max_attempts", c.MaxAttempts), slog.Bool("relay", !c.DisableRelay),

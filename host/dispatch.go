@@ -53,9 +53,12 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 	h.mu.RLock()
 	rt := h.routes[e.Kind]
 	h.mu.RUnlock()
-	if !rt.plugin.Healthy() {
-		// Its kinds wait in the stream, not in dead letters, until the
-		// plugin is reloaded.
+	if !rt.plugin.Ready() {
+		// Unhealthy (its kinds wait in the stream, not in dead letters,
+		// until the plugin is reloaded) or between a crash and its
+		// restart: park gives the delivery back so the wait does not
+		// count towards MaxDeliveries.
+		h.park(ctx, e, rt)
 		return "", false
 	}
 	if e.Deliveries > h.cfg.MaxDeliveries {

@@ -13,12 +13,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
@@ -41,6 +42,19 @@ import (
 type route struct {
 	plugin *pluginhost.Supervisor
 	guard  usherv1.Guard
+	// parked counts the deliveries of the plugin's kinds left waiting
+	// while it was unhealthy or restarting.
+	parked *atomic.Int64
+}
+
+// loaded is one plugin the host serves.
+type loaded struct {
+	sup  *pluginhost.Supervisor
+	path string
+	// file is the manifest the plugin was loaded from; nil for one from
+	// Config.Plugins.
+	file   *pluginhost.DirPlugin
+	parked atomic.Int64
 }
 
 // Host is a running usher runtime.
@@ -58,8 +72,16 @@ type Host struct {
 
 	mu      sync.RWMutex
 	routes  map[string]route
-	plugins map[string]*pluginhost.Supervisor
-	paths   map[string]string // plugin name -> binary path
+	plugins map[string]*loaded
+	// pluginCtx and pluginWG are set while Run runs: a plugin loaded then
+	// is supervised under them.
+	pluginCtx context.Context
+	pluginWG  *sync.WaitGroup
+	adminAddr string
+
+	// reloadMu serialises reloads (the watcher's and the admin API's).
+	reloadMu sync.Mutex
+	watcher  *pluginhost.Watcher
 
 	consumer *stream.Consumer
 }
@@ -72,7 +94,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	h := &Host{cfg: cfg, log: cfg.Logger, pool: cfg.Pool, rdb: cfg.Redis, metrics: newMetrics(),
 		tracer: otel.Tracer("github.com/usherhq/usher/host"),
-		routes: map[string]route{}, plugins: map[string]*pluginhost.Supervisor{}, paths: map[string]string{}}
+		routes: map[string]route{}, plugins: map[string]*loaded{}}
 	if h.pool == nil {
 		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 		if err != nil {
@@ -110,73 +132,176 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		return nil, err
 	}
 	h.runner = runner
-	paths, err := h.pluginPaths()
-	if err != nil {
+	if err := h.loadPlugins(ctx); err != nil {
 		h.Close()
 		return nil, err
 	}
-	for _, p := range paths {
-		if err := h.LoadPlugin(ctx, p); err != nil {
-			h.Close()
-			return nil, err
-		}
-	}
-	h.log.Info("host ready", "config", cfg, "kinds", h.Kinds())
+	h.log.Info("host ready", "config", cfg, "kinds", h.Kinds(), "protocols", pluginhost.Protocols())
 	return h, nil
 }
 
-func (h *Host) pluginPaths() ([]string, error) {
-	paths := append([]string{}, h.cfg.Plugins...)
-	if h.cfg.PluginDir == "" {
-		return paths, nil
-	}
-	entries, err := os.ReadDir(h.cfg.PluginDir)
-	if err != nil {
-		return nil, fmt.Errorf("host: plugin dir: %w", err)
-	}
-	for _, e := range entries {
-		info, err := e.Info()
-		if err != nil || e.IsDir() || info.Mode()&0o111 == 0 {
-			continue
+// loadPlugins starts Config.Plugins and every plugin PluginDir's manifests
+// name; the first that fails to load is the error.
+func (h *Host) loadPlugins(ctx context.Context) error {
+	for _, p := range h.cfg.Plugins {
+		if err := h.LoadPlugin(ctx, p); err != nil {
+			return err
 		}
-		paths = append(paths, filepath.Join(h.cfg.PluginDir, e.Name()))
 	}
-	return paths, nil
+	if h.cfg.PluginDir == "" {
+		return nil
+	}
+	if !h.cfg.DisablePluginWatch {
+		// Created before the scan: a change made from here on is reloaded
+		// once Run watches.
+		w, err := pluginhost.NewWatcher(pluginhost.WatchConfig{
+			Dir: h.cfg.PluginDir, PollInterval: h.cfg.PluginPollInterval, Logger: h.log,
+			OnChange: h.onPluginDirChange,
+		})
+		if err != nil {
+			return fmt.Errorf("host: %w", err)
+		}
+		h.watcher = w
+	}
+	scan, err := pluginhost.ScanDir(h.cfg.PluginDir)
+	if err != nil {
+		return fmt.Errorf("host: %w", err)
+	}
+	for _, p := range scan.Problems {
+		h.log.Warn("plugin directory: skipped", "dir", h.cfg.PluginDir, "problem", p.Error())
+	}
+	for _, p := range scan.Plugins {
+		if err := h.loadManifest(ctx, p); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// LoadPlugin starts the plugin binary at path and routes its kinds to it. It
-// refuses a plugin that declares a kind without a guard, or a kind another
-// loaded plugin already serves.
+func (h *Host) pluginConfig(path string) pluginhost.Config {
+	return pluginhost.Config{Path: path, Host: h.handles, Logger: h.log, Env: h.cfg.PluginEnv}
+}
+
+// LoadPlugin starts the plugin binary at path (no manifest, no checksum)
+// and routes its kinds to it. It refuses a plugin that declares a kind
+// without a guard, a kind another loaded plugin already serves, or (with
+// RequirePluginRole) one with no Postgres role.
 func (h *Host) LoadPlugin(ctx context.Context, path string) error {
+	if err := h.load(ctx, h.pluginConfig(path), nil); err != nil {
+		return fmt.Errorf("host: load plugin %s: %w", path, err)
+	}
+	return nil
+}
+
+// loadManifest loads the plugin a manifest in PluginDir names: its binary
+// is verified against the manifest's SHA-256 before it starts, and must
+// report the manifest's name and version.
+func (h *Host) loadManifest(ctx context.Context, p pluginhost.DirPlugin) error {
+	pcfg, err := p.Config(h.pluginConfig(""))
+	if err == nil {
+		err = h.load(ctx, pcfg, &p)
+	}
+	if err != nil {
+		return fmt.Errorf("host: load plugin from manifest %s: %w", p.ManifestPath, err)
+	}
+	return nil
+}
+
+func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhost.DirPlugin) error {
 	sup, err := pluginhost.NewSupervisor(ctx, pluginhost.SupervisorConfig{
-		Plugin: pluginhost.Config{Path: path, Host: h.handles, Logger: h.log, Env: h.cfg.PluginEnv},
+		Plugin: pcfg, CrashLoop: h.cfg.PluginCrashLoop, CrashWindow: h.cfg.PluginCrashWindow,
+		DrainTimeout: h.cfg.PluginDrainTimeout,
 		OnRestart: func(m pluginhost.Manifest, pid int) {
 			h.metrics.restarts.WithLabelValues(m.Name).Inc()
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("host: load plugin %s: %w", path, err)
+		return err
 	}
 	m := sup.Manifest()
+	role, err := h.pluginRole(ctx, m.Name)
+	if err != nil {
+		sup.Stop()
+		return err
+	}
+	sup.SetDBRole(role)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, dup := h.plugins[m.Name]; dup {
 		sup.Stop()
-		return fmt.Errorf("host: plugin %s is already loaded", m.Name)
+		return fmt.Errorf("plugin %s is already loaded", m.Name)
 	}
 	for _, k := range m.Kinds {
 		if r, taken := h.routes[k.Kind]; taken {
 			sup.Stop()
-			return fmt.Errorf("host: plugin %s declares kind %q, already served by %s", m.Name, k.Kind, r.plugin.Manifest().Name)
+			return fmt.Errorf("plugin %s declares kind %q, already served by %s", m.Name, k.Kind, r.plugin.Manifest().Name)
 		}
 	}
+	l := &loaded{sup: sup, path: pcfg.Path, file: file}
 	for _, k := range m.Kinds {
-		h.routes[k.Kind] = route{plugin: sup, guard: k.Guard}
+		h.routes[k.Kind] = route{plugin: sup, guard: k.Guard, parked: &l.parked}
 	}
-	h.plugins[m.Name] = sup
-	h.paths[m.Name] = path
-	h.log.Info("plugin loaded", "plugin", m.Name, "version", m.Version, "pid", sup.Pid(), "kinds", len(m.Kinds))
+	h.plugins[m.Name] = l
+	if ctx, wg := h.pluginCtx, h.pluginWG; ctx != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sup.Run(ctx)
+		}()
+	}
+	h.log.Info("plugin loaded", "plugin", m.Name, "version", m.Version, "protocol", m.Protocol, "pid", sup.Pid(),
+		"kinds", len(m.Kinds), "db_role", role, "verified", file != nil)
 	return nil
+}
+
+// PluginRolePrefix prefixes a plugin's Postgres role: plugin "counters"
+// runs as usher_plugin_counters.
+const PluginRolePrefix = "usher_plugin_"
+
+// PluginRole is the Postgres role plugin name's database work runs as when
+// the role exists: usher_plugin_<name>, lower-cased, with every character
+// other than a-z, 0-9 and _ replaced by _.
+func PluginRole(name string) string {
+	b := []byte(strings.ToLower(name))
+	for i, c := range b {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			b[i] = '_'
+		}
+	}
+	return truncateIdent(PluginRolePrefix + string(b))
+}
+
+func truncateIdent(s string) string {
+	if len(s) > 63 {
+		return s[:63]
+	}
+	return s
+}
+
+// pluginRole finds the role a plugin runs as. A role that exists but that
+// the host's user cannot switch to is an error (running as the host would
+// quietly give the plugin more than its grants); a missing role is an
+// error with RequirePluginRole, else the plugin runs as the host.
+func (h *Host) pluginRole(ctx context.Context, name string) (string, error) {
+	role := PluginRole(name)
+	var member bool
+	var user string
+	err := h.pool.QueryRow(ctx, `SELECT pg_has_role(current_user, oid, 'MEMBER'), current_user::text FROM pg_roles WHERE rolname = $1`, role).
+		Scan(&member, &user)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		if h.cfg.RequirePluginRole {
+			return "", fmt.Errorf("plugin %s has no Postgres role %s and RequirePluginRole is set: create it NOLOGIN, grant it the plugin's tables, and GRANT it to the host's user", name, role)
+		}
+		h.log.Warn("plugin has no Postgres role of its own; its database work runs as the host's user, with the host's privileges",
+			"plugin", name, "role", role)
+		return "", nil
+	case err != nil:
+		return "", fmt.Errorf("look up role %s: %w", role, err)
+	case !member:
+		return "", fmt.Errorf("plugin %s has the Postgres role %s, but the host's user %s cannot SET ROLE to it: GRANT %s TO %s", name, role, user, role, user)
+	}
+	return role, nil
 }
 
 // Kinds lists the kinds this host serves.
@@ -193,13 +318,25 @@ func (h *Host) Kinds() []string {
 
 // PluginStatus describes one loaded plugin.
 type PluginStatus struct {
-	Name     string   `json:"name"`
-	Version  string   `json:"version"`
-	Path     string   `json:"path"`
-	Pid      int      `json:"pid"`
-	Healthy  bool     `json:"healthy"`
-	Restarts int      `json:"restarts"`
-	Kinds    []string `json:"kinds"`
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	// Protocol is the host-plugin protocol negotiated with it.
+	Protocol int    `json:"protocol"`
+	Path     string `json:"path"`
+	// Manifest and SHA256: the manifest file it was loaded from and the
+	// checksum verified before it started; empty for Config.Plugins.
+	Manifest string `json:"manifest,omitempty"`
+	SHA256   string `json:"sha256,omitempty"`
+	// DBRole is the Postgres role its database work runs as; empty: the
+	// host's.
+	DBRole   string `json:"db_role"`
+	Pid      int    `json:"pid"`
+	Healthy  bool   `json:"healthy"`
+	Restarts int    `json:"restarts"`
+	// Parked counts deliveries of its kinds left waiting in the stream
+	// while it was unhealthy or restarting.
+	Parked int64    `json:"parked"`
+	Kinds  []string `json:"kinds"`
 }
 
 // Plugins reports the loaded plugins.
@@ -207,9 +344,13 @@ func (h *Host) Plugins() []PluginStatus {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	var out []PluginStatus
-	for name, sup := range h.plugins {
-		m := sup.Manifest()
-		st := PluginStatus{Name: name, Version: m.Version, Path: h.paths[name], Pid: sup.Pid(), Healthy: sup.Healthy(), Restarts: sup.Restarts()}
+	for name, l := range h.plugins {
+		m := l.sup.Manifest()
+		st := PluginStatus{Name: name, Version: m.Version, Protocol: m.Protocol, Path: l.path, DBRole: l.sup.DBRole(),
+			Pid: l.sup.Pid(), Healthy: l.sup.Healthy(), Restarts: l.sup.Restarts(), Parked: l.parked.Load()}
+		if l.file != nil {
+			st.Manifest, st.SHA256 = l.file.ManifestPath, l.file.Manifest.SHA256
+		}
 		for _, k := range m.Kinds {
 			st.Kinds = append(st.Kinds, k.Kind+" ("+guardName(k.Guard)+")")
 		}
@@ -219,25 +360,164 @@ func (h *Host) Plugins() []PluginStatus {
 	return out
 }
 
-// Swap replaces the named plugin with the binary at path while jobs keep
-// flowing; see pluginhost.Supervisor.Swap.
+// Swap replaces the named plugin with the binary at path (no manifest, no
+// checksum) while jobs keep flowing; see pluginhost.Supervisor.Swap.
 func (h *Host) Swap(ctx context.Context, name, path string) (pluginhost.SwapResult, error) {
+	return h.swap(ctx, name, h.pluginConfig(path), nil)
+}
+
+func (h *Host) swap(ctx context.Context, name string, pcfg pluginhost.Config, file *pluginhost.DirPlugin) (pluginhost.SwapResult, error) {
 	h.mu.RLock()
-	sup := h.plugins[name]
+	l := h.plugins[name]
 	h.mu.RUnlock()
-	if sup == nil {
+	if l == nil {
 		return pluginhost.SwapResult{}, fmt.Errorf("host: no plugin %q is loaded", name)
 	}
-	res, err := sup.Swap(ctx, pluginhost.Config{Path: path, Host: h.handles, Logger: h.log, Env: h.cfg.PluginEnv})
+	// The role is looked up again: one created since the load applies
+	// from the new version on.
+	role, err := h.pluginRole(ctx, name)
+	if err != nil {
+		return pluginhost.SwapResult{}, fmt.Errorf("swap refused, old version keeps serving: %w", err)
+	}
+	res, err := l.sup.Swap(ctx, pcfg)
 	if err != nil {
 		return res, err
 	}
+	l.sup.SetDBRole(role)
 	h.mu.Lock()
-	h.paths[name] = path
+	l.path, l.file = pcfg.Path, file
 	h.mu.Unlock()
 	h.log.Info("plugin swapped", "plugin", name, "from", res.From.Version, "to", res.To.Version,
-		"drained", res.Drained, "drain_time", res.DrainTime)
+		"start_time", res.StartTime, "drained", res.Drained, "drain_time", res.DrainTime)
 	return res, nil
+}
+
+// ReloadResult is what a reload did to one plugin.
+type ReloadResult struct {
+	Plugin string `json:"plugin"`
+	// Action is "loaded" (a new plugin), "swapped" (a new version or
+	// binary, or a forced restart of an unhealthy plugin), "unchanged", or
+	// "refused" (Error says why; the running version, if any, keeps
+	// serving).
+	Action string `json:"action"`
+	// From and To are the versions before and after.
+	From string `json:"from,omitempty"`
+	To   string `json:"to,omitempty"`
+	// StartTime, Drained and DrainTime are the swap's (see
+	// pluginhost.SwapResult).
+	StartTime time.Duration `json:"start_time_ns,omitempty"`
+	Drained   bool          `json:"drained,omitempty"`
+	DrainTime time.Duration `json:"drain_time_ns,omitempty"`
+	Error     string        `json:"error,omitempty"`
+}
+
+// Reload re-reads PluginDir's manifests (only the one naming plugin name,
+// when name is set) and applies what changed: a manifest for a plugin not
+// loaded loads it, one whose version, checksum or binary differs from the
+// running plugin's swaps to it (Supervisor.Swap: start, check, route, drain,
+// stop), and an unchanged one is left alone unless its plugin is unhealthy,
+// in which case it is restarted from the same binary (the fix was outside
+// the binary). A manifest that disappeared leaves its plugin serving.
+//
+// A refused load or swap is reported in its result, not as the error; the
+// error is for a reload that could not run (no PluginDir, no manifest
+// naming name).
+func (h *Host) Reload(ctx context.Context, name string) ([]ReloadResult, error) {
+	h.reloadMu.Lock()
+	defer h.reloadMu.Unlock()
+	return h.reload(ctx, name, true)
+}
+
+// onPluginDirChange is the watcher's reload: of every manifest, and
+// without restarting unchanged unhealthy plugins (a poll must not turn a
+// crash loop into a swap loop).
+func (h *Host) onPluginDirChange(ctx context.Context) {
+	h.reloadMu.Lock()
+	defer h.reloadMu.Unlock()
+	h.log.Info("plugin directory changed; reloading manifests", "dir", h.cfg.PluginDir)
+	if _, err := h.reload(ctx, "", false); err != nil {
+		h.log.Error("plugin reload failed", "dir", h.cfg.PluginDir, "err", err)
+	}
+}
+
+func (h *Host) reload(ctx context.Context, name string, force bool) ([]ReloadResult, error) {
+	if h.cfg.PluginDir == "" {
+		return nil, errors.New("host: no plugin directory is configured; nothing to reload")
+	}
+	scan, err := pluginhost.ScanDir(h.cfg.PluginDir)
+	if err != nil {
+		return nil, fmt.Errorf("host: %w", err)
+	}
+	for _, p := range scan.Problems {
+		h.log.Warn("plugin directory: skipped", "dir", h.cfg.PluginDir, "problem", p.Error())
+	}
+	var out []ReloadResult
+	for _, p := range scan.Plugins {
+		if name != "" && p.Manifest.Name != name {
+			continue
+		}
+		r := h.reconcile(ctx, p, force)
+		if r.Action == "refused" {
+			h.log.Error("plugin reload refused; the running version, if any, keeps serving",
+				"plugin", r.Plugin, "to", r.To, "err", r.Error)
+		}
+		out = append(out, r)
+	}
+	if name != "" && len(out) == 0 {
+		return nil, fmt.Errorf("host: no valid manifest in %s names plugin %q%s", h.cfg.PluginDir, name, problemList(scan.Problems))
+	}
+	return out, nil
+}
+
+func problemList(ps []error) string {
+	if len(ps) == 0 {
+		return ""
+	}
+	var s []string
+	for _, p := range ps {
+		s = append(s, p.Error())
+	}
+	return " (skipped: " + strings.Join(s, "; ") + ")"
+}
+
+// reconcile makes the running plugin match its manifest p.
+func (h *Host) reconcile(ctx context.Context, p pluginhost.DirPlugin, force bool) ReloadResult {
+	name := p.Manifest.Name
+	res := ReloadResult{Plugin: name, To: p.Manifest.Version}
+	h.mu.RLock()
+	l := h.plugins[name]
+	var cur pluginhost.Manifest
+	var same bool
+	if l != nil {
+		cur = l.sup.Manifest()
+		same = l.file != nil && *l.file == p
+	}
+	h.mu.RUnlock()
+	if l == nil {
+		if err := h.loadManifest(ctx, p); err != nil {
+			res.Action, res.Error = "refused", err.Error()
+			return res
+		}
+		res.Action = "loaded"
+		return res
+	}
+	res.From = cur.Version
+	if same && (!force || l.sup.Healthy()) {
+		res.Action = "unchanged"
+		return res
+	}
+	pcfg, err := p.Config(h.pluginConfig(""))
+	if err != nil {
+		res.Action, res.Error = "refused", fmt.Sprintf("manifest %s: %v", p.ManifestPath, err)
+		return res
+	}
+	sw, err := h.swap(ctx, name, pcfg, &p)
+	if err != nil {
+		res.Action, res.Error = "refused", fmt.Sprintf("manifest %s: %v", p.ManifestPath, err)
+		return res
+	}
+	res.Action, res.StartTime, res.Drained, res.DrainTime = "swapped", sw.StartTime, sw.Drained, sw.DrainTime
+	return res
 }
 
 // Pool returns the host's Postgres pool.
@@ -294,17 +574,21 @@ func (h *Host) Run(ctx context.Context) error {
 		}
 		loops["scheduler"] = sched.Run
 	}
+	if h.watcher != nil {
+		loops["plugin-watch"] = h.watcher.Run
+	}
 	pluginCtx, stopPlugins := context.WithCancel(context.WithoutCancel(ctx))
 	var pwg sync.WaitGroup
-	h.mu.RLock()
-	for _, sup := range h.plugins {
+	h.mu.Lock()
+	h.pluginCtx, h.pluginWG = pluginCtx, &pwg
+	for _, l := range h.plugins {
 		pwg.Add(1)
 		go func() {
 			defer pwg.Done()
-			sup.Run(pluginCtx)
+			l.sup.Run(pluginCtx)
 		}()
 	}
-	h.mu.RUnlock()
+	h.mu.Unlock()
 	var admin *http.Server
 	if h.cfg.AdminAddr != "" {
 		admin, err = h.serveAdmin()
@@ -326,9 +610,12 @@ func (h *Host) Run(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	// The consumer has drained (or abandoned) in-flight jobs; only now may
-	// the plugins stop.
+	// The consumer has drained (or abandoned) in-flight jobs and the
+	// watcher has stopped loading plugins; only now may the plugins stop.
 	stopPlugins()
+	h.mu.Lock()
+	h.pluginCtx, h.pluginWG = nil, nil
+	h.mu.Unlock()
 	pwg.Wait()
 	if admin != nil {
 		_ = admin.Close()
@@ -345,8 +632,8 @@ func (h *Host) Run(ctx context.Context) error {
 // Close releases the connections New opened. Call it after Run returns.
 func (h *Host) Close() {
 	h.mu.RLock()
-	for _, sup := range h.plugins {
-		sup.Stop()
+	for _, l := range h.plugins {
+		l.sup.Stop()
 	}
 	h.mu.RUnlock()
 	if h.ownRdb && h.rdb != nil {
@@ -369,10 +656,44 @@ func (h *Host) serveAdmin() (*http.Server, error) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(h.Plugins())
 	})
+	mux.HandleFunc("POST /plugins/reload", h.serveReload)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
+	h.mu.Lock()
+	h.adminAddr = ln.Addr().String()
+	h.mu.Unlock()
 	h.log.Info("admin listening", "addr", ln.Addr().String())
 	return srv, nil
+}
+
+// ReloadResponse is the admin API's answer to POST /plugins/reload.
+type ReloadResponse struct {
+	Results []ReloadResult `json:"results"`
+	Error   string         `json:"error,omitempty"`
+}
+
+// serveReload is POST /plugins/reload?name=NAME: Reload, answered with a
+// ReloadResponse (422 when the reload could not run). The admin listener
+// has no authentication: keep it on a loopback or otherwise private
+// address.
+func (h *Host) serveReload(w http.ResponseWriter, r *http.Request) {
+	// A swap, once asked for, completes even if the caller hangs up.
+	res, err := h.Reload(context.WithoutCancel(r.Context()), r.URL.Query().Get("name"))
+	resp := ReloadResponse{Results: res}
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		resp.Error = err.Error()
+		w.WriteHeader(http.StatusUnprocessableEntity)
+	}
+	_ = json.NewEncoder(w).Encode(resp)
+}
+
+// AdminAddr is the address the admin API listens on while Run runs
+// (useful with AdminAddr ":0"); empty before.
+func (h *Host) AdminAddr() string {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.adminAddr
 }
 
 func guardName(g usherv1.Guard) string {
@@ -419,4 +740,41 @@ func (h *Host) startSpan(ctx context.Context, e stream.Entry) (context.Context, 
 		tp = e.Trace
 	}
 	return ctx, span, tp
+}
+
+// parkScript gives back one delivery of an entry its consumer still owns:
+// XCLAIM to the same consumer with RETRYCOUNT one less, atomically with
+// the read of the count. JUSTID keeps XCLAIM from counting a delivery of
+// its own.
+var parkScript = redis.NewScript(`
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if #p == 0 or p[1][2] ~= ARGV[2] then return -1 end
+local n = math.max(tonumber(p[1][4]) - 1, 0)
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'RETRYCOUNT', n, 'JUSTID')
+return n`)
+
+// park leaves an entry pending without holding the delivery against it,
+// when its plugin cannot take it: marked unhealthy (crash-looping), or
+// crashed and not restarted yet.
+//
+// The host reads one stream for every kind, so an unhealthy plugin's
+// entries are still read (and reclaimed every ReclaimIdle); what stops is
+// running them. Each such delivery is given back in Redis (the entry's
+// delivery count goes down by one), so MaxDeliveries counts only the
+// deliveries that found a running plugin: an entry parked for an hour is
+// not dead-lettered for it when a reload makes the plugin healthy again,
+// and a poison entry that crashes the plugin at every run still reaches
+// MaxDeliveries, one crash per count. After a reload the parked entries run
+// when next reclaimed, within ReclaimIdle. If the give-back fails (Redis
+// unreachable) the delivery counts, as it did before: the entry may reach
+// MaxDeliveries early and be dead-lettered, never lost.
+func (h *Host) park(ctx context.Context, e stream.Entry, rt route) {
+	rt.parked.Add(1)
+	n, err := parkScript.Run(context.WithoutCancel(ctx), h.rdb, []string{h.cfg.Stream}, h.cfg.Group, h.cfg.Consumer, e.StreamID).Int64()
+	if err != nil {
+		h.log.Warn("could not give back the delivery of a parked entry", "stream_id", e.StreamID, "job_id", e.JobID, "err", err)
+		return
+	}
+	h.log.Debug("entry parked: its plugin is not running", "stream_id", e.StreamID, "job_id", e.JobID, "kind", e.Kind,
+		"plugin", rt.plugin.Manifest().Name, "deliveries", n)
 }

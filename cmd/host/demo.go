@@ -411,15 +411,17 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	w.Flush()
 
 	n := int64(d.orders)
-	var counterApplies, counterJobs, pdfOrders, sendQueued, sentRows, dead int64
+	var counterApplies, counterJobs, pdfOrders, sendQueued, sentRows, dead, outboxRows, unfinished int64
 	if err := d.pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM counter_applies),
 		(SELECT count(DISTINCT job_id) FROM counter_applies),
 		(SELECT count(DISTINCT order_id) FROM tickets WHERE pdf_key IS NOT NULL),
 		(SELECT count(*) FROM outbox WHERE kind = 'send_tickets' AND job_id IS NULL),
 		(SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL),
-		(SELECT count(*) FROM dead_letters)`).
-		Scan(&counterApplies, &counterJobs, &pdfOrders, &sendQueued, &sentRows, &dead); err != nil {
+		(SELECT count(*) FROM dead_letters),
+		(SELECT count(*) FROM outbox),
+		(SELECT count(*) FROM outbox WHERE done_at IS NULL)`).
+		Scan(&counterApplies, &counterJobs, &pdfOrders, &sendQueued, &sentRows, &dead, &outboxRows, &unfinished); err != nil {
 		return false, err
 	}
 	store, err := blob.NewFS(filepath.Join(d.work, "blobs"))
@@ -457,6 +459,11 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	check("emails at the provider", int64(len(msgs)), int64(len(keys)))
 	check("email_sends marked sent", sentRows, sentRows)
 	w.Flush()
+	fmt.Printf("outbox rows: %d, every one with an outcome: %v\n", outboxRows, unfinished == 0)
+	if unfinished != 0 {
+		ok = false
+		fmt.Printf("outbox rows without an outcome: %d\n", unfinished)
+	}
 	if dead != 0 {
 		ok = false
 		fmt.Printf("dead letters: %d (expected 0; see `host deadletters list --database-url %s`)\n", dead, d.dbURL)
@@ -470,6 +477,24 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	fmt.Fprintf(w, "worker stalled past the reclaim threshold\t%d\t\n", countHits(faultDir, "render.after_check"))
 	fmt.Fprintf(w, "plugin crash after the provider accepted, before sent_at\t%d\t\n", countHits(faultDir, "send.after_effect"))
 	fmt.Fprintf(w, "mail provider 503 before sending\t%d\t\n", stats.FailedInjected)
+	w.Flush()
+	outcomes, err := d.pool.Query(ctx, `SELECT coalesce(outcome, 'none'), count(*) FROM outbox GROUP BY 1 ORDER BY 1`)
+	if err != nil {
+		return false, err
+	}
+	fmt.Println()
+	fmt.Println("== outbox rows by outcome ==")
+	if err := forEach(outcomes, func(r pgx.Rows) error {
+		var o string
+		var c int64
+		if err := r.Scan(&o, &c); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "%s\t%d\t\n", o, c)
+		return nil
+	}); err != nil {
+		return false, err
+	}
 	w.Flush()
 
 	fmt.Println()

@@ -5,7 +5,7 @@
 //	host demo         the Stagedoor demo: everything, with faults, and a summary
 //	host inspect      pending entries, backlog, dead letters, absorbed duplicates
 //	host deadletters  list | show ID | requeue ID | requeue --kind KIND
-//	host plugins      list the plugins a running host serves (admin API)
+//	host plugins      list | reload [NAME] (a running host, admin API) | manifest BINARY
 //
 // Configuration comes from flags, with environment variables as defaults:
 // DATABASE_URL, REDIS_URL, USHER_STREAM, USHER_PLUGIN_DIR, USHER_CONSUMER,
@@ -36,7 +36,8 @@ commands:
   demo         run the Stagedoor demo with faults injected and print a summary
   inspect      show pending entries, backlog, dead letters and absorbed duplicates
   deadletters  list | show ID | requeue ID | requeue --kind KIND
-  plugins      list the plugins a running host serves (needs its admin address)
+  plugins      list | reload [NAME] (a running host's plugins, via its admin address)
+               | manifest BINARY --name N --version V [--write]
 
 run 'host <command> -h' for the command's flags`
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"strconv"
 	"text/tabwriter"
@@ -16,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/deadletter"
 )
 
@@ -218,31 +216,4 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
-}
-
-func cmdPlugins(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("plugins", flag.ContinueOnError)
-	addr := fs.String("admin-addr", env("USHER_ADMIN_ADDR", "127.0.0.1:9464"), "the running host's admin address")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*addr+"/plugins", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("no host answers on %s: %w", *addr, err)
-	}
-	defer resp.Body.Close()
-	var list []host.PluginStatus
-	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
-		return err
-	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NAME\tVERSION\tPID\tHEALTHY\tRESTARTS\tKINDS")
-	for _, p := range list {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%v\t%d\t%v\n", p.Name, p.Version, p.Pid, p.Healthy, p.Restarts, p.Kinds)
-	}
-	return w.Flush()
 }

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -53,6 +54,9 @@ type handle struct {
 	id  string
 	cap capability
 	job *usherv1.Job
+	// role is the plugin's Postgres role ("" for the host's own): tx is
+	// already switched to it, and a read-only batch switches to it.
+	role string
 
 	// mu serialises statements on tx: a pgx connection is not safe for
 	// concurrent use, and a plugin may call back from several goroutines.
@@ -61,6 +65,10 @@ type handle struct {
 	wroteIf bool
 	won     bool
 	closed  bool
+	// denied is the first statement the plugin's role was refused
+	// (SQLSTATE 42501): the job fails permanently with it, whatever the
+	// plugin answers.
+	denied error
 }
 
 // Handles issues handles and serves the plugins' callbacks against them. It
@@ -71,6 +79,9 @@ type Handles struct {
 
 	pool   *pgxpool.Pool
 	logger *slog.Logger
+	// statementTimeout bounds each statement of a read-only batch. Default
+	// 10s; a Runner sets its own.
+	statementTimeout time.Duration
 
 	mu sync.Mutex
 	m  map[string]*handle
@@ -81,15 +92,15 @@ func NewHandles(pool *pgxpool.Pool, logger *slog.Logger) *Handles {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Handles{pool: pool, logger: logger, m: map[string]*handle{}}
+	return &Handles{pool: pool, logger: logger, statementTimeout: 10 * time.Second, m: map[string]*handle{}}
 }
 
 var _ usherv1.HostServer = (*Handles)(nil)
 
-func (hs *Handles) issue(c capability, job *usherv1.Job, tx pgx.Tx) *handle {
+func (hs *Handles) issue(c capability, job *usherv1.Job, tx pgx.Tx, role string) *handle {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	h := &handle{id: hex.EncodeToString(b[:]), cap: c, job: job, tx: tx}
+	h := &handle{id: hex.EncodeToString(b[:]), cap: c, job: job, tx: tx, role: role}
 	hs.mu.Lock()
 	hs.m[h.id] = h
 	hs.mu.Unlock()
@@ -129,17 +140,32 @@ func (hs *Handles) Exec(ctx context.Context, req *usherv1.ExecRequest) (*usherv1
 		return nil, status.Error(codes.PermissionDenied, "the phase of this handle has ended")
 	}
 	if h.cap == capReadOnly {
-		return hs.execReadOnly(ctx, h, req.GetStatements())
+		out, err := hs.execReadOnly(ctx, h, req.GetStatements())
+		return out, h.noteDenied(err)
 	}
 	out := &usherv1.ExecResponse{}
 	for i, st := range req.GetStatements() {
 		res, err := hs.execInTx(ctx, h, st)
 		if err != nil {
-			return nil, fmt.Errorf("statement %d: %w", i+1, err)
+			return nil, h.noteDenied(fmt.Errorf("statement %d: %w", i+1, err))
 		}
 		out.Results = append(out.Results, res)
 	}
 	return out, nil
+}
+
+// noteDenied records the first statement the database refused to the
+// plugin's role. The capability refusals of this file are not recorded:
+// they are answered to the plugin, which fails its phase with them.
+func (h *handle) noteDenied(err error) error {
+	if err == nil || h.denied != nil || h.role == "" {
+		return err
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "42501" {
+		h.denied = fmt.Errorf("role %s was refused: %s (SQLSTATE %s)", h.role, pg.Message, pg.Code)
+	}
+	return err
 }
 
 func (hs *Handles) execReadOnly(ctx context.Context, h *handle, stmts []*usherv1.Statement) (*usherv1.ExecResponse, error) {
@@ -154,6 +180,9 @@ func (hs *Handles) execReadOnly(ctx context.Context, h *handle, stmts []*usherv1
 		return nil, status.Errorf(codes.Unavailable, "begin read-only transaction: %v", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := setLocal(ctx, tx, hs.statementTimeout, h.role); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "read-only transaction: %v", err)
+	}
 	out := &usherv1.ExecResponse{}
 	for i, st := range stmts {
 		res, err := runStatement(ctx, tx, st, false)
@@ -255,7 +284,9 @@ func sqlStatus(err error) error {
 	if errors.As(err, &pg) {
 		msg := fmt.Sprintf("%s (SQLSTATE %s)", pg.Message, pg.Code)
 		switch {
-		case pg.Code == "25006", pg.Code == "42501": // read-only transaction, insufficient privilege
+		case pg.Code == "42501": // insufficient privilege: the plugin's role
+			return &pgStatusError{st: status.New(codes.PermissionDenied, msg), pg: pg}
+		case pg.Code == "25006": // read-only transaction
 			return status.Error(codes.PermissionDenied, msg)
 		case strings.HasPrefix(pg.Code, "42"), strings.HasPrefix(pg.Code, "22"), strings.HasPrefix(pg.Code, "23"):
 			// syntax, undefined object, data exception, constraint
@@ -271,6 +302,17 @@ func sqlStatus(err error) error {
 	}
 	return status.Error(codes.Unavailable, err.Error())
 }
+
+// pgStatusError is a gRPC status that keeps the database error it came
+// from, so the host can still tell what the database refused.
+type pgStatusError struct {
+	st *status.Status
+	pg *pgconn.PgError
+}
+
+func (e *pgStatusError) Error() string              { return e.st.Err().Error() }
+func (e *pgStatusError) GRPCStatus() *status.Status { return e.st }
+func (e *pgStatusError) Unwrap() error              { return e.pg }
 
 // Enqueue adds follow-on jobs in the handle's transaction.
 func (hs *Handles) Enqueue(ctx context.Context, req *usherv1.EnqueueRequest) (*usherv1.EnqueueResponse, error) {
@@ -294,11 +336,61 @@ func (hs *Handles) Enqueue(ctx context.Context, req *usherv1.EnqueueRequest) (*u
 		msgs[i] = outbox.Message{Kind: m.GetKind(), Payload: m.GetPayload(),
 			RequestID: h.job.GetRequestId(), Trace: h.job.GetTrace()}
 	}
+	ids, err := hs.enqueueAsHost(ctx, h, msgs)
+	if err != nil {
+		return nil, err
+	}
+	return &usherv1.EnqueueResponse{OutboxIds: ids}, nil
+}
+
+// enqueueAsHost adds msgs to the outbox in h's transaction. The outbox is
+// the host's table, never granted to a plugin's role: the insert runs as
+// the host, and the transaction goes back to the plugin's role after it.
+func (hs *Handles) enqueueAsHost(ctx context.Context, h *handle, msgs []outbox.Message) ([]int64, error) {
+	if h.role == "" {
+		ids, err := outbox.Add(ctx, h.tx, msgs...)
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		return ids, nil
+	}
+	if err := switchRole(ctx, h.tx, ""); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "enqueue: %v", err)
+	}
 	ids, err := outbox.Add(ctx, h.tx, msgs...)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	return &usherv1.EnqueueResponse{OutboxIds: ids}, nil
+	if err := switchRole(ctx, h.tx, h.role); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "enqueue: %v", err)
+	}
+	return ids, nil
+}
+
+// setLocal bounds tx's statements by timeout and switches it to role (none
+// when empty), both for this transaction only.
+func setLocal(ctx context.Context, tx pgx.Tx, timeout time.Duration, role string) error {
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", timeout.Milliseconds())); err != nil {
+		return fmt.Errorf("set statement_timeout: %w", err)
+	}
+	if role == "" {
+		return nil
+	}
+	return switchRole(ctx, tx, role)
+}
+
+// switchRole runs tx's next statements as role, or as the host (the
+// session's role) when role is empty. SET LOCAL: nothing outlives the
+// transaction, so a pooled connection always goes back as the host.
+func switchRole(ctx context.Context, tx pgx.Tx, role string) error {
+	target := "NONE"
+	if role != "" {
+		target = pgx.Identifier{role}.Sanitize()
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+target); err != nil {
+		return fmt.Errorf("set role %s: %w", target, err)
+	}
+	return nil
 }
 
 // Log writes a plugin's records into the host's log with the job's identity,

@@ -22,6 +22,25 @@ type Invoker interface {
 	Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error)
 }
 
+// RoleInvoker is an Invoker whose plugin's database work runs as a
+// Postgres role of its own. Every statement the plugin sends (through any
+// handle) and the claim statements built from its claim spec run after
+// SET LOCAL ROLE to it, so the database refuses what the role was not
+// granted; the host's own statements (the job id insert, the outbox
+// insert of an enqueue) run as the host. An Invoker that is not a
+// RoleInvoker, or whose DBRole is empty, runs everything as the host.
+type RoleInvoker interface {
+	Invoker
+	DBRole() string
+}
+
+func roleOf(inv Invoker) string {
+	if ri, ok := inv.(RoleInvoker); ok {
+		return ri.DBRole()
+	}
+	return ""
+}
+
 // Verdict is how a run ended.
 type Verdict int
 
@@ -97,6 +116,9 @@ func NewRunner(cfg Config) (*Runner, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	// Read-only handles are served by Handles in transactions of their
+	// own: they get the runner's statement timeout too.
+	cfg.Handles.statementTimeout = cfg.StatementTimeout
 	return &Runner{cfg: cfg}, nil
 }
 
@@ -154,24 +176,54 @@ func phaseName(p usherv1.Phase) string {
 	return strings.ToLower(strings.TrimPrefix(p.String(), "PHASE_"))
 }
 
-// begin opens a host transaction with the statement timeout set.
-func (r *Runner) begin(ctx context.Context) (pgx.Tx, error) {
+// begin opens a host transaction with the statement timeout set, running
+// as role (the host's own when empty).
+func (r *Runner) begin(ctx context.Context, role string) (pgx.Tx, error) {
 	tx, err := r.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", r.cfg.StatementTimeout.Milliseconds())); err != nil {
+	if err := setLocal(ctx, tx, r.cfg.StatementTimeout, role); err != nil {
 		_ = tx.Rollback(ctx)
-		return nil, fmt.Errorf("set statement_timeout: %w", err)
+		return nil, err
 	}
 	return tx, nil
 }
 
+// asRole runs fn in a short transaction of its own as role, with the
+// statement timeout set.
+func (r *Runner) asRole(ctx context.Context, role string, fn func(pgx.Tx) error) error {
+	tx, err := r.begin(ctx, role)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// refused turns a statement the plugin's role was refused during a phase
+// into a permanent failure, whatever the plugin answered: a plugin that
+// swallows the error must not commit a transaction the database has
+// already aborted, or retry what no retry can fix.
+func refused(job *usherv1.Job, h *handle) (Outcome, bool) {
+	if h.denied == nil {
+		return Outcome{}, false
+	}
+	return permanent(fmt.Errorf("%s job %s: %w", job.GetKind(), job.GetId(), h.denied)), true
+}
+
 // stateFirst: check → prepare → commit with a conditional write.
 func (r *Runner) stateFirst(ctx context.Context, inv Invoker, job *usherv1.Job) Outcome {
-	ro := r.cfg.Handles.issue(capReadOnly, job, nil)
+	role := roleOf(inv)
+	ro := r.cfg.Handles.issue(capReadOnly, job, nil, role)
 	res, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_CHECK, Job: job, Handle: ro.id})
 	r.cfg.Handles.release(ro)
+	if out, bad := refused(job, ro); bad {
+		return out
+	}
 	if !ok {
 		return out
 	}
@@ -182,14 +234,17 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, job *usherv1.Job) 
 	if !ok {
 		return out
 	}
-	tx, err := r.begin(ctx)
+	tx, err := r.begin(ctx, role)
 	if err != nil {
 		return abandoned(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	h := r.cfg.Handles.issue(capCommit, job, tx)
+	h := r.cfg.Handles.issue(capCommit, job, tx, role)
 	_, out, ok = r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_COMMIT, Job: job, Handle: h.id, State: res.GetState()})
 	r.cfg.Handles.release(h)
+	if out, bad := refused(job, h); bad {
+		return out
+	}
 	if !ok {
 		return out
 	}
@@ -207,7 +262,8 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, job *usherv1.Job) 
 
 // jobID: record the identity and apply in one transaction.
 func (r *Runner) jobID(ctx context.Context, inv Invoker, job *usherv1.Job) Outcome {
-	tx, err := r.begin(ctx)
+	role := roleOf(inv)
+	tx, err := r.begin(ctx, "")
 	if err != nil {
 		return abandoned(err)
 	}
@@ -222,9 +278,19 @@ func (r *Runner) jobID(ctx context.Context, inv Invoker, job *usherv1.Job) Outco
 	if err != nil {
 		return abandoned(fmt.Errorf("record job id: %w", err))
 	}
-	h := r.cfg.Handles.issue(capApply, job, tx)
+	// processed_jobs is the host's: the insert above ran as the host, the
+	// plugin's statements run as its role.
+	if role != "" {
+		if err := switchRole(ctx, tx, role); err != nil {
+			return abandoned(err)
+		}
+	}
+	h := r.cfg.Handles.issue(capApply, job, tx, role)
 	_, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_APPLY, Job: job, Handle: h.id})
 	r.cfg.Handles.release(h)
+	if out, bad := refused(job, h); bad {
+		return out
+	}
 	if !ok {
 		return out
 	}
@@ -309,13 +375,21 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, job *usherv1.Job) Outco
 	if err != nil {
 		return permanent(fmt.Errorf("%s job %s: %w", job.GetKind(), job.GetId(), err))
 	}
+	// The claim's table and columns come from the plugin's claim spec, so
+	// its statements run as the plugin's role: a spec naming a table the
+	// plugin was not granted is refused by the database.
+	role := roleOf(inv)
 	leaseSecs := c.lease.Seconds()
 	var token time.Time
-	err = r.cfg.Pool.QueryRow(ctx, c.claim, append(append([]any{}, c.keys...), leaseSecs)...).Scan(&token)
+	err = r.asRole(ctx, role, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, c.claim, append(append([]any{}, c.keys...), leaseSecs)...).Scan(&token)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		var done bool
 		var remaining float64
-		err := r.cfg.Pool.QueryRow(ctx, c.status, append(append([]any{}, c.keys...), leaseSecs)...).Scan(&done, &remaining)
+		err := r.asRole(ctx, role, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, c.status, append(append([]any{}, c.keys...), leaseSecs)...).Scan(&done, &remaining)
+		})
 		if err != nil {
 			return abandoned(fmt.Errorf("read claim: %w", err))
 		}
@@ -332,16 +406,26 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, job *usherv1.Job) Outco
 		}
 		return abandoned(fmt.Errorf("claim: %w", err))
 	}
-	ro := r.cfg.Handles.issue(capReadOnly, job, nil)
+	ro := r.cfg.Handles.issue(capReadOnly, job, nil, role)
 	_, out, ok = r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_EFFECT, Job: job, Handle: ro.id, IdempotencyKey: c.intent})
 	r.cfg.Handles.release(ro)
+	if denied, bad := refused(job, ro); bad && ok {
+		// The effect ran (and may have left) although a read was refused:
+		// mark it done as usual, but report the refusal.
+		r.cfg.Logger.Warn("effect succeeded after its role was refused a read", "job_id", job.GetId(), "err", denied.Err)
+	} else if bad {
+		out = denied
+	}
 	if !ok {
 		if out.Verdict == Retry || out.Verdict == Permanent {
 			// The effect reported failure: give the claim back so the
 			// retry need not wait out the lease. Should the effect have
 			// left anyway, the provider's key catches the resend.
 			relCtx := context.WithoutCancel(ctx)
-			if _, err := r.cfg.Pool.Exec(relCtx, c.release, append(append([]any{}, c.keys...), token)...); err != nil {
+			if err := r.asRole(relCtx, role, func(tx pgx.Tx) error {
+				_, err := tx.Exec(relCtx, c.release, append(append([]any{}, c.keys...), token)...)
+				return err
+			}); err != nil {
 				r.cfg.Logger.Warn("release claim failed; the retry waits out the lease", "job_id", job.GetId(), "err", err)
 			}
 		}
@@ -349,7 +433,10 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, job *usherv1.Job) Outco
 	}
 	// Send, then mark: a crash here leaves the claim to go stale and the
 	// resend to the provider's idempotency key.
-	if _, err := r.cfg.Pool.Exec(ctx, c.mark, c.keys...); err != nil {
+	if err := r.asRole(ctx, role, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, c.mark, c.keys...)
+		return err
+	}); err != nil {
 		return abandoned(fmt.Errorf("mark done: %w", err))
 	}
 	return applied()
@@ -358,7 +445,7 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, job *usherv1.Job) Outco
 // claimError turns a claim statement that can never work (no such table or
 // column, no unique constraint on the key) into a permanent failure.
 func claimError(err error) *Outcome {
-	if st := sqlStatus(err); st != nil && strings.Contains(st.Error(), "InvalidArgument") {
+	if st := sqlStatus(err); st != nil && (strings.Contains(st.Error(), "InvalidArgument") || strings.Contains(st.Error(), "PermissionDenied")) {
 		o := permanent(fmt.Errorf("claim statement refused: %w", err))
 		return &o
 	}

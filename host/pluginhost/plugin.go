@@ -2,10 +2,21 @@
 // hashicorp/go-plugin over gRPC, reads and checks their manifests, serves
 // them the host's callback service through go-plugin's broker, and keeps
 // them running.
+//
+//   - Start: the handshake (AutoMTLS, every protocol version the host
+//     speaks, see Protocols), the SHA-256 check before the process starts,
+//     a health check, the plugin's manifest (a guard for every kind; the
+//     name and version asked for).
+//   - Supervisor: restarts with backoff, marks a crash loop unhealthy, and
+//     swaps versions (start, check, route, drain, stop).
+//   - FileManifest, ScanDir, Watcher: a plugin directory of binaries and
+//     the manifest files that name them, and the watch that notices a
+//     change. Deciding what to load or swap is the host's.
 package pluginhost
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +25,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
@@ -25,9 +37,13 @@ import (
 
 // Manifest is what a plugin reports about itself.
 type Manifest struct {
-	Name            string
-	Version         string
+	Name    string
+	Version string
+	// ProtocolVersion is the protocol the plugin reports it was built
+	// for; Protocol is the one the handshake negotiated and the host
+	// speaks with it.
 	ProtocolVersion int
+	Protocol        int
 	Kinds           []KindInfo
 }
 
@@ -79,8 +95,13 @@ type Config struct {
 	// Host serves the plugin's callbacks. Required.
 	Host usherv1.HostServer
 	// SHA256, when set, is the binary's expected checksum; go-plugin
-	// verifies it before starting the process.
+	// verifies it before starting the process, and a mismatch is refused
+	// with both sums.
 	SHA256 []byte
+	// Name and Version, when set, are what the running plugin must report
+	// (a manifest file's); a plugin reporting another name or version is
+	// stopped and refused.
+	Name, Version string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Stderr, when set, also receives the plugin's raw stderr.
@@ -109,37 +130,71 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 	}
 	cmd := exec.Command(cfg.Path)
 	cmd.Env = append(append(os.Environ(), cfg.Env...), wire.ParentPIDEnv+"="+strconv.Itoa(os.Getpid()))
+	// The end of the plugin's stderr goes into the error of a plugin that
+	// exited at start: it usually said why there.
+	tail := &tailWriter{max: 1024}
+	var stderr io.Writer = tail
+	if cfg.Stderr != nil {
+		stderr = io.MultiWriter(tail, cfg.Stderr)
+	}
 	var secure *plugin.SecureConfig
 	if len(cfg.SHA256) > 0 {
 		secure = &plugin.SecureConfig{Checksum: cfg.SHA256, Hash: newSHA256()}
 	}
 	client := plugin.NewClient(&plugin.ClientConfig{
-		HandshakeConfig: wire.Handshake,
-		VersionedPlugins: map[int]plugin.PluginSet{
-			wire.ProtocolVersion: {wire.PluginName: &grpcPlugin{host: cfg.Host}},
-		},
+		HandshakeConfig:  wire.Handshake,
+		VersionedPlugins: protocols(cfg.Host),
 		Cmd:              cmd,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		SecureConfig:     secure,
 		AutoMTLS:         true,
 		Logger:           hclogFor(cfg.Logger, cfg.Path),
-		Stderr:           cfg.Stderr,
+		Stderr:           stderr,
 		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(wire.MaxMessageBytes),
 			grpc.MaxCallSendMsgSize(wire.MaxMessageBytes))},
 	})
-	inst, err := connect(ctx, client)
+	inst, err := connect(ctx, client, cfg)
 	if err != nil {
-		client.Kill()
+		client.Kill() // waits for the stderr copy to finish
+		if t := tail.String(); errors.Is(err, errExitedAtStart) && t != "" {
+			err = fmt.Errorf("%w; the plugin's stderr ends with: %s", err, t)
+		}
 		return nil, fmt.Errorf("pluginhost: start %s: %w", cfg.Path, err)
 	}
 	return inst, nil
 }
 
-func connect(ctx context.Context, client *plugin.Client) (*Instance, error) {
+// tailWriter keeps the last max bytes written to it.
+type tailWriter struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (w *tailWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	if over := len(w.buf) - w.max; over > 0 {
+		w.buf = append(w.buf[:0], w.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (w *tailWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(strings.Fields(strings.ToValidUTF8(string(w.buf), "")), " ")
+}
+
+func connect(ctx context.Context, client *plugin.Client, cfg Config) (*Instance, error) {
 	proto, err := client.Client()
 	if err != nil {
-		return nil, explainStartError(err)
+		return nil, explainStartError(err, cfg)
+	}
+	if err := proto.Ping(); err != nil {
+		return nil, fmt.Errorf("the plugin does not answer its health check: %w", err)
 	}
 	raw, err := proto.Dispense(wire.PluginName)
 	if err != nil {
@@ -154,6 +209,11 @@ func connect(ctx context.Context, client *plugin.Client) (*Instance, error) {
 	if err != nil {
 		return nil, err
 	}
+	manifest.Protocol = client.NegotiatedVersion()
+	if cfg.Name != "" && manifest.Name != cfg.Name || cfg.Version != "" && manifest.Version != cfg.Version {
+		return nil, fmt.Errorf("the binary reports plugin %q version %q, its manifest says %q version %q; refusing it",
+			manifest.Name, manifest.Version, cfg.Name, cfg.Version)
+	}
 	inst := &Instance{client: client, shim: shim, manifest: manifest}
 	if rc := client.ReattachConfig(); rc != nil {
 		inst.pid = rc.Pid
@@ -161,14 +221,27 @@ func connect(ctx context.Context, client *plugin.Client) (*Instance, error) {
 	return inst, nil
 }
 
+var errExitedAtStart = errors.New("the plugin exited at start, before its handshake")
+
 // explainStartError adds what an operator needs to the usual causes.
-func explainStartError(err error) error {
+func explainStartError(err error, cfg Config) error {
 	msg := err.Error()
+	if perr, ok := protocolError(err); ok {
+		return perr
+	}
 	switch {
 	case errors.Is(err, plugin.ErrChecksumsDoNotMatch):
-		return fmt.Errorf("the binary's SHA-256 does not match its manifest; refusing to start it: %w", err)
-	case strings.Contains(msg, "Incompatible API version"):
-		return fmt.Errorf("protocol version mismatch: this host speaks protocol %d: %w", wire.ProtocolVersion, err)
+		got, herr := FileSHA256(cfg.Path)
+		if herr != nil {
+			got = "unreadable (" + herr.Error() + ")"
+		}
+		return fmt.Errorf("binary %s has SHA-256 %s, but %s was expected; refusing to start it: %w",
+			cfg.Path, got, hex.EncodeToString(cfg.SHA256), err)
+	case strings.Contains(msg, "Failed to read any lines from plugin's stdout"),
+		strings.Contains(msg, "plugin exited before we could connect"):
+		// go-plugin's text lists unlikely causes (architecture, file
+		// permissions); the plugin's stderr, added by Start, says why.
+		return errExitedAtStart
 	case strings.Contains(msg, "Unrecognized remote plugin"):
 		return fmt.Errorf("the plugin wrote to stdout before its handshake (write diagnostics to stderr): %w", err)
 	}

@@ -74,14 +74,21 @@ type tracked struct {
 type Supervisor struct {
 	cfg SupervisorConfig
 
-	mu        sync.Mutex
-	cur       *tracked
+	// swapMu serialises swaps.
+	swapMu sync.Mutex
+
+	mu  sync.Mutex
+	cur *tracked
+	// gen counts the instances cur has held; a restart that finishes
+	// after a swap replaced cur (gen moved on) is thrown away.
+	gen       int
 	healthy   bool
 	crashes   []time.Time
 	restarts  int
 	nextStart time.Time
 	backoff   time.Duration
 	stopped   bool
+	role      string
 }
 
 // NewSupervisor starts the plugin once; an error means it never ran.
@@ -113,6 +120,32 @@ func (s *Supervisor) Healthy() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.healthy
+}
+
+// DBRole is the Postgres role the plugin's database work runs as (SET
+// LOCAL ROLE); empty means the host's own. It makes a Supervisor a
+// guard.RoleInvoker.
+func (s *Supervisor) DBRole() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.role
+}
+
+// SetDBRole sets the role DBRole reports. The host sets it before it
+// routes any job to the plugin, and again after a swap.
+func (s *Supervisor) SetDBRole(role string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.role = role
+}
+
+// Ready reports whether a call now would reach a running plugin: it is
+// healthy, not stopped, and its process has not exited (a crashed plugin
+// is not ready until its restart).
+func (s *Supervisor) Ready() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.healthy && !s.stopped && !s.cur.Exited()
 }
 
 // Restarts counts restarts after crashes.
@@ -171,11 +204,11 @@ func (s *Supervisor) check(ctx context.Context) {
 			}
 		}
 		s.crashes = recent
-		name := s.cur.Manifest().Name
+		name, log := s.cur.Manifest().Name, s.cfg.Plugin.Logger
 		if len(recent) >= s.cfg.CrashLoop {
 			s.healthy = false
 			s.mu.Unlock()
-			s.cfg.Plugin.Logger.Error("plugin is crash-looping; marked unhealthy, its kinds wait in the stream until it is reloaded",
+			log.Error("plugin is crash-looping; marked unhealthy, its kinds wait in the stream until it is reloaded",
 				"plugin", name, "crashes", len(recent), "window", s.cfg.CrashWindow)
 			return
 		}
@@ -189,11 +222,20 @@ func (s *Supervisor) check(ctx context.Context) {
 		s.mu.Unlock()
 		return
 	}
+	gen, pcfg := s.gen, s.cfg.Plugin
 	s.mu.Unlock()
 
-	inst, err := Start(ctx, s.cfg.Plugin)
+	inst, err := Start(ctx, pcfg)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.gen != gen || s.stopped {
+		// A swap (or Stop) replaced the crashed instance while this one
+		// started: the swapped-in version wins.
+		if inst != nil {
+			inst.Kill()
+		}
+		return
+	}
 	if err != nil {
 		s.nextStart = time.Now().Add(s.backoff)
 		s.cfg.Plugin.Logger.Error("plugin restart failed", "path", s.cfg.Plugin.Path, "err", err, "next_in", s.backoff)
@@ -201,6 +243,7 @@ func (s *Supervisor) check(ctx context.Context) {
 		return
 	}
 	s.cur = &tracked{Instance: inst}
+	s.gen++
 	s.nextStart = time.Time{}
 	s.restarts++
 	s.cfg.Plugin.Logger.Info("plugin restarted", "plugin", inst.Manifest().Name, "version", inst.Manifest().Version, "pid", inst.Pid())
@@ -212,33 +255,54 @@ func (s *Supervisor) check(ctx context.Context) {
 // SwapResult reports a completed swap.
 type SwapResult struct {
 	From, To Manifest
+	// StartTime is how long the new version took to start and pass its
+	// checks (handshake, health, manifest); new calls went to it from then
+	// on.
+	StartTime time.Duration
 	// Drained is false when the old version's in-flight calls overran
 	// DrainTimeout; those jobs are left unacked and are reclaimed.
 	Drained   bool
 	DrainTime time.Duration
 }
 
-// Swap starts cfg's binary, checks it serves the same kinds with the same
-// guards, routes new calls to it, waits for the old version's in-flight
-// calls up to DrainTimeout, and stops the old version. If the new version
-// fails to start or its manifest differs, the old one keeps serving and the
-// error says why.
+// ErrStopped is returned by Swap on a stopped supervisor.
+var ErrStopped = errors.New("pluginhost: supervisor is stopped")
+
+// Swap starts cfg's binary, checks it answers its health check and serves
+// the same kinds with the same guards, routes new calls to it, waits for
+// the old version's in-flight calls up to DrainTimeout, and stops the old
+// version. The swapped-in version starts healthy, with no crash history.
+//
+// If the new version fails to start (it exits, fails its checksum, speaks
+// another protocol, reports another name or version than cfg asks for) or
+// its kinds differ, the old one keeps serving unchanged and the error says
+// why. Calls already running on the old version finish there; a job whose
+// phases are separate calls may run its later phases on the new version.
 func (s *Supervisor) Swap(ctx context.Context, cfg Config) (SwapResult, error) {
+	s.swapMu.Lock()
+	defer s.swapMu.Unlock()
 	if cfg.Logger == nil {
 		cfg.Logger = s.cfg.Plugin.Logger
 	}
+	begin := time.Now()
 	inst, err := Start(ctx, cfg)
 	if err != nil {
 		return SwapResult{}, fmt.Errorf("swap refused, old version keeps serving: %w", err)
 	}
 	s.mu.Lock()
 	old := s.cur
+	if s.stopped {
+		s.mu.Unlock()
+		inst.Kill()
+		return SwapResult{}, ErrStopped
+	}
 	if err := sameKinds(old.Manifest(), inst.Manifest()); err != nil {
 		s.mu.Unlock()
 		inst.Kill()
 		return SwapResult{}, fmt.Errorf("swap refused, old version keeps serving: %w", err)
 	}
 	s.cur = &tracked{Instance: inst}
+	s.gen++
 	s.cfg.Plugin = cfg
 	s.healthy, s.crashes, s.nextStart, s.backoff = true, nil, time.Time{}, s.cfg.MinBackoff
 	s.mu.Unlock()
@@ -249,7 +313,7 @@ func (s *Supervisor) Swap(ctx context.Context, cfg Config) (SwapResult, error) {
 		old.inflight.Wait()
 		close(done)
 	}()
-	res := SwapResult{From: old.Manifest(), To: inst.Manifest(), Drained: true}
+	res := SwapResult{From: old.Manifest(), To: inst.Manifest(), StartTime: start.Sub(begin), Drained: true}
 	select {
 	case <-done:
 	case <-time.After(s.cfg.DrainTimeout):

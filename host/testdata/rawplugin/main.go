@@ -13,12 +13,22 @@
 //	panic          the process panics in Invoke (crashes)
 //	hang           Invoke never returns
 //	stdout         writes to stdout before the handshake
+//	sql            the commit phase's conditional write is RAW_SQL
+//	whoami         check and commit each query current_user and
+//	               statement_timeout; the commit fails permanently with both
+//
+// RAW_PROTOCOL (comma-separated, default wire.ProtocolVersion) lists the
+// protocol versions it advertises in its VersionedPlugins map. The name
+// ("raw"), version ("0.0.1") and a default mode can be set at build time:
+// -X main.name=counters -X main.version=2.0.0 -X main.buildMode=noguard.
 package main
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
@@ -27,7 +37,19 @@ import (
 	"github.com/usherhq/usher/sdk/wire"
 )
 
-var mode = os.Getenv("RAW_MODE")
+var (
+	name      = "raw"
+	version   = "0.0.1"
+	buildMode string
+	mode      = modeFromEnv()
+)
+
+func modeFromEnv() string {
+	if m := os.Getenv("RAW_MODE"); m != "" {
+		return m
+	}
+	return buildMode
+}
 
 type shim struct {
 	plugin.NetRPCUnsupportedPlugin
@@ -47,6 +69,7 @@ type server struct {
 	broker    *plugin.GRPCBroker
 	host      usherv1.HostClient
 	lastCheck string
+	checkedAs string
 }
 
 func (s *server) Manifest(context.Context, *usherv1.ManifestRequest) (*usherv1.ManifestResponse, error) {
@@ -54,7 +77,7 @@ func (s *server) Manifest(context.Context, *usherv1.ManifestRequest) (*usherv1.M
 	if mode == "noguard" {
 		g = usherv1.Guard_GUARD_UNSPECIFIED
 	}
-	return &usherv1.ManifestResponse{Name: "raw", Version: "0.0.1", ProtocolVersion: wire.ProtocolVersion,
+	return &usherv1.ManifestResponse{Name: name, Version: version, ProtocolVersion: wire.ProtocolVersion,
 		Kinds: []*usherv1.KindInfo{{Kind: "raw_job", Guard: g}}}, nil
 }
 
@@ -90,11 +113,29 @@ func (s *server) exec(ctx context.Context, handle string, mode usherv1.Mode, sql
 	return err
 }
 
+// whoami reports the role and statement timeout a handle's statements run
+// under.
+func (s *server) whoami(ctx context.Context, handle string) (string, error) {
+	res, err := s.host.Exec(ctx, &usherv1.ExecRequest{Handle: handle, Statements: []*usherv1.Statement{{
+		Mode: usherv1.Mode_MODE_QUERY, Sql: "SELECT current_user::text || ' (statement_timeout ' || current_setting('statement_timeout') || ')'"}}})
+	if err != nil {
+		return "", err
+	}
+	return res.GetResults()[0].GetRows()[0].GetValues()[0].GetText(), nil
+}
+
 func (s *server) phase(ctx context.Context, call *usherv1.Call) *usherv1.Result {
 	ok := &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK}
 	switch call.GetPhase() {
 	case usherv1.Phase_PHASE_CHECK:
 		s.lastCheck = call.GetHandle()
+		if mode == "whoami" {
+			who, err := s.whoami(ctx, call.GetHandle())
+			if err != nil {
+				return fail(err)
+			}
+			s.checkedAs = who
+		}
 		if mode == "check-write" {
 			if err := s.exec(ctx, call.GetHandle(), usherv1.Mode_MODE_QUERY, "UPDATE events SET seats_sold = seats_sold + 1000"); err != nil {
 				return fail(err)
@@ -115,6 +156,14 @@ func (s *server) phase(ctx context.Context, call *usherv1.Call) *usherv1.Result 
 			err = s.exec(ctx, s.lastCheck, usherv1.Mode_MODE_QUERY, "SELECT 1")
 		case "no-write-if":
 			err = s.exec(ctx, call.GetHandle(), usherv1.Mode_MODE_QUERY, "SELECT 1")
+		case "sql":
+			err = s.exec(ctx, call.GetHandle(), usherv1.Mode_MODE_WRITE_IF, os.Getenv("RAW_SQL"))
+		case "whoami":
+			who, werr := s.whoami(ctx, call.GetHandle())
+			if werr != nil {
+				return fail(werr)
+			}
+			return fail(fmt.Errorf("check ran as %s; commit ran as %s", s.checkedAs, who))
 		default:
 			err = s.exec(ctx, call.GetHandle(), usherv1.Mode_MODE_WRITE_IF, "UPDATE events SET seats_sold = seats_sold WHERE false RETURNING id")
 		}
@@ -130,11 +179,18 @@ func main() {
 	if mode == "stdout" {
 		fmt.Println("hello from a plugin that should not print here")
 	}
+	versions := map[int]plugin.PluginSet{}
+	for _, v := range strings.Split(os.Getenv("RAW_PROTOCOL"), ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+			versions[n] = plugin.PluginSet{wire.PluginName: shim{}}
+		}
+	}
+	if len(versions) == 0 {
+		versions[wire.ProtocolVersion] = plugin.PluginSet{wire.PluginName: shim{}}
+	}
 	plugin.Serve(&plugin.ServeConfig{
-		HandshakeConfig: wire.Handshake,
-		VersionedPlugins: map[int]plugin.PluginSet{
-			wire.ProtocolVersion: {wire.PluginName: shim{}},
-		},
-		GRPCServer: plugin.DefaultGRPCServer,
+		HandshakeConfig:  wire.Handshake,
+		VersionedPlugins: versions,
+		GRPCServer:       plugin.DefaultGRPCServer,
 	})
 }

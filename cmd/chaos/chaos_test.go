@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestChaosShort runs `chaos --short` against freshly built binaries: its
+// own Redis and Postgres, three hosts with their plugins, the mail provider,
+// a few hundred orders while every fault type is injected three times, then
+// every invariant. CHAOS_SEED replays a seed.
+func TestChaosShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos: skipped with -short; the short chaos run takes about 90 seconds")
+	}
+	bin := buildSystem(t)
+	work, err := os.MkdirTemp("", "usher-chaos-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs of every process kept in %s", work)
+			return
+		}
+		_ = os.RemoveAll(work)
+	})
+	args := []string{"--short", "--workdir", work,
+		"--host-bin", filepath.Join(bin, "host"),
+		"--plugin-dir", filepath.Join(bin, "plugins"),
+		"--mailprovider", filepath.Join(bin, "mailprovider")}
+	if s := os.Getenv("CHAOS_SEED"); s != "" {
+		args = append(args, "--seed", s)
+	}
+	cfg, err := parseConfig(args, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("chaos --short, seed %d (CHAOS_SEED=%d replays it)", cfg.seed, cfg.seed)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	out := &lineLogger{t: t}
+	err = runChaos(ctx, cfg, out)
+	out.flush()
+	if err != nil {
+		t.Fatalf("chaos --short (seed %d): %v", cfg.seed, err)
+	}
+}
+
+// buildSystem builds the host, the plugins (with their manifests) and the
+// mail provider into a temporary directory, as `make build` does.
+func buildSystem(t *testing.T) string {
+	t.Helper()
+	root := moduleRoot(t)
+	bin := t.TempDir()
+	if err := os.Mkdir(filepath.Join(bin, "plugins"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("go is not on the PATH: %v", err)
+	}
+	targets := map[string]string{
+		"host":             "./cmd/host",
+		"mailprovider":     "./cmd/mailprovider",
+		"plugins/counters": "./plugins/counters",
+		"plugins/tickets":  "./plugins/tickets",
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(targets))
+	for out, pkg := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := exec.Command(gobin, "build", "-o", filepath.Join(bin, out), pkg)
+			cmd.Dir = root
+			if b, err := cmd.CombinedOutput(); err != nil {
+				errs <- errors.New("go build " + pkg + ": " + err.Error() + "\n" + string(b))
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"counters", "tickets"} {
+		cmd := exec.Command(filepath.Join(bin, "host"), "plugins", "manifest", filepath.Join(bin, "plugins", p),
+			"--name", p, "--version", "1.0.0", "--write")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("host plugins manifest %s: %v\n%s", p, err, b)
+		}
+	}
+	t.Logf("built the host, the plugins and the mail provider in %s", time.Since(start).Round(100*time.Millisecond))
+	return bin
+}
+
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the test's directory")
+		}
+		dir = parent
+	}
+}
+
+// lineLogger passes chaos' output to t.Log a line at a time, so a run that
+// hangs until the test binary's timeout still shows how far it got.
+type lineLogger struct {
+	t   *testing.T
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	for {
+		i := bytes.IndexByte(l.buf.Bytes(), '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		l.t.Log(string(l.buf.Next(i + 1)[:i]))
+	}
+}
+
+func (l *lineLogger) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.buf.Len() > 0 {
+		l.t.Log(l.buf.String())
+		l.buf.Reset()
+	}
+}

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/pluginhost"
+)
+
+const pluginsUsage = `usage: host plugins [list] [--admin-addr ADDR]
+       host plugins reload [NAME] [--admin-addr ADDR]
+       host plugins manifest BINARY --name NAME --version VERSION [--write]
+
+  list      the plugins a running host serves
+  reload    ask a running host to re-read its plugin directory's manifests
+            and load or hot-swap what changed (only NAME when given);
+            exits non-zero when a load or swap was refused
+  manifest  print BINARY's manifest (name, version, binary, SHA-256);
+            --write writes it beside the binary as NAME.plugin.json`
+
+func cmdPlugins(ctx context.Context, args []string) error {
+	sub := "list"
+	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
+		sub, args = args[0], args[1:]
+	}
+	switch sub {
+	case "list":
+		return pluginsList(ctx, args)
+	case "reload":
+		return pluginsReload(ctx, args)
+	case "manifest":
+		return pluginsManifest(args)
+	case "help":
+		fmt.Println(pluginsUsage)
+		return nil
+	default:
+		return fmt.Errorf("unknown plugins subcommand %q\n%s", sub, pluginsUsage)
+	}
+}
+
+// parseInterleaved parses flags that may come before or after the
+// positional arguments (host plugins reload counters --admin-addr X) and
+// returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func adminFlag(fs *flag.FlagSet) *string {
+	return fs.String("admin-addr", env("USHER_ADMIN_ADDR", "127.0.0.1:9464"), "the running host's admin address (USHER_ADMIN_ADDR)")
+}
+
+func pluginsList(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("plugins list", flag.ContinueOnError)
+	addr := adminFlag(fs)
+	if _, err := parseInterleaved(fs, args); err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*addr+"/plugins", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("no host answers on %s: %w", *addr, err)
+	}
+	defer resp.Body.Close()
+	var list []host.PluginStatus
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NAME\tVERSION\tPROTOCOL\tPID\tHEALTHY\tRESTARTS\tPARKED\tDB ROLE\tVERIFIED\tKINDS")
+	for _, p := range list {
+		role, verified := p.DBRole, "no manifest"
+		if role == "" {
+			role = "(host's)"
+		}
+		if p.SHA256 != "" {
+			verified = "sha256 " + p.SHA256[:12] + "…"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%v\t%d\t%d\t%s\t%s\t%v\n", p.Name, p.Version, p.Protocol, p.Pid, p.Healthy, p.Restarts,
+			p.Parked, role, verified, p.Kinds)
+	}
+	return w.Flush()
+}
+
+func pluginsReload(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("plugins reload", flag.ContinueOnError)
+	addr := adminFlag(fs)
+	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait for the host's answer (a swap drains in-flight jobs first)")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 1 {
+		return fmt.Errorf("reload takes at most one plugin name, got %v", pos)
+	}
+	u := "http://" + *addr + "/plugins/reload"
+	if len(pos) == 1 {
+		u += "?name=" + url.QueryEscape(pos[0])
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("no host answers on %s: %w", *addr, err)
+	}
+	defer resp.Body.Close()
+	var out host.ReloadResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return fmt.Errorf("host answered %s: %w", resp.Status, err)
+	}
+	if out.Error != "" {
+		return errors.New(out.Error)
+	}
+	refused := 0
+	for _, r := range out.Results {
+		switch r.Action {
+		case "swapped":
+			drained := "drained"
+			if !r.Drained {
+				drained = "drain timed out; overrunning jobs are left to reclaim"
+			}
+			fmt.Printf("%s: swapped %s -> %s (new version up in %s, %s in %s)\n", r.Plugin, r.From, r.To,
+				r.StartTime.Round(time.Millisecond), drained, r.DrainTime.Round(time.Millisecond))
+		case "loaded":
+			fmt.Printf("%s: loaded %s\n", r.Plugin, r.To)
+		case "unchanged":
+			fmt.Printf("%s: unchanged (%s)\n", r.Plugin, r.From)
+		default:
+			refused++
+			from := r.From
+			if from == "" {
+				from = "not loaded"
+			}
+			fmt.Printf("%s: %s refused, %s keeps serving: %s\n", r.Plugin, r.To, from, r.Error)
+		}
+	}
+	if refused > 0 {
+		return fmt.Errorf("%d plugin(s) refused", refused)
+	}
+	return nil
+}
+
+func pluginsManifest(args []string) error {
+	fs := flag.NewFlagSet("plugins manifest", flag.ContinueOnError)
+	name := fs.String("name", "", "the plugin's name, as it reports it (required)")
+	version := fs.String("version", "", "the plugin's version, as it reports it (required)")
+	write := fs.Bool("write", false, "write NAME.plugin.json beside the binary instead of printing it")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || *name == "" || *version == "" {
+		return errors.New("usage: host plugins manifest BINARY --name NAME --version VERSION [--write]")
+	}
+	m, err := pluginhost.NewFileManifest(pos[0], *name, *version)
+	if err != nil {
+		return err
+	}
+	if *write {
+		path, err := m.Write(filepath.Dir(pos[0]))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s: %s %s sha256 %s\n", path, m.Name, m.Version, m.SHA256)
+		return nil
+	}
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(m)
+}
