@@ -742,14 +742,18 @@ func (h *Host) startSpan(ctx context.Context, e stream.Entry) (context.Context, 
 	return ctx, span, tp
 }
 
-// parkScript gives back one delivery of an entry its consumer still owns:
-// XCLAIM to the same consumer with RETRYCOUNT one less, atomically with
-// the read of the count. JUSTID keeps XCLAIM from counting a delivery of
-// its own.
+// parkScript gives back the delivery of an entry its consumer still owns:
+// XCLAIM to the same consumer with RETRYCOUNT set to the count before
+// this delivery (ARGV[4] is the count the delivery was made with), and
+// never higher than the count is now. The reclaimer may have claimed the
+// entry again while this delivery waited for a slot or ran; the consumer
+// skips such a claim (the entry is already running here), so it never
+// reached a plugin either and is given back with it. JUSTID keeps XCLAIM
+// from counting a delivery of its own.
 var parkScript = redis.NewScript(`
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if #p == 0 or p[1][2] ~= ARGV[2] then return -1 end
-local n = math.max(tonumber(p[1][4]) - 1, 0)
+local n = math.min(math.max(tonumber(ARGV[4]) - 1, 0), tonumber(p[1][4]))
 redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'RETRYCOUNT', n, 'JUSTID')
 return n`)
 
@@ -760,17 +764,21 @@ return n`)
 // The host reads one stream for every kind, so an unhealthy plugin's
 // entries are still read (and reclaimed every ReclaimIdle); what stops is
 // running them. Each such delivery is given back in Redis (the entry's
-// delivery count goes down by one), so MaxDeliveries counts only the
-// deliveries that found a running plugin: an entry parked for an hour is
-// not dead-lettered for it when a reload makes the plugin healthy again,
-// and a poison entry that crashes the plugin at every run still reaches
-// MaxDeliveries, one crash per count. After a reload the parked entries run
-// when next reclaimed, within ReclaimIdle. If the give-back fails (Redis
+// delivery count goes back to what it was before it), so MaxDeliveries
+// counts only the deliveries that found a running plugin: an entry parked
+// for an hour is not dead-lettered for it when a reload makes the plugin
+// healthy again, and a poison entry that crashes the plugin at every run
+// still reaches MaxDeliveries, one crash per count. After a reload the
+// parked entries run when next reclaimed, within ReclaimIdle. If the give-back fails (Redis
 // unreachable) the delivery counts, as it did before: the entry may reach
-// MaxDeliveries early and be dead-lettered, never lost.
+// MaxDeliveries early and be dead-lettered, never lost. A reclaimed entry
+// whose count could not be read (e.Deliveries left at 1) is given back to
+// 0: it loses its earlier count, the one way this errs towards running an
+// entry more often.
 func (h *Host) park(ctx context.Context, e stream.Entry, rt route) {
 	rt.parked.Add(1)
-	n, err := parkScript.Run(context.WithoutCancel(ctx), h.rdb, []string{h.cfg.Stream}, h.cfg.Group, h.cfg.Consumer, e.StreamID).Int64()
+	n, err := parkScript.Run(context.WithoutCancel(ctx), h.rdb, []string{h.cfg.Stream},
+		h.cfg.Group, h.cfg.Consumer, e.StreamID, e.Deliveries).Int64()
 	if err != nil {
 		h.log.Warn("could not give back the delivery of a parked entry", "stream_id", e.StreamID, "job_id", e.JobID, "err", err)
 		return

@@ -431,7 +431,7 @@ func TestUnhealthyPluginWaitsInStream(t *testing.T) {
 	cfg := b.dirConfig(d)
 	cfg.ReclaimIdle = 500 * time.Millisecond
 	cfg.PluginCrashLoop = 2
-	cfg.MaxDeliveries = 4
+	cfg.MaxDeliveries = 5
 	h := hosttest.Start(t, cfg)
 
 	hosttest.Eventually(t, 30*time.Second, "the flaky plugin marked unhealthy", func() bool {

@@ -217,6 +217,10 @@ func (d *demo) startHosts(ctx context.Context, mailURL, faultDir string) ([]*hos
 			DatabaseURL: d.dbURL, RedisURL: d.conn.redisURL, Stream: d.conn.stream, Consumer: name,
 			PluginDir: d.pluginDir, ReclaimIdle: d.reclaim, JobTimeout: 20 * time.Second,
 			RetryBackoff: 500 * time.Millisecond, RelayPollInterval: 200 * time.Millisecond,
+			// The demo crashes the tickets plugin on purpose, several times
+			// a minute; in production five crashes a minute mark a plugin
+			// unhealthy and its jobs wait for a fixed version.
+			PluginCrashLoop: 50,
 			PluginEnv: []string{
 				faults.DirEnv + "=" + faultDir,
 				"USHER_BLOB_DIR=" + filepath.Join(d.work, "blobs"),

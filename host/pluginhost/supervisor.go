@@ -9,6 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
@@ -30,6 +33,10 @@ type SupervisorConfig struct {
 	// and 1 minute.
 	CrashLoop   int
 	CrashWindow time.Duration
+	// HangLimit: this many calls in a row that run out of time, with none
+	// answered in between, mean the process is wedged; it is killed and
+	// restarted like a crashed one. Default 3.
+	HangLimit int
 	// DrainTimeout bounds how long a swap waits for the old version's
 	// in-flight calls. Default 30s.
 	DrainTimeout time.Duration
@@ -53,6 +60,9 @@ func (c *SupervisorConfig) setDefaults() {
 	if c.CrashWindow <= 0 {
 		c.CrashWindow = time.Minute
 	}
+	if c.HangLimit <= 0 {
+		c.HangLimit = 3
+	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second
 	}
@@ -64,6 +74,13 @@ func (c *SupervisorConfig) setDefaults() {
 // tracked is an instance with a count of calls in flight on it.
 type tracked struct {
 	*Instance
+	// started is when the process came up: a crash after it ran stably
+	// restarts from the shortest backoff again.
+	started time.Time
+	// timeouts counts calls in a row that ran out of time with no call
+	// answered in between: a process that stops answering is killed (and
+	// so restarted) after HangLimit of them.
+	timeouts atomic.Int64
 	inflight sync.WaitGroup
 	calls    atomic.Int64
 }
@@ -98,7 +115,7 @@ func NewSupervisor(ctx context.Context, cfg SupervisorConfig) (*Supervisor, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Supervisor{cfg: cfg, cur: &tracked{Instance: inst}, healthy: true, backoff: cfg.MinBackoff}, nil
+	return &Supervisor{cfg: cfg, cur: &tracked{Instance: inst, started: time.Now()}, healthy: true, backoff: cfg.MinBackoff}, nil
 }
 
 // Manifest returns the running version's manifest.
@@ -169,7 +186,18 @@ func (s *Supervisor) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*ushe
 	}
 	defer t.inflight.Done()
 	t.calls.Add(1)
-	return t.Invoke(ctx, calls)
+	res, err := t.Invoke(ctx, calls)
+	switch {
+	case err == nil:
+		t.timeouts.Store(0)
+	case status.Code(err) == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded):
+		if n := t.timeouts.Add(1); n >= int64(s.cfg.HangLimit) {
+			s.cfg.Plugin.Logger.Error("plugin stopped answering; killing it so it is restarted",
+				"plugin", t.Manifest().Name, "pid", t.Pid(), "timeouts_in_a_row", n)
+			t.Kill()
+		}
+	}
+	return res, err
 }
 
 // Run watches the process until ctx is done, then stops it.
@@ -212,6 +240,10 @@ func (s *Supervisor) check(ctx context.Context) {
 				"plugin", name, "crashes", len(recent), "window", s.cfg.CrashWindow)
 			return
 		}
+		if now.Sub(s.cur.started) >= s.cfg.CrashWindow {
+			// It ran stably: this crash is not part of a loop.
+			s.backoff = s.cfg.MinBackoff
+		}
 		s.nextStart = now.Add(s.backoff)
 		s.cfg.Plugin.Logger.Warn("plugin exited; restarting", "plugin", name, "in", s.backoff)
 		s.backoff = min(s.backoff*2, s.cfg.MaxBackoff)
@@ -242,7 +274,7 @@ func (s *Supervisor) check(ctx context.Context) {
 		s.backoff = min(s.backoff*2, s.cfg.MaxBackoff)
 		return
 	}
-	s.cur = &tracked{Instance: inst}
+	s.cur = &tracked{Instance: inst, started: time.Now()}
 	s.gen++
 	s.nextStart = time.Time{}
 	s.restarts++
@@ -301,7 +333,7 @@ func (s *Supervisor) Swap(ctx context.Context, cfg Config) (SwapResult, error) {
 		inst.Kill()
 		return SwapResult{}, fmt.Errorf("swap refused, old version keeps serving: %w", err)
 	}
-	s.cur = &tracked{Instance: inst}
+	s.cur = &tracked{Instance: inst, started: time.Now()}
 	s.gen++
 	s.cfg.Plugin = cfg
 	s.healthy, s.crashes, s.nextStart, s.backoff = true, nil, time.Time{}, s.cfg.MinBackoff
