@@ -148,9 +148,11 @@ func TestRelayDuplicatesAppliedOnce(t *testing.T) {
 	b.requireCounters(t, want)
 	require.EqualValues(t, 1100, b.rdb.XLen(context.Background(), b.stream).Val(), "100 duplicate entries on the stream")
 	require.EqualValues(t, 1000, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`), "one apply per order")
-	require.EqualValues(t, 100, hosttest.Count(t, b.pool,
-		`SELECT coalesce(sum(count), 0) FROM absorbed_duplicates WHERE guard = 'job_id' AND kind = 'update_sales_counter'`),
-		"the guard absorbed every relay duplicate")
+	// At least the 100 relay duplicates; on a loaded machine a slow entry
+	// may also be reclaimed (the threshold is 1s here) and absorbed.
+	require.GreaterOrEqual(t, hosttest.Count(t, b.pool,
+		`SELECT coalesce(sum(count), 0)::bigint FROM absorbed_duplicates WHERE guard = 'job_id' AND kind = 'update_sales_counter'`),
+		int64(100), "the guard absorbed every relay duplicate")
 }
 
 // A consumer takes an entry and stalls past the threshold; another consumer
