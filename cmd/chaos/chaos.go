@@ -406,8 +406,7 @@ func (c *chaos) cleanup(runErr error) {
 
 // probe proves every host recovered from the faults: with the others
 // stopped, each host alone must take a fresh order through all three jobs
-// (counter, render, send). An entry a stopped host had already been handed
-// is reclaimed by the probed one after the reclaim threshold.
+// (counter, render, send).
 func (c *chaos) probe(ctx context.Context) []string {
 	var failures []string
 	for _, h := range c.hosts {
@@ -423,19 +422,74 @@ func (c *chaos) probe(ctx context.Context) []string {
 				stopped, procs = append(stopped, o), append(procs, op)
 			}
 		}
+		err := waitStopped(procs)
+		if err == nil {
+			// A stopped host blocked in XREADGROUP would still be handed
+			// the probe's entries until its BLOCK (2 s) runs out.
+			sleepCtx(ctx, 2500*time.Millisecond)
+		}
 		start := time.Now()
-		err := c.probeOrder(ctx, h.name, 45*time.Second)
+		if err == nil {
+			err = c.probeOrder(ctx, h.name, 45*time.Second)
+		}
+		if err != nil {
+			c.say("probe: %s FAILED: %v", h.name, err)
+			c.explainStuck(ctx)
+			failures = append(failures, fmt.Sprintf("%s alone did not serve a fresh order after the faults: %v (see %s)", h.name, err, h.logf.Name()))
+		} else {
+			c.say("probe: %s alone served a fresh order end to end in %s", h.name, time.Since(start).Round(100*time.Millisecond))
+		}
 		for i, o := range stopped {
 			o.cont(procs[i])
 		}
-		if err != nil {
-			failures = append(failures, fmt.Sprintf("%s alone did not serve a fresh order after the faults: %v (see %s)", h.name, err, h.logf.Name()))
-			c.say("probe: %s FAILED: %v", h.name, err)
-			continue
-		}
-		c.say("probe: %s alone served a fresh order end to end in %s", h.name, time.Since(start).Round(100*time.Millisecond))
 	}
 	return failures
+}
+
+// waitStopped waits until the kernel reports every process stopped.
+func waitStopped(ps []*proc) error {
+	deadline := time.Now().Add(2 * time.Second)
+	for _, p := range ps {
+		for procState(p.pid()) != 'T' {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s (pid %d) is not stopped after SIGSTOP (state %q)", p.name, p.pid(), procState(p.pid()))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// explainStuck prints what Postgres and the stream hold when a probe is
+// stuck: the sessions waiting on a lock and who blocks them, and the
+// pending entries with their consumer.
+func (c *chaos) explainStuck(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rows, err := c.pool.Query(ctx, `
+		SELECT a.pid, a.application_name, a.state, coalesce(a.wait_event_type, ''), coalesce(a.wait_event, ''),
+		       now() - a.xact_start, pg_blocking_pids(a.pid)::text, left(a.query, 120)
+		FROM pg_stat_activity a
+		WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() AND a.xact_start IS NOT NULL
+		ORDER BY a.xact_start`)
+	if err == nil {
+		_ = forEach(rows, func(r pgx.Rows) error {
+			var pid int
+			var app, state, wtype, wevent, blockers, query string
+			var age time.Duration
+			if err := r.Scan(&pid, &app, &state, &wtype, &wevent, &age, &blockers, &query); err != nil {
+				return err
+			}
+			c.say("  postgres session %d %s: %s for %s, waiting on %s/%s, blocked by %s: %s",
+				pid, app, state, age.Round(time.Millisecond), wtype, wevent, blockers, query)
+			return nil
+		})
+	}
+	if pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: streamKey, Group: groupName, Start: "-", End: "+", Count: 20}).Result(); err == nil {
+		for _, x := range pend {
+			c.say("  pending entry %s: consumer %s, idle %s, delivered %d times", x.ID, x.Consumer, x.Idle.Round(time.Millisecond), x.RetryCount)
+		}
+	}
 }
 
 func (c *chaos) probeOrder(ctx context.Context, host string, timeout time.Duration) error {

@@ -17,7 +17,6 @@ import (
 // host that exited by itself is recorded (a finding) and started again.
 type hostSlot struct {
 	c    *chaos
-	i    int
 	name string
 	logf *os.File
 
@@ -40,7 +39,7 @@ func (c *chaos) newHostSlot(i int) (*hostSlot, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &hostSlot{c: c, i: i, name: name, logf: logf, ready: make(chan struct{})}, nil
+	return &hostSlot{c: c, name: name, logf: logf, ready: make(chan struct{})}, nil
 }
 
 // keep runs the host until ctx is done, then stops it with SIGTERM.

@@ -153,17 +153,24 @@ func procName(pid int) string {
 	return filepath.Base(argv0)
 }
 
-// alive reports whether pid is a live (not zombie) process.
-func alive(pid int) bool {
+// procState is pid's state letter in /proc/<pid>/stat (R, S, D, T, Z,
+// ...), or 0 when there is no such process.
+func procState(pid int) byte {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return false
+		return 0
 	}
 	// The state follows the parenthesised command name.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 || i+2 >= len(s) {
-		return false
+		return 0
 	}
-	return s[i+2] != 'Z' && s[i+2] != 'X'
+	return s[i+2]
+}
+
+// alive reports whether pid is a live (not zombie) process.
+func alive(pid int) bool {
+	st := procState(pid)
+	return st != 0 && st != 'Z' && st != 'X'
 }

@@ -55,6 +55,8 @@ func hostFlags(fs *flag.FlagSet) (*connFlags, *host.Config, *string) {
 	fs.IntVar(&cfg.Concurrency, "concurrency", envInt("USHER_CONCURRENCY", 16), "jobs in flight (USHER_CONCURRENCY)")
 	fs.DurationVar(&cfg.JobTimeout, "job-timeout", envDuration("USHER_JOB_TIMEOUT", 30*time.Second), "deadline of one handler run (USHER_JOB_TIMEOUT)")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", env("USHER_ADMIN_ADDR", "127.0.0.1:9464"), "admin/metrics listen address, empty to disable (USHER_ADMIN_ADDR)")
+	fs.DurationVar(&cfg.ReconcileAfter, "reconcile-after", envDuration("USHER_RECONCILE_AFTER", 15*time.Minute), "republish outbox rows published this long ago with no outcome (USHER_RECONCILE_AFTER)")
+	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", envDuration("USHER_RECONCILE_INTERVAL", time.Minute), "how often to look for them (USHER_RECONCILE_INTERVAL)")
 	fs.BoolVar(&cfg.DisableRelay, "no-relay", false, "do not run the outbox relay in this process")
 	fs.BoolVar(&cfg.DisableScheduler, "no-scheduler", false, "do not run the scheduler in this process")
 	return c, cfg, plugins

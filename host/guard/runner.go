@@ -342,8 +342,10 @@ func buildClaim(spec *usherv1.ClaimSpec) (*claimSQL, error) {
 			ON CONFLICT (%[2]s) DO UPDATE SET %[3]s = now()
 			WHERE %[1]s.%[5]s IS NULL AND %[1]s.%[3]s < now() - make_interval(secs => $%[6]d)
 			RETURNING %[3]s`, t, keyList, claimed, strings.Join(params, ", "), done, n+1),
+		// A released claim is '-infinity', which now() cannot be
+		// subtracted from: it has no lease left.
 		status: fmt.Sprintf(`SELECT %[3]s IS NOT NULL,
-			greatest(extract(epoch FROM %[2]s + make_interval(secs => $%[5]d) - now()), 0)::float8
+			CASE WHEN isfinite(%[2]s) THEN greatest(extract(epoch FROM %[2]s + make_interval(secs => $%[5]d) - now()), 0) ELSE 0 END::float8
 			FROM %[1]s WHERE %[4]s`, t, claimed, done, whereKeys, n+1),
 		mark:    fmt.Sprintf(`UPDATE %s SET %s = now() WHERE %s AND %s IS NULL`, t, done, whereKeys, done),
 		release: fmt.Sprintf(`UPDATE %[1]s SET %[2]s = '-infinity' WHERE %[3]s AND %[4]s IS NULL AND %[2]s = $%[5]d`, t, claimed, whereKeys, done, n+1),

@@ -148,8 +148,13 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		SecureConfig:     secure,
 		AutoMTLS:         true,
-		Logger:           hclogFor(cfg.Logger, cfg.Path),
-		Stderr:           stderr,
+		// Multiplexed, the broker keeps the callback service reachable however
+		// long the plugin waits for its first job; unmultiplexed, go-plugin
+		// drops connection info nobody used within 5 s, and a plugin whose
+		// first job came later could never call back.
+		GRPCBrokerMultiplex: true,
+		Logger:              hclogFor(cfg.Logger, cfg.Path),
+		Stderr:              stderr,
 		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(wire.MaxMessageBytes),
 			grpc.MaxCallSendMsgSize(wire.MaxMessageBytes))},

@@ -28,7 +28,7 @@ import (
 var ErrRejected = errors.New("mail: provider rejected the request")
 
 // maxResponseBytes bounds how much of a provider response is read.
-const maxResponseBytes = 1 << 20
+const maxResponseBytes = 64 << 20
 
 // Client talks to the mail provider's HTTP API.
 type Client struct {
