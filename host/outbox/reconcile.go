@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/usherhq/usher/host/internal/periodic"
 )
 
 // Finish records how the job of outbox row id ended. The host calls it
@@ -66,18 +68,10 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 
 // Run scans every Interval until ctx is done.
 func (r *Reconciler) Run(ctx context.Context) error {
-	t := time.NewTicker(r.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		if _, err := r.Reconcile(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Warn("outbox reconcile failed", "err", err)
-		}
-	}
+	return periodic.Run(ctx, r.cfg.Interval, r.cfg.Logger, "outbox reconcile failed", func(ctx context.Context) error {
+		_, err := r.Reconcile(ctx)
+		return err
+	})
 }
 
 // Reconcile hands stale unfinished rows back to the relay and returns how

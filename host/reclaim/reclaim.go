@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/usherhq/usher/host/internal/periodic"
 	"github.com/usherhq/usher/host/stream"
 )
 
@@ -73,18 +74,10 @@ func New(cfg Config) (*Reclaimer, error) {
 
 // Run scans every Interval until ctx is done.
 func (r *Reclaimer) Run(ctx context.Context) error {
-	t := time.NewTicker(r.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		if _, err := r.Scan(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Warn("reclaim scan failed", "stream", r.cfg.Stream, "err", err)
-		}
-	}
+	return periodic.Run(ctx, r.cfg.Interval, r.cfg.Logger.With("stream", r.cfg.Stream), "reclaim scan failed", func(ctx context.Context) error {
+		_, err := r.Scan(ctx)
+		return err
+	})
 }
 
 // Scan walks the whole pending list once, claiming every entry idle past

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/usherhq/usher/host/internal/periodic"
 	"github.com/usherhq/usher/host/outbox"
 )
 
@@ -101,27 +102,14 @@ func New(cfg Config) (*Scheduler, error) {
 
 // Run moves due runs until ctx is done.
 func (s *Scheduler) Run(ctx context.Context) error {
-	t := time.NewTicker(s.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	return periodic.Run(ctx, s.cfg.Interval, s.cfg.Logger, "scheduler scan failed", func(ctx context.Context) error {
 		for {
 			n, err := s.MoveDue(ctx)
-			if err != nil {
-				if ctx.Err() == nil {
-					s.cfg.Logger.Warn("scheduler scan failed", "err", err)
-				}
-				break
-			}
-			if n < s.cfg.BatchSize {
-				break
+			if err != nil || n < s.cfg.BatchSize {
+				return err
 			}
 		}
-	}
+	})
 }
 
 // MoveDue moves one batch of due runs into the outbox, in one transaction,
