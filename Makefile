@@ -21,8 +21,8 @@ plugins:
 	@mkdir -p $(PLUGINS)
 	$(GO) build -ldflags "-X main.version=$(or $(COUNTERS_VERSION),1.0.0)" -o $(PLUGINS)/counters ./plugins/counters
 	$(GO) build -ldflags "-X main.version=$(or $(TICKETS_VERSION),1.0.0)" -o $(PLUGINS)/tickets ./plugins/tickets
-	$(GO) run ./cmd/host plugins manifest $(PLUGINS)/counters --name counters --version $(or $(COUNTERS_VERSION),1.0.0) --write
-	$(GO) run ./cmd/host plugins manifest $(PLUGINS)/tickets --name tickets --version $(or $(TICKETS_VERSION),1.0.0) --write
+	$(GO) run ./cmd/host plugins manifest $(PLUGINS)/counters --name counters --version $(or $(COUNTERS_VERSION),1.0.0) --kind update_sales_counter --write
+	$(GO) run ./cmd/host plugins manifest $(PLUGINS)/tickets --name tickets --version $(or $(TICKETS_VERSION),1.0.0) --kind render_tickets --kind send_tickets --write
 
 services:
 	@.ci/services

@@ -60,14 +60,16 @@ type Config struct {
 	// provider's address).
 	PluginEnv []string
 
-	// RequirePluginRole refuses to load a plugin that has no Postgres role
-	// of its own. A plugin's database work runs as the role
-	// usher_plugin_<name> (SET LOCAL ROLE) when that role exists; the
-	// migrations create the roles of the shipped plugins, granted only
-	// their tables, and an operator creates a third-party plugin's the same
-	// way. Default false: a plugin with no role runs as the host's
-	// database user, with a warning logged when it loads.
-	RequirePluginRole bool
+	// AllowSuperuser lets the host run on a superuser login. Default
+	// false: New refuses one, since plugins run untrusted code and a
+	// superuser host turns one escape from a plugin's role into the whole
+	// cluster. The host needs only the runtime's owner role (`host setup`).
+	AllowSuperuser bool
+	// PluginPoolSize is how many Postgres connections each plugin's pool
+	// holds at most. A plugin's statements run only on its own pool,
+	// logged in as its role (usher_plugin_<name>), so a plugin that stalls
+	// exhausts only its own connections. Default: Concurrency.
+	PluginPoolSize int
 	// PluginCrashLoop crashes within PluginCrashWindow mark a plugin
 	// unhealthy: its entries wait in the stream until a reload starts a
 	// working version. Defaults 5 and 1 minute.
@@ -161,6 +163,15 @@ func (c *Config) setDefaults() error {
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 8
 	}
+	if c.PluginPoolSize <= 0 {
+		c.PluginPoolSize = c.Concurrency
+	}
+	if c.StatementTimeout <= 0 {
+		c.StatementTimeout = 10 * time.Second
+	}
+	if c.RetryBackoff <= 0 {
+		c.RetryBackoff = time.Second
+	}
 	if c.PluginPollInterval <= 0 {
 		c.PluginPollInterval = 2 * time.Second
 	}
@@ -177,7 +188,8 @@ func (c Config) LogValue() slog.Value {
 		slog.String("redis_url", maskURL(c.RedisURL)),
 		slog.String("stream", c.Stream), slog.String("group", c.Group), slog.String("consumer", c.Consumer),
 		slog.String("plugin_dir", c.PluginDir), slog.Bool("plugin_watch", c.PluginDir != "" && !c.DisablePluginWatch),
-		slog.Any("plugins", c.Plugins), slog.Bool("require_plugin_role", c.RequirePluginRole),
+		slog.Any("plugins", c.Plugins), slog.Bool("allow_superuser", c.AllowSuperuser),
+		slog.Int("plugin_pool_size", c.PluginPoolSize),
 		slog.Int("concurrency", c.Concurrency), slog.Duration("reclaim_idle", c.ReclaimIdle),
 		slog.Duration("job_timeout", c.JobTimeout), slog.Int64("max_deliveries", c.MaxDeliveries),
 		slog.Int("max_attempts", c.MaxAttempts), slog.Bool("relay", !c.DisableRelay),

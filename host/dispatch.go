@@ -72,11 +72,12 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 	defer cancel()
 	job := &usherv1.Job{Id: e.JobID, Kind: e.Kind, Payload: e.Payload, Attempt: int32(e.Attempt),
 		RequestId: e.RequestID, Trace: traceparent}
-	out := h.runner.Run(jobCtx, rt.plugin, rt.guard, job)
-	if out.Verdict == guard.Abandoned && errors.Is(jobCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
-		// The handler overran its deadline: it was cancelled and its
-		// transaction rolled back. Retry it like a transient failure.
-		out = guard.Outcome{Verdict: guard.Retry, RetryAfter: h.cfg.RetryBackoff,
+	out := h.runner.Run(jobCtx, rt.plugin, rt.db, rt.guard, job)
+	if out.Verdict != guard.Applied && out.Verdict != guard.Absorbed && errors.Is(jobCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		// The handler overran its deadline: its statements were cancelled
+		// and its transaction rolled back. Retry it like a transient
+		// failure, after its backoff.
+		out = guard.Outcome{Verdict: guard.Retry, RetryAfter: h.runner.Backoff(job.GetAttempt()),
 			Err: fmt.Errorf("timed out after %s: %w", h.cfg.JobTimeout, out.Err)}
 		out.Reason = out.Err.Error()
 	}

@@ -66,7 +66,7 @@ func TestHostEnforcesCapabilities(t *testing.T) {
 
 // A plugin that declares a kind without a guard is refused at load, with a
 // message naming the kind; so is one that prints to stdout before its
-// handshake.
+// handshake. Neither stops the host.
 func TestPluginRefusedAtLoad(t *testing.T) {
 	t.Parallel()
 	for mode, msg := range map[string]string{
@@ -80,9 +80,13 @@ func TestPluginRefusedAtLoad(t *testing.T) {
 			cfg.Plugins = []string{hosttest.Build(t, "./host/testdata/rawplugin")}
 			cfg.PluginEnv = []string{"RAW_MODE=" + mode}
 			cfg.Logger = hosttest.Logger(t, 100)
-			_, err := host.New(context.Background(), cfg)
-			require.Error(t, err)
-			require.Contains(t, err.Error(), msg)
+			h, err := host.New(context.Background(), cfg)
+			require.NoError(t, err)
+			defer h.Close()
+			require.Len(t, h.Plugins(), 1, "counters still serves")
+			refusals := h.Refusals()
+			require.Len(t, refusals, 1)
+			require.Contains(t, refusals[0].Error, msg)
 		})
 	}
 }

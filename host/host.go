@@ -19,7 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
@@ -32,6 +31,7 @@ import (
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/reclaim"
+	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/host/schedule"
 	"github.com/usherhq/usher/host/stream"
 	"github.com/usherhq/usher/migrations"
@@ -41,6 +41,7 @@ import (
 // route is where a kind's jobs go.
 type route struct {
 	plugin *pluginhost.Supervisor
+	db     guard.DB
 	guard  usherv1.Guard
 	// parked counts the deliveries of the plugin's kinds left waiting
 	// while it was unhealthy or restarting.
@@ -55,6 +56,9 @@ type loaded struct {
 	// Config.Plugins.
 	file   *pluginhost.DirPlugin
 	parked atomic.Int64
+	// db is the plugin's own pool, logged in as its role; it outlives
+	// swaps (every version of a plugin runs as the same role).
+	db guard.DB
 }
 
 // Host is a running usher runtime.
@@ -78,6 +82,9 @@ type Host struct {
 	pluginCtx context.Context
 	pluginWG  *sync.WaitGroup
 	adminAddr string
+
+	// refusals are the plugins that could not load at New.
+	refusals []Refusal
 
 	// reloadMu serialises reloads (the watcher's and the admin API's).
 	reloadMu sync.Mutex
@@ -118,13 +125,21 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		h.Close()
 		return nil, fmt.Errorf("host: redis unreachable: %w", err)
 	}
+	user, schema, err := sandbox.CheckHostLogin(ctx, h.pool, cfg.AllowSuperuser)
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("host: %w", err)
+	}
+	if user != "" && cfg.AllowSuperuser {
+		h.log.Warn("the host's database login may be a superuser (AllowSuperuser): one escape from a plugin's role is the whole cluster", "user", user)
+	}
 	if err := migrations.Up(ctx, h.pool); err != nil {
 		h.Close()
 		return nil, err
 	}
-	h.handles = guard.NewHandles(h.pool, h.log)
+	h.handles = guard.NewHandles(schema, h.log)
 	runner, err := guard.NewRunner(guard.Config{
-		Pool: h.pool, Handles: h.handles, StatementTimeout: cfg.StatementTimeout,
+		Handles: h.handles, StatementTimeout: cfg.StatementTimeout,
 		TransientBackoff: cfg.RetryBackoff, OnAbsorbed: h.recordAbsorbed, Logger: h.log,
 	})
 	if err != nil {
@@ -141,11 +156,12 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 }
 
 // loadPlugins starts Config.Plugins and every plugin PluginDir's manifests
-// name; the first that fails to load is the error.
+// name. A plugin that cannot load is logged and left out: no single plugin
+// stops the host. Only a directory that cannot be read is an error.
 func (h *Host) loadPlugins(ctx context.Context) error {
 	for _, p := range h.cfg.Plugins {
 		if err := h.LoadPlugin(ctx, p); err != nil {
-			return err
+			h.refusePlugin(p, err)
 		}
 	}
 	if h.cfg.PluginDir == "" {
@@ -172,10 +188,32 @@ func (h *Host) loadPlugins(ctx context.Context) error {
 	}
 	for _, p := range scan.Plugins {
 		if err := h.loadManifest(ctx, p); err != nil {
-			return err
+			h.refusePlugin(p.ManifestPath, err)
 		}
 	}
 	return nil
+}
+
+// Refusal is a plugin that could not load when the host started.
+type Refusal struct {
+	// Source is the binary (Config.Plugins) or manifest file.
+	Source string `json:"source"`
+	Error  string `json:"error"`
+}
+
+func (h *Host) refusePlugin(source string, err error) {
+	h.log.Error("plugin refused; the host serves without it", "source", source, "err", err)
+	h.mu.Lock()
+	h.refusals = append(h.refusals, Refusal{Source: source, Error: err.Error()})
+	h.mu.Unlock()
+}
+
+// Refusals lists the plugins that could not load when the host started,
+// with why. A refused plugin never stops the host: the others serve.
+func (h *Host) Refusals() []Refusal {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return append([]Refusal(nil), h.refusals...)
 }
 
 func (h *Host) pluginConfig(path string) pluginhost.Config {
@@ -184,8 +222,9 @@ func (h *Host) pluginConfig(path string) pluginhost.Config {
 
 // LoadPlugin starts the plugin binary at path (no manifest, no checksum)
 // and routes its kinds to it. It refuses a plugin that declares a kind
-// without a guard, a kind another loaded plugin already serves, or (with
-// RequirePluginRole) one with no Postgres role.
+// without a guard or a kind another plugin serves (here, or pinned to
+// another plugin's role in the database), and one whose Postgres role is
+// missing or unfit (sandbox.CheckPluginRole).
 func (h *Host) LoadPlugin(ctx context.Context, path string) error {
 	if err := h.load(ctx, h.pluginConfig(path), nil); err != nil {
 		return fmt.Errorf("host: load plugin %s: %w", path, err)
@@ -219,12 +258,12 @@ func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhos
 		return err
 	}
 	m := sup.Manifest()
-	role, err := h.pluginRole(ctx, m.Name)
+	db, err := h.admit(ctx, m, file)
 	if err != nil {
 		sup.Stop()
 		return err
 	}
-	sup.SetDBRole(role)
+	sup.SetDBRole(db.Role)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, dup := h.plugins[m.Name]; dup {
@@ -237,9 +276,9 @@ func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhos
 			return fmt.Errorf("plugin %s declares kind %q, already served by %s", m.Name, k.Kind, r.plugin.Manifest().Name)
 		}
 	}
-	l := &loaded{sup: sup, path: pcfg.Path, file: file}
+	l := &loaded{sup: sup, path: pcfg.Path, file: file, db: db}
 	for _, k := range m.Kinds {
-		h.routes[k.Kind] = route{plugin: sup, guard: k.Guard, parked: &l.parked}
+		h.routes[k.Kind] = route{plugin: sup, db: db, guard: k.Guard, parked: &l.parked}
 	}
 	h.plugins[m.Name] = l
 	if ctx, wg := h.pluginCtx, h.pluginWG; ctx != nil {
@@ -250,59 +289,51 @@ func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhos
 		}()
 	}
 	h.log.Info("plugin loaded", "plugin", m.Name, "version", m.Version, "protocol", m.Protocol, "pid", sup.Pid(),
-		"kinds", len(m.Kinds), "db_role", role, "verified", file != nil)
+		"kinds", len(m.Kinds), "db_role", db.Role, "db_pool_size", db.Pool.Config().MaxConns, "verified", file != nil)
 	return nil
 }
 
-// PluginRolePrefix prefixes a plugin's Postgres role: plugin "counters"
-// runs as usher_plugin_counters.
-const PluginRolePrefix = "usher_plugin_"
-
-// PluginRole is the Postgres role plugin name's database work runs as when
-// the role exists: usher_plugin_<name>, lower-cased, with every character
-// other than a-z, 0-9 and _ replaced by _.
-func PluginRole(name string) string {
-	b := []byte(strings.ToLower(name))
-	for i, c := range b {
-		if !(c == '_' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			b[i] = '_'
+// admit decides whether the plugin m (started from the manifest file, when
+// there is one) may serve: its kinds must be the manifest's, its role must
+// be fit (sandbox.CheckPluginRole), and its kinds are pinned to that role.
+// It returns the plugin's database: the pool of a plugin already loaded (a
+// swap), or a new one.
+func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhost.DirPlugin) (guard.DB, error) {
+	kinds := make([]string, len(m.Kinds))
+	for i, k := range m.Kinds {
+		kinds[i] = k.Kind
+	}
+	var enqueues []string
+	if file != nil {
+		if err := file.Manifest.CheckKinds(kinds); err != nil {
+			return guard.DB{}, err
 		}
+		enqueues = file.Manifest.Enqueues
 	}
-	return truncateIdent(PluginRolePrefix + string(b))
+	role := sandbox.PluginRole(m.Name)
+	if err := sandbox.CheckPluginRole(ctx, h.pool, m.Name, role); err != nil {
+		return guard.DB{}, err
+	}
+	if err := sandbox.Prepare(ctx, h.pool, m.Name, role, kinds, enqueues); err != nil {
+		return guard.DB{}, err
+	}
+	h.mu.RLock()
+	l := h.plugins[m.Name]
+	h.mu.RUnlock()
+	if l != nil {
+		return l.db, nil
+	}
+	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: h.pool.Config(), Role: role,
+		Size: int32(h.cfg.PluginPoolSize), StatementTimeout: h.cfg.StatementTimeout, Logger: h.log})
+	if err != nil {
+		return guard.DB{}, err
+	}
+	return guard.DB{Pool: pool, Role: role}, nil
 }
 
-func truncateIdent(s string) string {
-	if len(s) > 63 {
-		return s[:63]
-	}
-	return s
-}
-
-// pluginRole finds the role a plugin runs as. A role that exists but that
-// the host's user cannot switch to is an error (running as the host would
-// quietly give the plugin more than its grants); a missing role is an
-// error with RequirePluginRole, else the plugin runs as the host.
-func (h *Host) pluginRole(ctx context.Context, name string) (string, error) {
-	role := PluginRole(name)
-	var member bool
-	var user string
-	err := h.pool.QueryRow(ctx, `SELECT pg_has_role(current_user, oid, 'MEMBER'), current_user::text FROM pg_roles WHERE rolname = $1`, role).
-		Scan(&member, &user)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		if h.cfg.RequirePluginRole {
-			return "", fmt.Errorf("plugin %s has no Postgres role %s and RequirePluginRole is set: create it NOLOGIN, grant it the plugin's tables, and GRANT it to the host's user", name, role)
-		}
-		h.log.Warn("plugin has no Postgres role of its own; its database work runs as the host's user, with the host's privileges",
-			"plugin", name, "role", role)
-		return "", nil
-	case err != nil:
-		return "", fmt.Errorf("look up role %s: %w", role, err)
-	case !member:
-		return "", fmt.Errorf("plugin %s has the Postgres role %s, but the host's user %s cannot SET ROLE to it: GRANT %s TO %s", name, role, user, role, user)
-	}
-	return role, nil
-}
+// PluginRole is the Postgres login role plugin name's statements run as:
+// see sandbox.PluginRole.
+func PluginRole(name string) string { return sandbox.PluginRole(name) }
 
 // Kinds lists the kinds this host serves.
 func (h *Host) Kinds() []string {
@@ -327,9 +358,10 @@ type PluginStatus struct {
 	// checksum verified before it started; empty for Config.Plugins.
 	Manifest string `json:"manifest,omitempty"`
 	SHA256   string `json:"sha256,omitempty"`
-	// DBRole is the Postgres role its database work runs as; empty: the
-	// host's.
-	DBRole   string `json:"db_role"`
+	// DBRole is the Postgres login role its statements run as, on a pool
+	// of its own of DBPoolSize connections.
+	DBRole     string `json:"db_role"`
+	DBPoolSize int32  `json:"db_pool_size"`
 	Pid      int    `json:"pid"`
 	Healthy  bool   `json:"healthy"`
 	Restarts int    `json:"restarts"`
@@ -346,7 +378,7 @@ func (h *Host) Plugins() []PluginStatus {
 	var out []PluginStatus
 	for name, l := range h.plugins {
 		m := l.sup.Manifest()
-		st := PluginStatus{Name: name, Version: m.Version, Protocol: m.Protocol, Path: l.path, DBRole: l.sup.DBRole(),
+		st := PluginStatus{Name: name, Version: m.Version, Protocol: m.Protocol, Path: l.path, DBRole: l.db.Role, DBPoolSize: l.db.Pool.Config().MaxConns,
 			Pid: l.sup.Pid(), Healthy: l.sup.Healthy(), Restarts: l.sup.Restarts(), Parked: l.parked.Load()}
 		if l.file != nil {
 			st.Manifest, st.SHA256 = l.file.ManifestPath, l.file.Manifest.SHA256
@@ -373,17 +405,13 @@ func (h *Host) swap(ctx context.Context, name string, pcfg pluginhost.Config, fi
 	if l == nil {
 		return pluginhost.SwapResult{}, fmt.Errorf("host: no plugin %q is loaded", name)
 	}
-	// The role is looked up again: one created since the load applies
-	// from the new version on.
-	role, err := h.pluginRole(ctx, name)
-	if err != nil {
-		return pluginhost.SwapResult{}, fmt.Errorf("swap refused, old version keeps serving: %w", err)
-	}
-	res, err := l.sup.Swap(ctx, pcfg)
+	res, err := l.sup.Swap(ctx, pcfg, func(m pluginhost.Manifest) error {
+		_, err := h.admit(ctx, m, file)
+		return err
+	})
 	if err != nil {
 		return res, err
 	}
-	l.sup.SetDBRole(role)
 	h.mu.Lock()
 	l.path, l.file = pcfg.Path, file
 	h.mu.Unlock()
@@ -490,7 +518,7 @@ func (h *Host) reconcile(ctx context.Context, p pluginhost.DirPlugin, force bool
 	var same bool
 	if l != nil {
 		cur = l.sup.Manifest()
-		same = l.file != nil && *l.file == p
+		same = l.file != nil && l.file.Same(p)
 	}
 	h.mu.RUnlock()
 	if l == nil {
@@ -634,6 +662,7 @@ func (h *Host) Close() {
 	h.mu.RLock()
 	for _, l := range h.plugins {
 		l.sup.Stop()
+		l.db.Pool.Close()
 	}
 	h.mu.RUnlock()
 	if h.ownRdb && h.rdb != nil {

@@ -18,13 +18,24 @@ import (
 //go:embed *.sql
 var files embed.FS
 
-// Up applies every migration not yet applied. Concurrent callers are
+//go:embed grants/stagedoor.sql
+var stagedoorGrants string
+
+// Up applies every migration not yet applied, then the Stagedoor plugins'
+// grants to whichever of their roles exist (GRANT is idempotent, so a role
+// created since the last run gets them now). Concurrent callers are
 // serialised by goose's Postgres session lock, so several hosts starting at
 // once migrate once.
 func Up(ctx context.Context, pool *pgxpool.Pool) error {
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	return up(ctx, db)
+	if err := up(ctx, db); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, stagedoorGrants); err != nil {
+		return fmt.Errorf("migrations: grants to the Stagedoor plugins' roles: %w", err)
+	}
+	return nil
 }
 
 func up(ctx context.Context, db *sql.DB) error {

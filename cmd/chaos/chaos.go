@@ -245,7 +245,14 @@ func (c *chaos) startStores(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.dbURL = c.pg.url("usher")
+	// The hosts log in as the runtime's owner, never as a superuser; the
+	// administrator's one step creates it and the plugins' login roles.
+	setup := exec.CommandContext(ctx, c.cfg.hostBin, "setup", "--admin-url", c.pg.url("usher"),
+		"--owner", "usher", "--plugin", "counters", "--plugin", "tickets")
+	if out, err := setup.CombinedOutput(); err != nil {
+		return fmt.Errorf("host setup: %w\n%s", err, out)
+	}
+	c.dbURL = strings.Replace(c.pg.url("usher"), "postgres://postgres@", "postgres://usher@", 1)
 	c.say("postgres (pid %d, %s) at 127.0.0.1:%d, data in %s", c.pg.p.pid(), c.pg.binDir, c.pg.port, c.pg.root)
 
 	if c.redis, err = newRedis(c.path("redis"), c.path("redis.log"), c.cfg.redisAOF); err != nil {

@@ -94,9 +94,12 @@ func buildSystem(t *testing.T) string {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	for _, p := range []string{"counters", "tickets"} {
-		cmd := exec.Command(filepath.Join(bin, "host"), "plugins", "manifest", filepath.Join(bin, "plugins", p),
-			"--name", p, "--version", "1.0.0", "--write")
+	for p, kinds := range map[string][]string{"counters": {"update_sales_counter"}, "tickets": {"render_tickets", "send_tickets"}} {
+		args := []string{"plugins", "manifest", filepath.Join(bin, "plugins", p), "--name", p, "--version", "1.0.0", "--write"}
+		for _, k := range kinds {
+			args = append(args, "--kind", k)
+		}
+		cmd := exec.Command(filepath.Join(bin, "host"), args...)
 		if b, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("host plugins manifest %s: %v\n%s", p, err, b)
 		}

@@ -37,7 +37,7 @@ type connFlags struct {
 }
 
 func (c *connFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.databaseURL, "database-url", env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL (DATABASE_URL)")
+	fs.StringVar(&c.databaseURL, "database-url", env("DATABASE_URL", "postgres://usher@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL, logged in as the runtime's owner (DATABASE_URL)")
 	fs.StringVar(&c.redisURL, "redis-url", env("REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL (REDIS_URL)")
 	fs.StringVar(&c.stream, "stream", env("USHER_STREAM", "usher:{jobs}"), "stream key (USHER_STREAM)")
 	fs.StringVar(&c.group, "group", env("USHER_GROUP", "usher"), "consumer group (USHER_GROUP)")
@@ -57,6 +57,8 @@ func hostFlags(fs *flag.FlagSet) (*connFlags, *host.Config, *string) {
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", env("USHER_ADMIN_ADDR", "127.0.0.1:9464"), "admin/metrics listen address, empty to disable (USHER_ADMIN_ADDR)")
 	fs.DurationVar(&cfg.ReconcileAfter, "reconcile-after", envDuration("USHER_RECONCILE_AFTER", 15*time.Minute), "republish outbox rows published this long ago with no outcome (USHER_RECONCILE_AFTER)")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", envDuration("USHER_RECONCILE_INTERVAL", time.Minute), "how often to look for them (USHER_RECONCILE_INTERVAL)")
+	fs.BoolVar(&cfg.AllowSuperuser, "allow-superuser", false, "run even when the database login is a superuser (refused by default: plugins run untrusted code)")
+	fs.IntVar(&cfg.PluginPoolSize, "plugin-pool-size", envInt("USHER_PLUGIN_POOL_SIZE", 0), "Postgres connections per plugin, each logged in as the plugin's role (USHER_PLUGIN_POOL_SIZE; default --concurrency)")
 	fs.BoolVar(&cfg.DisableRelay, "no-relay", false, "do not run the outbox relay in this process")
 	fs.BoolVar(&cfg.DisableScheduler, "no-scheduler", false, "do not run the scheduler in this process")
 	return c, cfg, plugins

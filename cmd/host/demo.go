@@ -25,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 	"github.com/usherhq/usher/plugins/tickets/blob"
@@ -40,6 +41,7 @@ type demo struct {
 	lease       time.Duration
 	seed        uint64
 	conn        connFlags
+	adminURL    string
 	dbURL       string
 	pool        *pgxpool.Pool
 	rdb         *redis.Client
@@ -52,6 +54,8 @@ func cmdDemo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	d := &demo{}
 	d.conn.register(fs)
+	fs.StringVar(&d.adminURL, "admin-url", env("USHER_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+		"a database administrator's URL: the demo creates its database and roles with it; its hosts log in as the owner role usher (USHER_ADMIN_URL)")
 	fs.IntVar(&d.orders, "orders", 300, "Stagedoor orders to place")
 	fs.StringVar(&d.pluginDir, "plugin-dir", "bin/plugins", "directory with the counters and tickets plugins")
 	fs.StringVar(&d.mailBin, "mailprovider", "bin/mailprovider", "the mail provider binary")
@@ -129,6 +133,9 @@ func must(err error) {
 	}
 }
 
+// demoOwner is the runtime's owner role the demo's hosts log in as.
+const demoOwner = "usher"
+
 // prepare makes a fresh database and stream and a clean work directory.
 func (d *demo) prepare(ctx context.Context) error {
 	if err := os.RemoveAll(d.work); err != nil {
@@ -139,9 +146,9 @@ func (d *demo) prepare(ctx context.Context) error {
 			return err
 		}
 	}
-	admin, err := pgx.Connect(ctx, d.conn.databaseURL)
+	admin, err := pgx.Connect(ctx, d.adminURL)
 	if err != nil {
-		return fmt.Errorf("demo: postgres at %s: %w (run `make services`)", d.conn.databaseURL, err)
+		return fmt.Errorf("demo: postgres at %s: %w (run `make services`)", d.adminURL, err)
 	}
 	defer admin.Close(ctx)
 	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS usher_demo WITH (FORCE)"); err != nil {
@@ -150,11 +157,23 @@ func (d *demo) prepare(ctx context.Context) error {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE usher_demo"); err != nil {
 		return err
 	}
-	u, err := url.Parse(d.conn.databaseURL)
+	u, err := url.Parse(d.adminURL)
 	if err != nil {
 		return err
 	}
 	u.Path = "/usher_demo"
+	// The administrator's one step (host setup): the runtime's owner, the
+	// hosts' login, and the plugins' login roles. The hosts never run as
+	// a superuser.
+	demoAdmin, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		return err
+	}
+	defer demoAdmin.Close(ctx)
+	if err := sandbox.Setup(ctx, demoAdmin, sandbox.SetupConfig{Owner: demoOwner, Plugins: []string{"counters", "tickets"}}); err != nil {
+		return fmt.Errorf("demo: setup: %w", err)
+	}
+	u.User = url.User(demoOwner)
 	d.dbURL = u.String()
 	if d.pool, err = pgxpool.New(ctx, d.dbURL); err != nil {
 		return err

@@ -1,6 +1,7 @@
 // Command host runs and operates usher.
 //
 //	host run          serve jobs (relay, consumer, reclaim, scheduler, plugins)
+//	host setup        create the owner and plugin roles (once, as an administrator)
 //	host migrate      apply the database migrations
 //	host demo         the Stagedoor demo: everything, with faults, and a summary
 //	host inspect      pending entries, backlog, dead letters, absorbed duplicates
@@ -32,6 +33,7 @@ const usage = `usage: host <command> [flags]
 
 commands:
   run          serve jobs
+  setup        create the runtime's owner role and the plugins' login roles (once, as a database administrator)
   migrate      apply database migrations
   demo         run the Stagedoor demo with faults injected and print a summary
   inspect      show pending entries, backlog, dead letters and absorbed duplicates
@@ -51,6 +53,8 @@ func run(args []string) error {
 	switch cmd {
 	case "run":
 		return cmdRun(ctx, rest)
+	case "setup":
+		return cmdSetup(ctx, rest)
 	case "migrate":
 		return cmdMigrate(ctx, rest)
 	case "demo":

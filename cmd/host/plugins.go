@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 
 const pluginsUsage = `usage: host plugins [list] [--admin-addr ADDR]
        host plugins reload [NAME] [--admin-addr ADDR]
-       host plugins manifest BINARY --name NAME --version VERSION [--write]
+       host plugins manifest BINARY --name NAME --version VERSION --kind KIND [--kind KIND ...] [--enqueue KIND ...] [--write]
 
   list      the plugins a running host serves
   reload    ask a running host to re-read its plugin directory's manifests
@@ -171,17 +172,21 @@ func pluginsManifest(args []string) error {
 	name := fs.String("name", "", "the plugin's name, as it reports it (required)")
 	version := fs.String("version", "", "the plugin's version, as it reports it (required)")
 	write := fs.Bool("write", false, "write NAME.plugin.json beside the binary instead of printing it")
+	var kinds, enqueues listFlag
+	fs.Var(&kinds, "kind", "a kind the plugin serves (repeat for each; at least one)")
+	fs.Var(&enqueues, "enqueue", "a kind of another plugin its handlers may enqueue (repeat for each)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 || *name == "" || *version == "" {
-		return errors.New("usage: host plugins manifest BINARY --name NAME --version VERSION [--write]")
+	if len(pos) != 1 || *name == "" || *version == "" || len(kinds) == 0 {
+		return errors.New("usage: host plugins manifest BINARY --name NAME --version VERSION --kind KIND [--kind KIND ...] [--enqueue KIND ...] [--write]")
 	}
-	m, err := pluginhost.NewFileManifest(pos[0], *name, *version)
+	m, err := pluginhost.NewFileManifest(pos[0], *name, *version, kinds)
 	if err != nil {
 		return err
 	}
+	m.Enqueues = enqueues
 	if *write {
 		path, err := m.Write(filepath.Dir(pos[0]))
 		if err != nil {
@@ -193,4 +198,17 @@ func pluginsManifest(args []string) error {
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(m)
+}
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	if v == "" {
+		return errors.New("empty value")
+	}
+	*l = append(*l, v)
+	return nil
 }

@@ -4,10 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/usherhq/usher/host/outbox"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 	"github.com/usherhq/usher/sdk/wire"
 )
@@ -54,8 +53,13 @@ type handle struct {
 	id  string
 	cap capability
 	job *usherv1.Job
-	// role is the plugin's Postgres role ("" for the host's own): tx is
-	// already switched to it, and a read-only batch switches to it.
+	// ctx is the job's: it bounds every statement the plugin sends through
+	// the handle, whatever context or settings the plugin's call carries.
+	ctx context.Context
+	// db is the plugin's own pool (its login role): read-only batches run
+	// on it.
+	db *pgxpool.Pool
+	// role names the plugin's role in refusals.
 	role string
 
 	// mu serialises statements on tx: a pgx connection is not safe for
@@ -69,38 +73,53 @@ type handle struct {
 	// (SQLSTATE 42501): the job fails permanently with it, whatever the
 	// plugin answers.
 	denied error
+	// broken is set when the plugin stepped outside its phase in a way the
+	// database reported (it ended the host's transaction, wrote in a
+	// read-only phase or before its conditional write won): the handle
+	// refuses every further call and the job fails permanently with it.
+	broken error
 }
 
 // Handles issues handles and serves the plugins' callbacks against them. It
 // is the host side of the capability rules: a plugin that skips the SDK and
-// calls the service directly meets the same refusals.
+// calls the service directly meets the same refusals, and each refusal is
+// decided from what the database reports, never from the text of the SQL.
 type Handles struct {
 	usherv1.UnimplementedHostServer
 
-	pool   *pgxpool.Pool
 	logger *slog.Logger
-	// statementTimeout bounds each statement of a read-only batch. Default
-	// 10s; a Runner sets its own.
+	// schema holds the runtime's functions; the host calls them
+	// schema-qualified, so nothing a plugin creates can shadow them.
+	schema string
+	// statementTimeout bounds each statement a plugin sends, within the
+	// job's deadline. Default 10s; a Runner sets its own.
 	statementTimeout time.Duration
 
 	mu sync.Mutex
 	m  map[string]*handle
 }
 
-// NewHandles returns an empty handle table over pool.
-func NewHandles(pool *pgxpool.Pool, logger *slog.Logger) *Handles {
+// NewHandles returns an empty handle table. schema is where the runtime's
+// functions live (the host's current_schema()).
+func NewHandles(schema string, logger *slog.Logger) *Handles {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Handles{pool: pool, logger: logger, statementTimeout: 10 * time.Second, m: map[string]*handle{}}
+	if schema == "" {
+		schema = "public"
+	}
+	return &Handles{logger: logger, schema: schema, statementTimeout: 10 * time.Second, m: map[string]*handle{}}
 }
 
 var _ usherv1.HostServer = (*Handles)(nil)
 
-func (hs *Handles) issue(c capability, job *usherv1.Job, tx pgx.Tx, role string) *handle {
+// fn is the runtime function name, schema-qualified and quoted.
+func (hs *Handles) fn(name string) string { return pgx.Identifier{hs.schema, name}.Sanitize() }
+
+func (hs *Handles) issue(ctx context.Context, c capability, job *usherv1.Job, db *pgxpool.Pool, tx pgx.Tx, role string) *handle {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	h := &handle{id: hex.EncodeToString(b[:]), cap: c, job: job, tx: tx, role: role}
+	h := &handle{id: hex.EncodeToString(b[:]), cap: c, job: job, ctx: ctx, db: db, tx: tx, role: role}
 	hs.mu.Lock()
 	hs.m[h.id] = h
 	hs.mu.Unlock()
@@ -128,7 +147,39 @@ func (hs *Handles) lookup(id string) (*handle, error) {
 	return h, nil
 }
 
-// Exec runs a batch of statements under a handle.
+// bound returns the context a plugin's statement runs under: the plugin's
+// call may cancel it early, but the job's deadline and the statement
+// timeout are the host's.
+func (hs *Handles) bound(ctx context.Context, h *handle) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, hs.statementTimeout)
+	stop := context.AfterFunc(h.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// usable reports why h can take no more statements, as the status the
+// plugin is answered with.
+func (h *handle) usable() error {
+	switch {
+	case h.closed:
+		return status.Error(codes.PermissionDenied, "the phase of this handle has ended")
+	case h.broken != nil:
+		return status.Error(codes.PermissionDenied, h.broken.Error())
+	}
+	return nil
+}
+
+// breach records that the plugin stepped outside its phase and returns the
+// refusal to answer it with.
+func (h *handle) breach(format string, a ...any) error {
+	if h.broken == nil {
+		h.broken = fmt.Errorf("%s job %s: %s", h.job.GetKind(), h.job.GetId(), fmt.Sprintf(format, a...))
+	}
+	return status.Error(codes.PermissionDenied, h.broken.Error())
+}
+
+// Exec runs a batch of statements under a handle, one at a time: after each
+// the host asks the connection whether it is still inside the transaction
+// the host opened.
 func (hs *Handles) Exec(ctx context.Context, req *usherv1.ExecRequest) (*usherv1.ExecResponse, error) {
 	h, err := hs.lookup(req.GetHandle())
 	if err != nil {
@@ -136,9 +187,11 @@ func (hs *Handles) Exec(ctx context.Context, req *usherv1.ExecRequest) (*usherv1
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.closed {
-		return nil, status.Error(codes.PermissionDenied, "the phase of this handle has ended")
+	if err := h.usable(); err != nil {
+		return nil, err
 	}
+	ctx, cancel := hs.bound(ctx, h)
+	defer cancel()
 	if h.cap == capReadOnly {
 		out, err := hs.execReadOnly(ctx, h, req.GetStatements())
 		return out, h.noteDenied(err)
@@ -158,7 +211,7 @@ func (hs *Handles) Exec(ctx context.Context, req *usherv1.ExecRequest) (*usherv1
 // plugin's role. The capability refusals of this file are not recorded:
 // they are answered to the plugin, which fails its phase with them.
 func (h *handle) noteDenied(err error) error {
-	if err == nil || h.denied != nil || h.role == "" {
+	if err == nil || h.denied != nil {
 		return err
 	}
 	var pg *pgconn.PgError
@@ -168,6 +221,10 @@ func (h *handle) noteDenied(err error) error {
 	return err
 }
 
+// execReadOnly runs a read-only batch in a transaction of its own on the
+// plugin's pool. The transaction is READ ONLY, and is always rolled back;
+// should a statement lift that (SET TRANSACTION READ WRITE), the database's
+// own record of a write (an assigned transaction id) refuses the batch.
 func (hs *Handles) execReadOnly(ctx context.Context, h *handle, stmts []*usherv1.Statement) (*usherv1.ExecResponse, error) {
 	for _, st := range stmts {
 		if st.GetMode() != usherv1.Mode_MODE_QUERY {
@@ -175,40 +232,61 @@ func (hs *Handles) execReadOnly(ctx context.Context, h *handle, stmts []*usherv1
 				"%s job %s: only queries are allowed in a read-only phase; writes belong to the commit phase or to the host's mark", h.job.GetKind(), h.job.GetId())
 		}
 	}
-	tx, err := hs.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := h.db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "begin read-only transaction: %v", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := setLocal(ctx, tx, hs.statementTimeout, h.role); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "read-only transaction: %v", err)
-	}
 	out := &usherv1.ExecResponse{}
 	for i, st := range stmts {
-		res, err := runStatement(ctx, tx, st, false)
+		res, err := hs.runPlugin(ctx, h, tx, st)
 		if err != nil {
 			return nil, fmt.Errorf("statement %d: %w", i+1, err)
 		}
 		out.Results = append(out.Results, res)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "commit read-only transaction: %v", err)
+	wrote, err := wrote(ctx, tx)
+	if err != nil {
+		return nil, sqlStatus(err)
+	}
+	if wrote {
+		return nil, h.breach("a read-only phase wrote (the database assigned its transaction an id); the write was rolled back")
 	}
 	return out, nil
+}
+
+// wrote asks the database whether tx has written anything (or taken a row
+// lock): only then does it assign the transaction an id.
+func wrote(ctx context.Context, tx pgx.Tx) (bool, error) {
+	var w bool
+	err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL`).Scan(&w)
+	return w, err
 }
 
 func (hs *Handles) execInTx(ctx context.Context, h *handle, st *usherv1.Statement) (*usherv1.StatementResult, error) {
 	switch st.GetMode() {
 	case usherv1.Mode_MODE_QUERY:
-		return runStatement(ctx, h.tx, st, false)
+		return hs.runPlugin(ctx, h, h.tx, st)
 	case usherv1.Mode_MODE_WRITE_IF:
-		if err := checkConditionalWrite(st.GetSql()); err != nil {
-			return nil, err
+		if h.cap == capCommit && !h.won {
+			// Nothing may be written before the conditional write wins:
+			// the database says whether something was.
+			w, err := wrote(ctx, h.tx)
+			if err != nil {
+				return nil, sqlStatus(err)
+			}
+			if w {
+				return nil, h.breach("the commit phase wrote before its conditional write won")
+			}
 		}
-		res, err := runStatement(ctx, h.tx, st, true)
+		res, tag, err := hs.run(ctx, h, h.tx, st)
 		if err != nil {
 			return nil, err
 		}
+		if !(tag.Insert() || tag.Update() || tag.Delete() || strings.HasPrefix(tag.String(), "MERGE")) {
+			return nil, h.breach("a conditional write must be an INSERT, UPDATE, DELETE or MERGE; the database ran %q", tag.String())
+		}
+		res.Won = tag.RowsAffected() > 0
 		h.wroteIf = true
 		h.won = h.won || res.Won
 		return res, nil
@@ -217,41 +295,43 @@ func (hs *Handles) execInTx(ctx context.Context, h *handle, st *usherv1.Statemen
 			return nil, status.Errorf(codes.PermissionDenied,
 				"%s job %s: a plain write in the commit phase needs a conditional write that won first", h.job.GetKind(), h.job.GetId())
 		}
-		return runStatement(ctx, h.tx, st, false)
+		return hs.runPlugin(ctx, h, h.tx, st)
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "unknown statement mode %v", st.GetMode())
 	}
 }
 
-var (
-	leadingComments = regexp.MustCompile(`^(\s+|--[^\n]*\n|/\*.*?\*/)+`)
-	returningClause = regexp.MustCompile(`(?i)\bRETURNING\b`)
-)
+func (hs *Handles) runPlugin(ctx context.Context, h *handle, tx pgx.Tx, st *usherv1.Statement) (*usherv1.StatementResult, error) {
+	res, _, err := hs.run(ctx, h, tx, st)
+	return res, err
+}
 
-// checkConditionalWrite refuses a "conditional write" that cannot tell a
-// winner from a loser: it must be a DML statement with RETURNING.
-func checkConditionalWrite(sql string) error {
-	s := leadingComments.ReplaceAllString(sql, "")
-	word := strings.ToUpper(strings.SplitN(strings.TrimSpace(s), " ", 2)[0])
-	switch word {
-	case "UPDATE", "INSERT", "DELETE", "WITH":
-	default:
-		return status.Errorf(codes.InvalidArgument, "a conditional write must be UPDATE, INSERT or DELETE, not %q", word)
+// transactionControl are the command tags of statements that end or carve
+// up the host's transaction: a plugin may send none of them.
+var transactionControl = map[string]bool{"BEGIN": true, "START TRANSACTION": true, "COMMIT": true, "ROLLBACK": true,
+	"SAVEPOINT": true, "RELEASE": true, "PREPARE TRANSACTION": true, "COMMIT PREPARED": true, "ROLLBACK PREPARED": true}
+
+// run runs one plugin statement in tx, then checks with the connection that
+// tx is still the transaction the host opened.
+func (hs *Handles) run(ctx context.Context, h *handle, tx pgx.Tx, st *usherv1.Statement) (*usherv1.StatementResult, pgconn.CommandTag, error) {
+	res, tag, err := runStatement(ctx, tx, st)
+	switch ts := tx.Conn().PgConn().TxStatus(); {
+	case ts != 'T' && ts != 'E':
+		return nil, tag, h.breach("a statement ended the host's transaction (the connection reports status %q, not inside a transaction); the job is aborted", string(ts))
+	case err == nil && (transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK")):
+		return nil, tag, h.breach("a statement controlled the host's transaction (%s)", tag.String())
 	}
-	if !returningClause.MatchString(s) {
-		return status.Error(codes.InvalidArgument, "a conditional write needs a RETURNING clause, so the host can tell whether it won")
-	}
-	return nil
+	return res, tag, err
 }
 
 type queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func runStatement(ctx context.Context, q queryer, st *usherv1.Statement, conditional bool) (*usherv1.StatementResult, error) {
+func runStatement(ctx context.Context, q queryer, st *usherv1.Statement) (*usherv1.StatementResult, pgconn.CommandTag, error) {
 	rows, err := q.Query(ctx, st.GetSql(), wire.FromValues(st.GetArgs())...)
 	if err != nil {
-		return nil, sqlStatus(err)
+		return nil, pgconn.CommandTag{}, sqlStatus(err)
 	}
 	defer rows.Close()
 	res := &usherv1.StatementResult{}
@@ -261,20 +341,20 @@ func runStatement(ctx context.Context, q queryer, st *usherv1.Statement, conditi
 	for rows.Next() {
 		vals, err := rows.Values()
 		if err != nil {
-			return nil, sqlStatus(err)
+			return nil, pgconn.CommandTag{}, sqlStatus(err)
 		}
 		wv, err := wire.ToValues(vals)
 		if err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "result: %v", err)
+			return nil, pgconn.CommandTag{}, status.Errorf(codes.InvalidArgument, "result: %v", err)
 		}
 		res.Rows = append(res.Rows, &usherv1.Row{Values: wv})
 	}
+	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, sqlStatus(err)
+		return nil, rows.CommandTag(), sqlStatus(err)
 	}
 	res.RowsAffected = rows.CommandTag().RowsAffected()
-	res.Won = conditional && len(res.Rows) > 0
-	return res, nil
+	return res, rows.CommandTag(), nil
 }
 
 // sqlStatus maps a database error onto a gRPC status whose code tells the
@@ -291,7 +371,7 @@ func sqlStatus(err error) error {
 		case strings.HasPrefix(pg.Code, "42"), strings.HasPrefix(pg.Code, "22"), strings.HasPrefix(pg.Code, "23"):
 			// syntax, undefined object, data exception, constraint
 			return status.Error(codes.InvalidArgument, msg)
-		case pg.Code == "57014": // statement timeout
+		case pg.Code == "57014": // statement timeout, or cancelled at the job's deadline
 			return status.Error(codes.DeadlineExceeded, msg)
 		default:
 			return status.Error(codes.Aborted, msg)
@@ -314,7 +394,9 @@ func (e *pgStatusError) Error() string              { return e.st.Err().Error() 
 func (e *pgStatusError) GRPCStatus() *status.Status { return e.st }
 func (e *pgStatusError) Unwrap() error              { return e.pg }
 
-// Enqueue adds follow-on jobs in the handle's transaction.
+// Enqueue adds follow-on jobs in the handle's transaction, through the
+// runtime's usher_enqueue: the plugin's role inserts no outbox row itself,
+// and the function refuses a kind the role may not enqueue.
 func (hs *Handles) Enqueue(ctx context.Context, req *usherv1.EnqueueRequest) (*usherv1.EnqueueResponse, error) {
 	h, err := hs.lookup(req.GetHandle())
 	if err != nil {
@@ -322,75 +404,32 @@ func (hs *Handles) Enqueue(ctx context.Context, req *usherv1.EnqueueRequest) (*u
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if err := h.usable(); err != nil {
+		return nil, err
+	}
 	switch {
-	case h.closed:
-		return nil, status.Error(codes.PermissionDenied, "the phase of this handle has ended")
 	case h.cap == capCommit && !h.won:
 		return nil, status.Errorf(codes.PermissionDenied,
 			"%s job %s: follow-on jobs can only be enqueued after a conditional write won", h.job.GetKind(), h.job.GetId())
 	case h.cap != capCommit && h.cap != capApply:
 		return nil, status.Errorf(codes.PermissionDenied, "enqueue is not allowed in a %s phase", h.cap)
 	}
-	msgs := make([]outbox.Message, len(req.GetMessages()))
-	for i, m := range req.GetMessages() {
-		msgs[i] = outbox.Message{Kind: m.GetKind(), Payload: m.GetPayload(),
-			RequestID: h.job.GetRequestId(), Trace: h.job.GetTrace()}
-	}
-	ids, err := hs.enqueueAsHost(ctx, h, msgs)
-	if err != nil {
-		return nil, err
-	}
-	return &usherv1.EnqueueResponse{OutboxIds: ids}, nil
-}
-
-// enqueueAsHost adds msgs to the outbox in h's transaction. The outbox is
-// the host's table, never granted to a plugin's role: the insert runs as
-// the host, and the transaction goes back to the plugin's role after it.
-func (hs *Handles) enqueueAsHost(ctx context.Context, h *handle, msgs []outbox.Message) ([]int64, error) {
-	if h.role == "" {
-		ids, err := outbox.Add(ctx, h.tx, msgs...)
-		if err != nil {
-			return nil, status.Error(codes.InvalidArgument, err.Error())
+	ctx, cancel := hs.bound(ctx, h)
+	defer cancel()
+	out := &usherv1.EnqueueResponse{}
+	for _, m := range req.GetMessages() {
+		if m.GetKind() == "" || !json.Valid(m.GetPayload()) {
+			return nil, status.Errorf(codes.InvalidArgument, "enqueue: a message needs a kind and a JSON payload")
 		}
-		return ids, nil
+		var id int64
+		err := h.tx.QueryRow(ctx, "SELECT "+hs.fn("usher_enqueue")+"($1, $2, $3, $4, $5)",
+			h.job.GetKind(), m.GetKind(), string(m.GetPayload()), h.job.GetRequestId(), h.job.GetTrace()).Scan(&id)
+		if err != nil {
+			return nil, h.noteDenied(sqlStatus(err))
+		}
+		out.OutboxIds = append(out.OutboxIds, id)
 	}
-	if err := switchRole(ctx, h.tx, ""); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "enqueue: %v", err)
-	}
-	ids, err := outbox.Add(ctx, h.tx, msgs...)
-	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	if err := switchRole(ctx, h.tx, h.role); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "enqueue: %v", err)
-	}
-	return ids, nil
-}
-
-// setLocal bounds tx's statements by timeout and switches it to role (none
-// when empty), both for this transaction only.
-func setLocal(ctx context.Context, tx pgx.Tx, timeout time.Duration, role string) error {
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", timeout.Milliseconds())); err != nil {
-		return fmt.Errorf("set statement_timeout: %w", err)
-	}
-	if role == "" {
-		return nil
-	}
-	return switchRole(ctx, tx, role)
-}
-
-// switchRole runs tx's next statements as role, or as the host (the
-// session's role) when role is empty. SET LOCAL: nothing outlives the
-// transaction, so a pooled connection always goes back as the host.
-func switchRole(ctx context.Context, tx pgx.Tx, role string) error {
-	target := "NONE"
-	if role != "" {
-		target = pgx.Identifier{role}.Sanitize()
-	}
-	if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+target); err != nil {
-		return fmt.Errorf("set role %s: %w", target, err)
-	}
-	return nil
+	return out, nil
 }
 
 // Log writes a plugin's records into the host's log with the job's identity,

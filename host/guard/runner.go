@@ -22,23 +22,13 @@ type Invoker interface {
 	Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error)
 }
 
-// RoleInvoker is an Invoker whose plugin's database work runs as a
-// Postgres role of its own. Every statement the plugin sends (through any
-// handle) and the claim statements built from its claim spec run after
-// SET LOCAL ROLE to it, so the database refuses what the role was not
-// granted; the host's own statements (the job id insert, the outbox
-// insert of an enqueue) run as the host. An Invoker that is not a
-// RoleInvoker, or whose DBRole is empty, runs everything as the host.
-type RoleInvoker interface {
-	Invoker
-	DBRole() string
-}
-
-func roleOf(inv Invoker) string {
-	if ri, ok := inv.(RoleInvoker); ok {
-		return ri.DBRole()
-	}
-	return ""
+// DB is where a plugin's jobs run: the plugin's own pool, whose
+// connections log in as its role (sandbox.OpenPluginPool), and the role's
+// name for messages. Every statement of the job, the plugin's and the
+// host's (the claim, the mark, usher_record_job, usher_enqueue), runs on it.
+type DB struct {
+	Pool *pgxpool.Pool
+	Role string
 }
 
 // Verdict is how a run ended.
@@ -81,12 +71,10 @@ func permanent(err error) Outcome { return Outcome{Verdict: Permanent, Err: err,
 
 // Config configures a Runner.
 type Config struct {
-	// Pool is the Postgres pool every transaction is opened on. Required.
-	Pool *pgxpool.Pool
 	// Handles serves the plugins' callbacks. Required.
 	Handles *Handles
-	// StatementTimeout bounds each statement in a host transaction.
-	// Default 10s.
+	// StatementTimeout bounds each statement of a job, within its
+	// deadline; the host cancels it, whatever the plugin set. Default 10s.
 	StatementTimeout time.Duration
 	// TransientBackoff is the delay before retrying a transient handler
 	// error, doubled per attempt up to 5 minutes. Default 1s.
@@ -104,8 +92,8 @@ type Runner struct {
 
 // NewRunner validates cfg and fills its defaults.
 func NewRunner(cfg Config) (*Runner, error) {
-	if cfg.Pool == nil || cfg.Handles == nil {
-		return nil, errors.New("guard: runner needs Pool and Handles")
+	if cfg.Handles == nil {
+		return nil, errors.New("guard: runner needs Handles")
 	}
 	if cfg.StatementTimeout <= 0 {
 		cfg.StatementTimeout = 10 * time.Second
@@ -116,22 +104,24 @@ func NewRunner(cfg Config) (*Runner, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	// Read-only handles are served by Handles in transactions of their
-	// own: they get the runner's statement timeout too.
 	cfg.Handles.statementTimeout = cfg.StatementTimeout
 	return &Runner{cfg: cfg}, nil
 }
 
-// Run executes job's guard against the plugin behind inv.
-func (r *Runner) Run(ctx context.Context, inv Invoker, g usherv1.Guard, job *usherv1.Job) Outcome {
+// Run executes job's guard against the plugin behind inv, on the plugin's
+// database db. ctx's deadline is the job's: every statement, the plugin's
+// and the host's, is cancelled when it passes.
+func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, job *usherv1.Job) Outcome {
 	var out Outcome
-	switch g {
-	case usherv1.Guard_GUARD_STATE_FIRST:
-		out = r.stateFirst(ctx, inv, job)
-	case usherv1.Guard_GUARD_CLAIM:
-		out = r.claim(ctx, inv, job)
-	case usherv1.Guard_GUARD_JOB_ID:
-		out = r.jobID(ctx, inv, job)
+	switch {
+	case db.Pool == nil:
+		out = permanent(fmt.Errorf("kind %s: its plugin has no database pool of its own", job.GetKind()))
+	case g == usherv1.Guard_GUARD_STATE_FIRST:
+		out = r.stateFirst(ctx, inv, db, job)
+	case g == usherv1.Guard_GUARD_CLAIM:
+		out = r.claim(ctx, inv, db, job)
+	case g == usherv1.Guard_GUARD_JOB_ID:
+		out = r.jobID(ctx, inv, db, job)
 	default:
 		out = permanent(fmt.Errorf("kind %s has no guard", job.GetKind()))
 	}
@@ -167,6 +157,10 @@ func (r *Runner) call(ctx context.Context, inv Invoker, c *usherv1.Call) (*usher
 	}
 }
 
+// Backoff is the delay before retrying a job's attempt after a transient
+// failure: TransientBackoff doubled per attempt, at most 5 minutes.
+func (r *Runner) Backoff(attempt int32) time.Duration { return r.backoff(attempt) }
+
 func (r *Runner) backoff(attempt int32) time.Duration {
 	d := r.cfg.TransientBackoff << min(attempt, 16)
 	return min(d, 5*time.Minute)
@@ -176,32 +170,9 @@ func phaseName(p usherv1.Phase) string {
 	return strings.ToLower(strings.TrimPrefix(p.String(), "PHASE_"))
 }
 
-// begin opens a host transaction with the statement timeout set, running
-// as role (the host's own when empty).
-func (r *Runner) begin(ctx context.Context, role string) (pgx.Tx, error) {
-	tx, err := r.cfg.Pool.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
-	}
-	if err := setLocal(ctx, tx, r.cfg.StatementTimeout, role); err != nil {
-		_ = tx.Rollback(ctx)
-		return nil, err
-	}
-	return tx, nil
-}
-
-// asRole runs fn in a short transaction of its own as role, with the
-// statement timeout set.
-func (r *Runner) asRole(ctx context.Context, role string, fn func(pgx.Tx) error) error {
-	tx, err := r.begin(ctx, role)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := fn(tx); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+// inTx runs fn in a short transaction of its own on the plugin's pool.
+func inTx(ctx context.Context, db DB, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, db.Pool, fn)
 }
 
 // refused turns a statement the plugin's role was refused during a phase
@@ -209,16 +180,18 @@ func (r *Runner) asRole(ctx context.Context, role string, fn func(pgx.Tx) error)
 // swallows the error must not commit a transaction the database has
 // already aborted, or retry what no retry can fix.
 func refused(job *usherv1.Job, h *handle) (Outcome, bool) {
-	if h.denied == nil {
-		return Outcome{}, false
+	switch {
+	case h.broken != nil:
+		return permanent(fmt.Errorf("refused: %w", h.broken)), true
+	case h.denied != nil:
+		return permanent(fmt.Errorf("%s job %s: %w", job.GetKind(), job.GetId(), h.denied)), true
 	}
-	return permanent(fmt.Errorf("%s job %s: %w", job.GetKind(), job.GetId(), h.denied)), true
+	return Outcome{}, false
 }
 
 // stateFirst: check → prepare → commit with a conditional write.
-func (r *Runner) stateFirst(ctx context.Context, inv Invoker, job *usherv1.Job) Outcome {
-	role := roleOf(inv)
-	ro := r.cfg.Handles.issue(capReadOnly, job, nil, role)
+func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv1.Job) Outcome {
+	ro := r.cfg.Handles.issue(ctx, capReadOnly, job, db.Pool, nil, db.Role)
 	res, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_CHECK, Job: job, Handle: ro.id})
 	r.cfg.Handles.release(ro)
 	if out, bad := refused(job, ro); bad {
@@ -234,12 +207,12 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, job *usherv1.Job) 
 	if !ok {
 		return out
 	}
-	tx, err := r.begin(ctx, role)
+	tx, err := db.Pool.Begin(ctx)
 	if err != nil {
-		return abandoned(err)
+		return abandoned(fmt.Errorf("begin: %w", err))
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	h := r.cfg.Handles.issue(capCommit, job, tx, role)
+	h := r.cfg.Handles.issue(ctx, capCommit, job, db.Pool, tx, db.Role)
 	_, out, ok = r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_COMMIT, Job: job, Handle: h.id, State: res.GetState()})
 	r.cfg.Handles.release(h)
 	if out, bad := refused(job, h); bad {
@@ -251,6 +224,15 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, job *usherv1.Job) 
 	if !h.wroteIf {
 		return permanent(fmt.Errorf("commit of %s job %s made no conditional write: state first must end with WriteIf", job.GetKind(), job.GetId()))
 	}
+	if !h.won {
+		// A lost conditional write leaves nothing to commit; the database
+		// says whether something was written anyway.
+		if w, err := wrote(ctx, tx); err != nil {
+			return abandoned(fmt.Errorf("commit: %w", err))
+		} else if w {
+			return permanent(fmt.Errorf("refused: %s job %s: the commit phase wrote although its conditional write lost; rolled back", job.GetKind(), job.GetId()))
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return abandoned(fmt.Errorf("commit: %w", err))
 	}
@@ -260,32 +242,27 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, job *usherv1.Job) 
 	return applied()
 }
 
-// jobID: record the identity and apply in one transaction.
-func (r *Runner) jobID(ctx context.Context, inv Invoker, job *usherv1.Job) Outcome {
-	role := roleOf(inv)
-	tx, err := r.begin(ctx, "")
+// jobID: record the identity and apply in one transaction. The identity
+// is recorded by usher_record_job, which runs as the runtime's owner and
+// checks that the plugin's role serves the kind.
+func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job) Outcome {
+	tx, err := db.Pool.Begin(ctx)
 	if err != nil {
-		return abandoned(err)
+		return abandoned(fmt.Errorf("begin: %w", err))
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	var recorded string
-	err = tx.QueryRow(ctx, `
-		INSERT INTO processed_jobs (job_id, kind) VALUES ($1, $2)
-		ON CONFLICT (job_id) DO NOTHING RETURNING job_id`, job.GetId(), job.GetKind()).Scan(&recorded)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return absorbed("job id already recorded")
-	}
+	var recorded bool
+	err = tx.QueryRow(ctx, "SELECT "+r.cfg.Handles.fn("usher_record_job")+"($1, $2)", job.GetId(), job.GetKind()).Scan(&recorded)
 	if err != nil {
+		if out := claimError(err); out != nil {
+			return *out
+		}
 		return abandoned(fmt.Errorf("record job id: %w", err))
 	}
-	// processed_jobs is the host's: the insert above ran as the host, the
-	// plugin's statements run as its role.
-	if role != "" {
-		if err := switchRole(ctx, tx, role); err != nil {
-			return abandoned(err)
-		}
+	if !recorded {
+		return absorbed("job id already recorded")
 	}
-	h := r.cfg.Handles.issue(capApply, job, tx, role)
+	h := r.cfg.Handles.issue(ctx, capApply, job, db.Pool, tx, db.Role)
 	_, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_APPLY, Job: job, Handle: h.id})
 	r.cfg.Handles.release(h)
 	if out, bad := refused(job, h); bad {
@@ -368,7 +345,7 @@ func identifier(s string) bool {
 }
 
 // claim: the host claims, the plugin sends, the host marks.
-func (r *Runner) claim(ctx context.Context, inv Invoker, job *usherv1.Job) Outcome {
+func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job) Outcome {
 	res, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_CLAIM, Job: job})
 	if !ok {
 		return out
@@ -378,18 +355,17 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, job *usherv1.Job) Outco
 		return permanent(fmt.Errorf("%s job %s: %w", job.GetKind(), job.GetId(), err))
 	}
 	// The claim's table and columns come from the plugin's claim spec, so
-	// its statements run as the plugin's role: a spec naming a table the
-	// plugin was not granted is refused by the database.
-	role := roleOf(inv)
+	// its statements run on the plugin's pool, as its role: a spec naming a
+	// table the plugin was not granted is refused by the database.
 	leaseSecs := c.lease.Seconds()
 	var token time.Time
-	err = r.asRole(ctx, role, func(tx pgx.Tx) error {
+	err = inTx(ctx, db, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, c.claim, append(append([]any{}, c.keys...), leaseSecs)...).Scan(&token)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		var done bool
 		var remaining float64
-		err := r.asRole(ctx, role, func(tx pgx.Tx) error {
+		err := inTx(ctx, db, func(tx pgx.Tx) error {
 			return tx.QueryRow(ctx, c.status, append(append([]any{}, c.keys...), leaseSecs)...).Scan(&done, &remaining)
 		})
 		if err != nil {
@@ -408,7 +384,7 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, job *usherv1.Job) Outco
 		}
 		return abandoned(fmt.Errorf("claim: %w", err))
 	}
-	ro := r.cfg.Handles.issue(capReadOnly, job, nil, role)
+	ro := r.cfg.Handles.issue(ctx, capReadOnly, job, db.Pool, nil, db.Role)
 	_, out, ok = r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_EFFECT, Job: job, Handle: ro.id, IdempotencyKey: c.intent})
 	r.cfg.Handles.release(ro)
 	if denied, bad := refused(job, ro); bad && ok {
@@ -424,7 +400,7 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, job *usherv1.Job) Outco
 			// retry need not wait out the lease. Should the effect have
 			// left anyway, the provider's key catches the resend.
 			relCtx := context.WithoutCancel(ctx)
-			if err := r.asRole(relCtx, role, func(tx pgx.Tx) error {
+			if err := inTx(relCtx, db, func(tx pgx.Tx) error {
 				_, err := tx.Exec(relCtx, c.release, append(append([]any{}, c.keys...), token)...)
 				return err
 			}); err != nil {
@@ -435,7 +411,7 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, job *usherv1.Job) Outco
 	}
 	// Send, then mark: a crash here leaves the claim to go stale and the
 	// resend to the provider's idempotency key.
-	if err := r.asRole(ctx, role, func(tx pgx.Tx) error {
+	if err := inTx(ctx, db, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, c.mark, c.keys...)
 		return err
 	}); err != nil {

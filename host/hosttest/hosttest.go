@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/migrations"
 )
 
@@ -51,9 +52,20 @@ func Suffix() string {
 	return hex.EncodeToString(b)
 }
 
-// DB creates a fresh, migrated database for the test and drops it when the
-// test ends. It returns the pool and the database's URL.
-func DB(tb testing.TB) (*pgxpool.Pool, string) {
+// Owner is the runtime's owner role the tests' hosts log in as: no
+// superuser, as in production (host.New refuses a superuser).
+const Owner = "usher_test_owner"
+
+// PluginNames are the plugins the tests load; DB makes sure each has its
+// login role (roles are cluster-wide: created once, kept).
+var PluginNames = []string{"counters", "tickets", "raw", "rolecheck", "flaky", "hostile", "sdktest"}
+
+var rolesOnce sync.Once
+
+// EnsureRoles creates the owner and the named plugins' login roles, as the
+// administrator of DatabaseURL, with sandbox.Setup. Test packages running
+// at once take turns (ALTER ROLE of one role from two sessions fails).
+func EnsureRoles(tb testing.TB, plugins ...string) {
 	tb.Helper()
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, DatabaseURL())
@@ -61,8 +73,28 @@ func DB(tb testing.TB) (*pgxpool.Pool, string) {
 		tb.Fatalf("hosttest: postgres: %v", err)
 	}
 	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, `SELECT pg_advisory_lock(hashtext('usher_hosttest_roles'))`); err != nil {
+		tb.Fatalf("hosttest: %v", err)
+	}
+	if err := sandbox.Setup(ctx, admin, sandbox.SetupConfig{Owner: Owner, Plugins: plugins}); err != nil {
+		tb.Fatalf("hosttest: roles: %v", err)
+	}
+}
+
+// DB creates a fresh database owned by Owner, migrated, for the test and
+// drops it when the test ends. It returns a pool logged in as Owner (the
+// host's login; it owns every table) and the database's URL for Owner.
+func DB(tb testing.TB) (*pgxpool.Pool, string) {
+	tb.Helper()
+	rolesOnce.Do(func() { EnsureRoles(tb, PluginNames...) })
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, DatabaseURL())
+	if err != nil {
+		tb.Fatalf("hosttest: postgres: %v", err)
+	}
+	defer admin.Close(ctx)
 	name := "usher_t_" + Suffix()
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" OWNER "+Owner); err != nil {
 		tb.Fatalf("hosttest: create database: %v", err)
 	}
 	u, err := url.Parse(DatabaseURL())
@@ -70,6 +102,7 @@ func DB(tb testing.TB) (*pgxpool.Pool, string) {
 		tb.Fatalf("hosttest: database url: %v", err)
 	}
 	u.Path = "/" + name
+	u.User = url.User(Owner)
 	cfg, err := pgxpool.ParseConfig(u.String())
 	if err != nil {
 		tb.Fatalf("hosttest: %v", err)
@@ -91,7 +124,29 @@ func DB(tb testing.TB) (*pgxpool.Pool, string) {
 	if err := migrations.Up(ctx, pool); err != nil {
 		tb.Fatalf("hosttest: migrate: %v", err)
 	}
+	// The raw test plugin's default commit writes the events counter.
+	for _, p := range []string{"raw", "flaky"} {
+		if _, err := pool.Exec(ctx, `GRANT SELECT (id, seats_sold), UPDATE (seats_sold) ON events TO `+sandbox.PluginRole(p)); err != nil {
+			tb.Fatalf("hosttest: grant: %v", err)
+		}
+	}
 	return pool, u.String()
+}
+
+// AdminURL is dbURL (one of DB's) for the administrator of DatabaseURL:
+// for the few tests that must act as a superuser would.
+func AdminURL(tb testing.TB, dbURL string) string {
+	tb.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	a, err := url.Parse(DatabaseURL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	u.User = a.User
+	return u.String()
 }
 
 // Redis returns a client and a stream key unique to the test; the key is

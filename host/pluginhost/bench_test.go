@@ -19,7 +19,7 @@ import (
 func BenchmarkInvoke(b *testing.B) {
 	bin := hosttest.Build(b, "./plugins/tickets")
 	inst, err := pluginhost.Start(context.Background(), pluginhost.Config{
-		Path: bin, Host: guard.NewHandles(nil, hosttest.Logger(b, 100)), Logger: hosttest.Logger(b, 100),
+		Path: bin, Host: guard.NewHandles("public", hosttest.Logger(b, 100)), Logger: hosttest.Logger(b, 100),
 		Env: []string{"USHER_BLOB_DIR=" + b.TempDir()},
 	})
 	if err != nil {

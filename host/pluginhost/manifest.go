@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -28,17 +29,44 @@ type FileManifest struct {
 	Binary string `json:"binary"`
 	// SHA256 is the binary's checksum, lower-case hex.
 	SHA256 string `json:"sha256"`
+	// Kinds are the kinds the plugin serves: a running plugin that
+	// declares any other is refused, and each is pinned to the plugin's
+	// database role. At least one.
+	Kinds []string `json:"kinds"`
+	// Enqueues are kinds of other plugins its handlers may enqueue; a
+	// plugin may always enqueue its own kinds.
+	Enqueues []string `json:"enqueues,omitempty"`
 }
 
 // NewFileManifest describes the binary at path as plugin name at version,
-// with the binary's current SHA-256.
-func NewFileManifest(path, name, version string) (FileManifest, error) {
+// serving kinds, with the binary's current SHA-256.
+func NewFileManifest(path, name, version string, kinds []string) (FileManifest, error) {
 	sum, err := FileSHA256(path)
 	if err != nil {
 		return FileManifest{}, err
 	}
-	m := FileManifest{Name: name, Version: version, Binary: filepath.Base(path), SHA256: sum}
+	m := FileManifest{Name: name, Version: version, Binary: filepath.Base(path), SHA256: sum, Kinds: kinds}
 	return m, m.validate()
+}
+
+// CheckKinds refuses a running plugin whose declared kinds are not the
+// manifest's.
+func (m FileManifest) CheckKinds(declared []string) error {
+	listed := map[string]bool{}
+	for _, k := range m.Kinds {
+		listed[k] = true
+	}
+	var extra []string
+	for _, k := range declared {
+		if !listed[k] {
+			extra = append(extra, k)
+		}
+	}
+	if len(extra) > 0 {
+		return fmt.Errorf("plugin %s declares kinds its manifest does not list: %s (the manifest lists %s)",
+			m.Name, strings.Join(extra, ", "), strings.Join(m.Kinds, ", "))
+	}
+	return nil
 }
 
 // ManifestPath is where m is written in dir: <dir>/<name>.plugin.json.
@@ -95,6 +123,13 @@ func (m FileManifest) validate() error {
 		return fmt.Errorf("manifest of %s has no version", m.Name)
 	case m.Binary == "" || m.Binary != filepath.Base(m.Binary) || m.Binary == "." || m.Binary == "..":
 		return fmt.Errorf("manifest of %s: binary %q must be a file name in the manifest's directory", m.Name, m.Binary)
+	case len(m.Kinds) == 0:
+		return fmt.Errorf("manifest of %s lists no kinds: name each kind the plugin serves (host plugins manifest --kind K)", m.Name)
+	}
+	for _, k := range append(append([]string{}, m.Kinds...), m.Enqueues...) {
+		if k == "" {
+			return fmt.Errorf("manifest of %s lists an empty kind", m.Name)
+		}
 	}
 	_, err := m.Checksum()
 	if err != nil {
@@ -197,4 +232,12 @@ func ScanDir(dir string) (DirScan, error) {
 	}
 	sort.Slice(out.Plugins, func(i, j int) bool { return out.Plugins[i].Manifest.Name < out.Plugins[j].Manifest.Name })
 	return out, nil
+}
+
+// Same reports whether p and q are the same manifest for the same binary.
+func (p DirPlugin) Same(q DirPlugin) bool {
+	return p.ManifestPath == q.ManifestPath && p.BinaryPath == q.BinaryPath &&
+		p.Manifest.Name == q.Manifest.Name && p.Manifest.Version == q.Manifest.Version &&
+		p.Manifest.Binary == q.Manifest.Binary && p.Manifest.SHA256 == q.Manifest.SHA256 &&
+		slices.Equal(p.Manifest.Kinds, q.Manifest.Kinds) && slices.Equal(p.Manifest.Enqueues, q.Manifest.Enqueues)
 }

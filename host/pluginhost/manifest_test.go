@@ -23,7 +23,7 @@ func TestScanDir(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "good"), "#!/bin/sh\n", 0o755)
-	m, err := NewFileManifest(filepath.Join(dir, "good"), "good", "1.2.3")
+	m, err := NewFileManifest(filepath.Join(dir, "good"), "good", "1.2.3", []string{"good_job"})
 	require.NoError(t, err)
 	path, err := m.Write(dir)
 	require.NoError(t, err)
@@ -33,14 +33,14 @@ func TestScanDir(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "notes.txt"), "not a plugin\n", 0o644)
 	writeFile(t, filepath.Join(dir, "broken.plugin.json"), `{"name":"broken",`, 0o644)
 	writeFile(t, filepath.Join(dir, "escape.plugin.json"),
-		`{"name":"escape","version":"1","binary":"../../bin/sh","sha256":"`+strings.Repeat("a", 64)+`"}`, 0o644)
+		`{"name":"escape","version":"1","binary":"../../bin/sh","sha256":"`+strings.Repeat("a", 64)+`","kinds":["k"]}`, 0o644)
 	writeFile(t, filepath.Join(dir, "missing.plugin.json"),
-		`{"name":"missing","version":"1","binary":"missing","sha256":"`+strings.Repeat("a", 64)+`"}`, 0o644)
-	writeFile(t, filepath.Join(dir, "shortsum.plugin.json"), `{"name":"shortsum","version":"1","binary":"good","sha256":"abc"}`, 0o644)
+		`{"name":"missing","version":"1","binary":"missing","sha256":"`+strings.Repeat("a", 64)+`","kinds":["k"]}`, 0o644)
+	writeFile(t, filepath.Join(dir, "shortsum.plugin.json"), `{"name":"shortsum","version":"1","binary":"good","sha256":"abc","kinds":["k"]}`, 0o644)
 	writeFile(t, filepath.Join(dir, "extra.plugin.json"),
-		`{"name":"extra","version":"1","binary":"good","sha256":"`+strings.Repeat("a", 64)+`","path":"/x"}`, 0o644)
+		`{"name":"extra","version":"1","binary":"good","sha256":"`+strings.Repeat("a", 64)+`","kinds":["k"],"path":"/x"}`, 0o644)
 	writeFile(t, filepath.Join(dir, "zz-twin.plugin.json"),
-		`{"name":"good","version":"1","binary":"good","sha256":"`+strings.Repeat("a", 64)+`"}`, 0o644)
+		`{"name":"good","version":"1","binary":"good","sha256":"`+strings.Repeat("a", 64)+`","kinds":["k"]}`, 0o644)
 
 	scan, err := ScanDir(dir)
 	require.NoError(t, err)
@@ -72,7 +72,7 @@ func TestScanDir(t *testing.T) {
 func TestDirPluginConfig(t *testing.T) {
 	t.Parallel()
 	sum := strings.Repeat("0f", 32)
-	p := DirPlugin{Manifest: FileManifest{Name: "n", Version: "v", Binary: "b", SHA256: sum}, BinaryPath: "/d/b"}
+	p := DirPlugin{Manifest: FileManifest{Name: "n", Version: "v", Binary: "b", SHA256: sum, Kinds: []string{"k"}}, BinaryPath: "/d/b"}
 	cfg, err := p.Config(Config{Env: []string{"A=1"}})
 	require.NoError(t, err)
 	require.Equal(t, "/d/b", cfg.Path)

@@ -139,9 +139,7 @@ func (s *Supervisor) Healthy() bool {
 	return s.healthy
 }
 
-// DBRole is the Postgres role the plugin's database work runs as (SET
-// LOCAL ROLE); empty means the host's own. It makes a Supervisor a
-// guard.RoleInvoker.
+// DBRole is the Postgres login role the plugin's statements run as.
 func (s *Supervisor) DBRole() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -308,9 +306,11 @@ var ErrStopped = errors.New("pluginhost: supervisor is stopped")
 // If the new version fails to start (it exits, fails its checksum, speaks
 // another protocol, reports another name or version than cfg asks for) or
 // its kinds differ, the old one keeps serving unchanged and the error says
-// why. Calls already running on the old version finish there; a job whose
-// phases are separate calls may run its later phases on the new version.
-func (s *Supervisor) Swap(ctx context.Context, cfg Config) (SwapResult, error) {
+// why. admit, when set, is asked about the new version's manifest before
+// any call is routed to it; its error refuses the swap the same way. Calls
+// already running on the old version finish there; a job whose phases are
+// separate calls may run its later phases on the new version.
+func (s *Supervisor) Swap(ctx context.Context, cfg Config, admit func(Manifest) error) (SwapResult, error) {
 	s.swapMu.Lock()
 	defer s.swapMu.Unlock()
 	if cfg.Logger == nil {
@@ -320,6 +320,12 @@ func (s *Supervisor) Swap(ctx context.Context, cfg Config) (SwapResult, error) {
 	inst, err := Start(ctx, cfg)
 	if err != nil {
 		return SwapResult{}, fmt.Errorf("swap refused, old version keeps serving: %w", err)
+	}
+	if admit != nil {
+		if err := admit(inst.Manifest()); err != nil {
+			inst.Kill()
+			return SwapResult{}, fmt.Errorf("swap refused, old version keeps serving: %w", err)
+		}
 	}
 	s.mu.Lock()
 	old := s.cur

@@ -18,6 +18,7 @@ import (
 
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/sandbox"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 	"github.com/usherhq/usher/sdk"
 	"github.com/usherhq/usher/sdk/internal/bridge"
@@ -29,6 +30,9 @@ type Case[T sdk.Args] struct {
 	// Schema is extra SQL for the handler's own tables, run on every
 	// scenario's fresh database after usher's migrations. Optional.
 	Schema string
+	// Enqueues lists kinds of other plugins the handler enqueues, as its
+	// manifest's "enqueues" would: the database refuses any other.
+	Enqueues []string
 	// Start prepares one scenario on its fresh database: seed rows, start
 	// whatever the handler talks to (a fresh provider), and return the
 	// plugin, the job's args, and how to read the effects. Required.
@@ -148,14 +152,18 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 		tb.Fatalf("sdktest: plugin: %v", err)
 	}
 	kind := setup.Args.Kind()
-	handles := guard.NewHandles(pool, hosttest.Logger(tb, 100))
-	runner, err := guard.NewRunner(guard.Config{Pool: pool, Handles: handles, Logger: hosttest.Logger(tb, 100)})
+	handles := guard.NewHandles("public", hosttest.Logger(tb, 100))
+	runner, err := guard.NewRunner(guard.Config{Handles: handles, Logger: hosttest.Logger(tb, 100)})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	g, err := guardOf(setup.Plugin, kind, handles)
+	m, g, err := guardOf(setup.Plugin, kind, handles)
 	if err != nil {
 		return nil, 0, err
+	}
+	db, err := pluginDB(tb, pool, m, c.Enqueues)
+	if err != nil {
+		return nil, g, err
 	}
 	payload, err := json.Marshal(setup.Args)
 	if err != nil {
@@ -165,7 +173,7 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 
 	run := func(cr *crash) (guard.Outcome, error) {
 		inv := newInvoker(setup.Plugin, handles, cr)
-		return runToEnd(ctx, pool, runner, inv, g, job)
+		return runToEnd(ctx, pool, runner, inv, db, g, job)
 	}
 	switch {
 	case s.twice:
@@ -190,7 +198,7 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 		}
 	case s.crash != nil:
 		inv := newInvoker(setup.Plugin, handles, s.crash)
-		out := runner.Run(ctx, inv, g, job)
+		out := runner.Run(ctx, inv, db, g, job)
 		if !inv.crashed() {
 			return nil, g, fmt.Errorf("the crash point was never reached (the run ended %s: %s)", out.Verdict, out.Reason)
 		}
@@ -216,28 +224,54 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 	return effects, g, nil
 }
 
-func guardOf(p *sdk.Plugin, kind string, handles *guard.Handles) (usherv1.Guard, error) {
+func guardOf(p *sdk.Plugin, kind string, handles *guard.Handles) (*usherv1.ManifestResponse, usherv1.Guard, error) {
 	srv := bridge.NewPluginServer(p, localHost{h: handles})
 	m, err := srv.Manifest(context.Background(), &usherv1.ManifestRequest{})
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
 	for _, k := range m.GetKinds() {
 		if k.GetKind() == kind {
-			return k.GetGuard(), nil
+			return m, k.GetGuard(), nil
 		}
 	}
-	return 0, fmt.Errorf("plugin %s does not serve kind %q", m.GetName(), kind)
+	return nil, 0, fmt.Errorf("plugin %s does not serve kind %q", m.GetName(), kind)
+}
+
+// pluginDB is where the handler's statements run, as in the host: a pool
+// logged in as the plugin's own role (created here when missing), with the
+// role checked and its kinds pinned. A grant the handler needs and the
+// role lacks fails here as it would in production.
+func pluginDB(tb testing.TB, pool *pgxpool.Pool, m *usherv1.ManifestResponse, enqueues []string) (guard.DB, error) {
+	ctx := context.Background()
+	role := sandbox.PluginRole(m.GetName())
+	hosttest.EnsureRoles(tb, m.GetName())
+	var kinds []string
+	for _, k := range m.GetKinds() {
+		kinds = append(kinds, k.GetKind())
+	}
+	if err := sandbox.CheckPluginRole(ctx, pool, m.GetName(), role); err != nil {
+		return guard.DB{}, err
+	}
+	if err := sandbox.Prepare(ctx, pool, m.GetName(), role, kinds, enqueues); err != nil {
+		return guard.DB{}, err
+	}
+	ppool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: pool.Config(), Role: role, Size: 4})
+	if err != nil {
+		return guard.DB{}, err
+	}
+	tb.Cleanup(ppool.Close)
+	return guard.DB{Pool: ppool, Role: role}, nil
 }
 
 // runToEnd runs the job until it is applied or absorbed, as the host would
 // over redeliveries and scheduled retries. A claim held by a crashed run is
 // aged past its lease instead of waiting for it.
-func runToEnd(ctx context.Context, pool *pgxpool.Pool, runner *guard.Runner, inv *invoker, g usherv1.Guard, job *usherv1.Job) (guard.Outcome, error) {
+func runToEnd(ctx context.Context, pool *pgxpool.Pool, runner *guard.Runner, inv *invoker, db guard.DB, g usherv1.Guard, job *usherv1.Job) (guard.Outcome, error) {
 	for attempt := range 6 {
 		j := proto.Clone(job).(*usherv1.Job)
 		j.Attempt = int32(attempt)
-		out := runner.Run(ctx, inv, g, j)
+		out := runner.Run(ctx, inv, db, g, j)
 		switch out.Verdict {
 		case guard.Applied, guard.Absorbed:
 			return out, nil

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/sdk"
 	"github.com/usherhq/usher/sdk/sdktest"
 )
@@ -21,7 +22,8 @@ func (Bonus) Kind() string { return "credit_bonus" }
 
 const schema = `
 CREATE TABLE wallets (customer bigint PRIMARY KEY, balance bigint NOT NULL DEFAULT 0, bonus_job text);
-INSERT INTO wallets (customer) VALUES (7);`
+INSERT INTO wallets (customer) VALUES (7);
+GRANT SELECT, UPDATE (balance, bonus_job) ON wallets TO usher_plugin_bonus;`
 
 // wrongBonus is deliberately not idempotent: its "conditional" write is
 // always true, so every run credits again. The kit must catch it.
@@ -50,7 +52,10 @@ func (rightBonus) Commit(ctx context.Context, job sdk.Job[Bonus], tx *sdk.Commit
 	return err
 }
 
-func bonusCase(h sdk.StateFirst[Bonus, struct{}]) sdktest.Case[Bonus] {
+// bonusCase runs the bonus plugin as its own role, usher_plugin_bonus
+// (cluster-wide; made before a scenario's schema grants it).
+func bonusCase(tb testing.TB, h sdk.StateFirst[Bonus, struct{}]) sdktest.Case[Bonus] {
+	hosttest.EnsureRoles(tb, "bonus")
 	return sdktest.Case[Bonus]{
 		Schema: schema,
 		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[Bonus] {
@@ -68,7 +73,7 @@ func bonusCase(h sdk.StateFirst[Bonus, struct{}]) sdktest.Case[Bonus] {
 
 func TestKitCatchesTheWrongHandler(t *testing.T) {
 	t.Parallel()
-	failures := sdktest.Check(t, bonusCase(wrongBonus{}))
+	failures := sdktest.Check(t, bonusCase(t, wrongBonus{}))
 	require.NotEmpty(t, failures, "the kit let a handler that credits twice pass")
 	all := strings.Join(failures, "\n")
 	require.Contains(t, all, "credit_bonus is not idempotent when it runs twice")
@@ -79,5 +84,5 @@ func TestKitCatchesTheWrongHandler(t *testing.T) {
 
 func TestKitPassesTheRightHandler(t *testing.T) {
 	t.Parallel()
-	sdktest.Run(t, bonusCase(rightBonus{}))
+	sdktest.Run(t, bonusCase(t, rightBonus{}))
 }

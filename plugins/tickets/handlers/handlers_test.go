@@ -38,6 +38,9 @@ type renderEffects struct {
 func TestRenderTicketsIsIdempotent(t *testing.T) {
 	t.Parallel()
 	sdktest.Run(t, sdktest.Case[stagedoor.RenderTickets]{
+		// Served by the same plugin in production; this Plugin serves
+		// render_tickets alone.
+		Enqueues: []string{"send_tickets"},
 		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[stagedoor.RenderTickets] {
 			o := placeOrder(tb, pool)
 			store, err := blob.NewFS(tb.TempDir())

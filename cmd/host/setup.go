@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/usherhq/usher/host/sandbox"
+)
+
+// cmdSetup is the one step that needs a database administrator: it creates
+// the runtime's owner role (the host's login, no superuser) and a login
+// role per plugin, on the database the admin URL names.
+func cmdSetup(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("setup", flag.ContinueOnError)
+	adminURL := fs.String("admin-url", "", "an administrator's URL (superuser or CREATEROLE) for the database to set up (required)")
+	owner := fs.String("owner", "usher", "the runtime's owner role: the host's login")
+	passfile := fs.String("passfile", "", "give each role created a random password and record it in this passfile (libpq format, mode 0600); empty: no passwords (trust or certificate authentication)")
+	var plugins listFlag
+	fs.Var(&plugins, "plugin", "a plugin whose login role usher_plugin_<name> to create (repeat for each)")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 || *adminURL == "" {
+		return errors.New("usage: host setup --admin-url URL [--owner NAME] [--plugin NAME ...] [--passfile FILE]")
+	}
+	admin, err := pgx.Connect(ctx, *adminURL)
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	defer admin.Close(ctx)
+	cfg := sandbox.SetupConfig{Owner: *owner, Plugins: plugins, PluginPasswords: map[string]string{}}
+	var entries []string
+	cc := admin.Config()
+	entry := func(role, pw string) string {
+		return strings.Join([]string{passEscape(cc.Host), fmt.Sprint(cc.Port), passEscape(cc.Database), passEscape(role), passEscape(pw)}, ":")
+	}
+	if *passfile != "" {
+		cfg.OwnerPassword = newPassword()
+		entries = append(entries, entry(*owner, cfg.OwnerPassword))
+		for _, p := range plugins {
+			pw := newPassword()
+			cfg.PluginPasswords[p] = pw
+			entries = append(entries, entry(sandbox.PluginRole(p), pw))
+		}
+	}
+	if err := sandbox.Setup(ctx, admin, cfg); err != nil {
+		return err
+	}
+	if *passfile != "" {
+		if err := writePassfile(*passfile, entries); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("owner %s (the host's login, no superuser)\n", *owner)
+	for _, p := range plugins {
+		fmt.Printf("plugin %s: login role %s\n", p, sandbox.PluginRole(p))
+	}
+	if *passfile != "" {
+		fmt.Printf("passwords in %s: run the host with PGPASSFILE=%s\n", *passfile, *passfile)
+	}
+	return nil
+}
+
+func newPassword() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func passEscape(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `:`, `\:`).Replace(s)
+}
+
+// writePassfile replaces the lines for the same host, port, database and
+// role in path and adds the others, keeping the file 0600.
+func writePassfile(path string, entries []string) error {
+	key := func(line string) string {
+		if i := strings.LastIndex(line, ":"); i > 0 {
+			return line[:i]
+		}
+		return line
+	}
+	fresh := map[string]bool{}
+	for _, e := range entries {
+		fresh[key(e)] = true
+	}
+	var kept []string
+	if f, err := os.Open(path); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if !fresh[key(sc.Text())] {
+				kept = append(kept, sc.Text())
+			}
+		}
+		f.Close()
+	}
+	out := strings.Join(append(kept, entries...), "\n") + "\n"
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(out), 0o600); err != nil {
+		return fmt.Errorf("setup: passfile: %w", err)
+	}
+	return os.Rename(tmp, path)
+}

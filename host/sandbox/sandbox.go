@@ -1,0 +1,288 @@
+// Package sandbox is the database side of the plugin boundary: the
+// database's own privileges are what keep an untrusted plugin inside its
+// role, its transaction and its share of the host.
+//
+//   - The host logs in as the runtime's owner, a role that owns the
+//     runtime's tables and is not a superuser (CheckHostLogin).
+//   - Each plugin's statements run on a pool of its own (OpenPluginPool)
+//     whose connections log in as the plugin's role, usher_plugin_<name>:
+//     session_user is the plugin, so no RESET ROLE, SET ROLE or set_config
+//     can raise it, and the pool's size is all it can ever hold.
+//   - Before a plugin is served, CheckPluginRole proves its role is a plain
+//     login role, a member of no other role, with no privilege on the
+//     runtime's tables; Prepare pins its kinds and lets it call the
+//     runtime's SECURITY DEFINER functions.
+//   - Every connection is reset (DISCARD ALL) before it goes back to its
+//     pool, and one that is still inside a transaction is destroyed.
+//
+// Setup, run once by an administrator, creates the owner and the plugins'
+// roles.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgpassfile"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// RolePrefix prefixes a plugin's Postgres role: plugin "counters" runs as
+// usher_plugin_counters.
+const RolePrefix = "usher_plugin_"
+
+// PluginRole is the login role plugin name's statements run as:
+// usher_plugin_<name>, lower-cased, with every character other than a-z,
+// 0-9 and _ replaced by _, cut to 63 bytes.
+func PluginRole(name string) string {
+	b := []byte(strings.ToLower(name))
+	for i, c := range b {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			b[i] = '_'
+		}
+	}
+	s := RolePrefix + string(b)
+	if len(s) > 63 {
+		s = s[:63]
+	}
+	return s
+}
+
+// RuntimeTables are the runtime's own tables: no plugin role may hold any
+// privilege on them.
+var RuntimeTables = []string{"outbox", "processed_jobs", "scheduled_jobs", "dead_letters",
+	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues"}
+
+// functions are the runtime's SECURITY DEFINER functions a plugin role may
+// call (through the host, or by itself: each checks the caller).
+var functions = []string{"usher_check_serves(text)", "usher_record_job(text, text)",
+	"usher_enqueue(text, text, jsonb, text, text)"}
+
+// CheckHostLogin refuses a host whose database login is a superuser, unless
+// allowSuperuser: a superuser host means one escape from a plugin's role is
+// the whole cluster. It returns the login's name and schema.
+func CheckHostLogin(ctx context.Context, pool *pgxpool.Pool, allowSuperuser bool) (user, schema string, err error) {
+	var super bool
+	err = pool.QueryRow(ctx, `SELECT current_user::text, current_schema()::text, r.rolsuper
+		FROM pg_roles r WHERE r.rolname = current_user`).Scan(&user, &schema, &super)
+	if err != nil {
+		return "", "", fmt.Errorf("sandbox: look up the host's login: %w", err)
+	}
+	if super && !allowSuperuser {
+		return "", "", fmt.Errorf("the host's database login %s is a superuser: plugins run untrusted code, and a superuser host turns one escape into the whole cluster (COPY ... TO PROGRAM runs shell commands). "+
+			"Log in as the runtime's owner role (create it with `host setup`; see README, \"Database roles\"), or pass --allow-superuser (host.Config.AllowSuperuser) to accept the risk", user)
+	}
+	return user, schema, nil
+}
+
+// CheckPluginRole proves role is fit to run a plugin's statements: it
+// exists, may log in, is not the host's login, has no superuser,
+// CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS attribute, is a member of
+// no other role (so SET ROLE can take it nowhere), and holds no privilege on
+// the runtime's tables.
+func CheckPluginRole(ctx context.Context, pool *pgxpool.Pool, plugin, role string) error {
+	var (
+		login, super, createRole, createDB, repl, bypass bool
+		memberOf                                         []string
+		hostUser                                         string
+	)
+	err := pool.QueryRow(ctx, `
+		SELECT r.rolcanlogin, r.rolsuper, r.rolcreaterole, r.rolcreatedb, r.rolreplication, r.rolbypassrls,
+		       coalesce(array(SELECT g.rolname::text FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid
+		                      WHERE m.member = r.oid ORDER BY 1), '{}'),
+		       current_user::text
+		FROM pg_roles r WHERE r.rolname = $1`, role).
+		Scan(&login, &super, &createRole, &createDB, &repl, &bypass, &memberOf, &hostUser)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("plugin %s has no Postgres role %s: an administrator creates it once with `host setup --admin-url URL --plugin %s` (see README, \"Database roles\")", plugin, role, plugin)
+	}
+	if err != nil {
+		return fmt.Errorf("look up role %s: %w", role, err)
+	}
+	var bad []string
+	if role == hostUser {
+		bad = append(bad, "it is the host's own login")
+	}
+	if !login {
+		bad = append(bad, "it cannot log in (ALTER ROLE "+role+" LOGIN)")
+	}
+	for attr, has := range map[string]bool{"SUPERUSER": super, "CREATEROLE": createRole, "CREATEDB": createDB, "REPLICATION": repl, "BYPASSRLS": bypass} {
+		if has {
+			bad = append(bad, "it has "+attr)
+		}
+	}
+	if len(memberOf) > 0 {
+		bad = append(bad, "it is a member of "+strings.Join(memberOf, ", ")+" (a plugin's role must be a member of no other role: SET ROLE would take it there)")
+	}
+	var privileged []string
+	err = pool.QueryRow(ctx, `
+		SELECT coalesce(array(SELECT t FROM unnest($2::text[]) t
+		       WHERE to_regclass(t) IS NOT NULL
+		         AND (has_table_privilege($1, t, 'SELECT,INSERT,UPDATE,DELETE,TRUNCATE,REFERENCES,TRIGGER')
+		              OR has_any_column_privilege($1, t, 'SELECT,INSERT,UPDATE,REFERENCES'))), '{}')`,
+		role, RuntimeTables).Scan(&privileged)
+	if err != nil {
+		return fmt.Errorf("check role %s's privileges: %w", role, err)
+	}
+	if len(privileged) > 0 {
+		bad = append(bad, "it holds privileges on the runtime's tables "+strings.Join(privileged, ", "))
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("plugin %s's Postgres role %s is refused: %s", plugin, role, strings.Join(bad, "; "))
+	}
+	return nil
+}
+
+// Prepare pins kinds to the plugin's role (refusing a kind pinned to
+// another role), records the other kinds it may enqueue, and lets the role
+// call the runtime's functions. Several hosts may prepare the same plugin at
+// once.
+func Prepare(ctx context.Context, pool *pgxpool.Pool, plugin, role string, kinds, enqueues []string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// GRANTs of one object from two sessions at once fail with "tuple
+		// concurrently updated": hosts prepare one at a time.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('usher_sandbox_prepare'))`); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `
+			INSERT INTO plugin_kinds (kind, plugin, db_role)
+			SELECT k, $2, $3 FROM unnest($1::text[]) k
+			ON CONFLICT (kind) DO UPDATE SET plugin = excluded.plugin
+			WHERE plugin_kinds.db_role = excluded.db_role
+			RETURNING kind`, kinds, plugin, role)
+		if err != nil {
+			return fmt.Errorf("pin kinds: %w", err)
+		}
+		pinned, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("pin kinds: %w", err)
+		}
+		if len(pinned) != len(kinds) {
+			var taken []string
+			rows, err := tx.Query(ctx, `SELECT kind || ' (pinned to ' || plugin || ', role ' || db_role || ')'
+				FROM plugin_kinds WHERE kind = ANY($1) AND db_role <> $2 ORDER BY kind`, kinds, role)
+			if err == nil {
+				taken, _ = pgx.CollectRows(rows, pgx.RowTo[string])
+			}
+			return fmt.Errorf("plugin %s declares kinds another plugin serves: %s; a kind moves to another plugin only when an operator unpins it (DELETE FROM plugin_kinds WHERE kind = ...)",
+				plugin, strings.Join(taken, ", "))
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM plugin_enqueues WHERE db_role = $1 AND kind <> ALL($2)`, role, enqueues); err != nil {
+			return fmt.Errorf("record enqueues: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO plugin_enqueues (db_role, kind) SELECT $1, k FROM unnest($2::text[]) k ON CONFLICT DO NOTHING`, role, enqueues); err != nil {
+			return fmt.Errorf("record enqueues: %w", err)
+		}
+		for _, f := range functions {
+			if _, err := tx.Exec(ctx, fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s TO %s", f, pgx.Identifier{role}.Sanitize())); err != nil {
+				return fmt.Errorf("grant %s to %s: %w", f, role, err)
+			}
+		}
+		return nil
+	})
+}
+
+// PoolConfig configures a plugin's pool.
+type PoolConfig struct {
+	// Base is the host's own pool configuration: the plugin's pool
+	// connects to the same server and database. Required.
+	Base *pgxpool.Config
+	// Role is the plugin's login role. Required.
+	Role string
+	// Size is the most connections the plugin can hold. Default 4.
+	Size int32
+	// StatementTimeout is each connection's statement_timeout, given at
+	// login so that RESET (and DISCARD ALL) come back to it. The host
+	// also cancels every statement at the job's deadline, whatever a
+	// plugin sets. Default 10s.
+	StatementTimeout time.Duration
+	// Password, when set, is the role's password. Default: the entry for
+	// the role in the passfile (PGPASSFILE, else ~/.pgpass), as libpq
+	// finds it; none with trust or certificate authentication.
+	Password string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// OpenPluginPool opens the pool a plugin's statements run on: connections
+// that log in as the plugin's role, at most Size of them. Every connection
+// is reset with DISCARD ALL before it goes back to the pool (a session
+// setting, a temporary table, a prepared statement, a LISTEN or an advisory
+// lock a plugin left does not outlive its call), and one still inside a
+// transaction is destroyed.
+func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
+	if c.Base == nil || c.Role == "" {
+		return nil, errors.New("sandbox: a plugin pool needs Base and Role")
+	}
+	if c.Size <= 0 {
+		c.Size = 4
+	}
+	if c.StatementTimeout <= 0 {
+		c.StatementTimeout = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	cfg := c.Base.Copy()
+	cc := cfg.ConnConfig
+	cc.User = c.Role
+	cc.Password = c.Password
+	if cc.Password == "" {
+		cc.Password = passfilePassword(cc.Host, cc.Port, cc.Database, c.Role)
+	}
+	// Descriptions only, no server-side prepared statements: DISCARD ALL
+	// deallocates those, and a plugin must not reach the host's.
+	cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	cc.RuntimeParams = maps.Clone(cc.RuntimeParams)
+	cc.RuntimeParams["statement_timeout"] = fmt.Sprint(c.StatementTimeout.Milliseconds())
+	cfg.MaxConns, cfg.MinConns = c.Size, 0
+	cfg.BeforeConnect, cfg.AfterConnect, cfg.BeforeAcquire, cfg.PrepareConn = nil, nil, nil, nil
+	logger := c.Logger
+	cfg.AfterRelease = func(conn *pgx.Conn) bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := conn.PgConn().Exec(ctx, "DISCARD ALL").Close(); err != nil {
+			logger.Warn("reset of a plugin connection failed; it is closed", "role", c.Role, "err", err)
+			return false
+		}
+		return true
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: pool for %s: %w", c.Role, err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("sandbox: log in as %s: %w (give the host the role's password in its passfile, PGPASSFILE; see README, \"Database roles\")", c.Role, err)
+	}
+	return pool, nil
+}
+
+// passfilePassword finds role's password the way libpq does: PGPASSFILE,
+// else ~/.pgpass. A missing file or entry is no password.
+func passfilePassword(host string, port uint16, database, role string) string {
+	path := os.Getenv("PGPASSFILE")
+	if path == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return ""
+		}
+		path = filepath.Join(home, ".pgpass")
+	}
+	pf, err := pgpassfile.ReadPassfile(path)
+	if err != nil {
+		return ""
+	}
+	if strings.HasPrefix(host, "/") {
+		host = "localhost"
+	}
+	return pf.FindPassword(host, fmt.Sprint(port), database, role)
+}

@@ -1,0 +1,217 @@
+// Command hostileplugin is a plugin written against the protobuf contract
+// with no SDK, by an author who means harm. Each job's payload names the
+// attack it makes ({"case": "..."}); it ignores every error the host
+// answers and reports success, so whatever stops it is the host or the
+// database, never its own good manners. TestHostilePlugin runs it.
+//
+// Kinds: hostile_apply (job id recorded: the attack runs in apply) and
+// hostile_state (state first: the attack runs in check or commit).
+// HOSTILE_KINDS (comma-separated) replaces the kinds it declares.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+	"github.com/usherhq/usher/sdk/wire"
+)
+
+var (
+	name    = "hostile"
+	version = "6.6.6"
+)
+
+type shim struct {
+	plugin.NetRPCUnsupportedPlugin
+}
+
+func (shim) GRPCServer(b *plugin.GRPCBroker, s *grpc.Server) error {
+	usherv1.RegisterPluginServer(s, &server{broker: b})
+	return nil
+}
+
+func (shim) GRPCClient(context.Context, *plugin.GRPCBroker, *grpc.ClientConn) (any, error) {
+	return nil, nil
+}
+
+type server struct {
+	usherv1.UnimplementedPluginServer
+	broker *plugin.GRPCBroker
+	host   usherv1.HostClient
+}
+
+func (s *server) Manifest(context.Context, *usherv1.ManifestRequest) (*usherv1.ManifestResponse, error) {
+	kinds := []*usherv1.KindInfo{
+		{Kind: "hostile_apply", Guard: usherv1.Guard_GUARD_JOB_ID},
+		{Kind: "hostile_state", Guard: usherv1.Guard_GUARD_STATE_FIRST},
+	}
+	if ks := os.Getenv("HOSTILE_KINDS"); ks != "" {
+		kinds = nil
+		for _, k := range strings.Split(ks, ",") {
+			kinds = append(kinds, &usherv1.KindInfo{Kind: k, Guard: usherv1.Guard_GUARD_JOB_ID})
+		}
+	}
+	return &usherv1.ManifestResponse{Name: name, Version: version, ProtocolVersion: wire.ProtocolVersion, Kinds: kinds}, nil
+}
+
+func (s *server) Invoke(ctx context.Context, req *usherv1.InvokeRequest) (*usherv1.InvokeResponse, error) {
+	if s.host == nil {
+		conn, err := s.broker.Dial(req.GetHostBrokerId())
+		if err != nil {
+			return nil, err
+		}
+		s.host = usherv1.NewHostClient(conn)
+	}
+	var out []*usherv1.Result
+	for _, c := range req.GetCalls() {
+		out = append(out, s.phase(c))
+	}
+	return &usherv1.InvokeResponse{Results: out}, nil
+}
+
+// exec sends statements and ignores what the host answers. It uses a
+// context of its own with no deadline: the job's deadline must be the
+// host's to keep.
+func (s *server) exec(handle string, mode usherv1.Mode, sqls ...string) {
+	for _, q := range sqls {
+		_, _ = s.host.Exec(context.Background(), &usherv1.ExecRequest{Handle: handle,
+			Statements: []*usherv1.Statement{{Mode: mode, Sql: q}}})
+	}
+}
+
+const query, writeIf, plain = usherv1.Mode_MODE_QUERY, usherv1.Mode_MODE_WRITE_IF, usherv1.Mode_MODE_EXEC
+
+// effect is the plugin's one honest write: a row per job in its own table.
+func effect(job *usherv1.Job) string {
+	return fmt.Sprintf("INSERT INTO hostile_effects (job_id) VALUES ('%s')", strings.ReplaceAll(job.GetId(), "'", "''"))
+}
+
+// dirty lists what an earlier job left on the connection; a clean
+// connection answers an empty string.
+const dirty = `SELECT concat_ws(', ',
+	CASE WHEN current_setting('search_path') <> '"$user", public' THEN 'search_path ' || current_setting('search_path') END,
+	CASE WHEN current_setting('default_transaction_read_only') = 'on' THEN 'default_transaction_read_only' END,
+	CASE WHEN current_setting('application_name') = 'hostile' THEN 'application_name' END,
+	CASE WHEN current_user <> session_user THEN 'role ' || current_user END,
+	CASE WHEN to_regclass('pg_temp.outbox') IS NOT NULL THEN 'temp table outbox' END,
+	CASE WHEN EXISTS (SELECT 1 FROM pg_listening_channels()) THEN 'LISTEN' END,
+	CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) THEN 'advisory lock' END,
+	CASE WHEN EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = 'hostile') THEN 'prepared statement' END)`
+
+// poison is everything a session can keep after a call.
+var poison = []string{
+	"SET search_path = pg_temp, public",
+	"SET default_transaction_read_only = on",
+	"SET application_name = 'hostile'",
+	"CREATE TEMP TABLE outbox (id bigint, kind text, payload jsonb, request_id text, trace text, job_id text, attempt int, enqueued_by name)",
+	"LISTEN hostile",
+	"SELECT pg_try_advisory_lock(666)",
+	"PREPARE hostile AS SELECT 1",
+}
+
+// attacks are statements that each try to leave the plugin's role, read or
+// write what is not its own, or forge the host's bookkeeping.
+var attacks = map[string][]string{
+	"reset-role":      {"RESET ROLE", "INSERT INTO outbox (kind, payload) VALUES ('update_sales_counter', '{\"order_id\": 1}')"},
+	"set-role-owner":  {"SET ROLE usher_test_owner", "DELETE FROM processed_jobs"},
+	"session-auth":    {"SET SESSION AUTHORIZATION usher_test_owner", "DELETE FROM processed_jobs"},
+	"set-config-role": {"SELECT set_config('role', 'usher_test_owner', false)", "DELETE FROM dead_letters"},
+	"other-role":      {"SET ROLE usher_plugin_counters", "INSERT INTO counter_applies (job_id, order_id, plugin_version) VALUES ('forged', 1, 'hostile')"},
+	"copy-program":    {"COPY (SELECT 1) TO PROGRAM 'touch /tmp/usher-hostile-was-here'"},
+	"read-outbox":     {"SELECT * FROM outbox"},
+	"other-table":     {"UPDATE events SET seats_sold = seats_sold + 1000"},
+	"record-other":    {"SELECT usher_record_job('999999', 'update_sales_counter')"},
+	"enqueue-other":   {"SELECT usher_enqueue('hostile_apply', 'update_sales_counter', '{\"order_id\": 1}', '', '')"},
+	"pin-kind":        {"INSERT INTO plugin_kinds (kind, plugin, db_role) VALUES ('stolen', 'hostile', 'usher_plugin_hostile')"},
+	"alter-role":      {"ALTER ROLE usher_plugin_hostile SUPERUSER"},
+	"create-table":    {"CREATE TABLE public.processed_jobs_shadow (job_id text)"},
+}
+
+type args struct {
+	Case string `json:"case"`
+}
+
+func (s *server) phase(c *usherv1.Call) *usherv1.Result {
+	ok := &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK}
+	var a args
+	_ = json.Unmarshal(c.GetJob().GetPayload(), &a)
+	h := c.GetHandle()
+	job := c.GetJob()
+	switch c.GetPhase() {
+	case usherv1.Phase_PHASE_APPLY:
+		// Whatever came before, the connection must be clean now.
+		if left := s.query(h, dirty); left != "" {
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_PERMANENT, Error: "poisoned: " + left}
+		}
+		switch a.Case {
+		case "clean":
+		case "poison":
+			s.exec(h, plain, poison...)
+		case "commit":
+			// End the host's transaction, then write outside it.
+			s.exec(h, plain, "COMMIT", effect(job)+"-- after commit")
+			return ok
+		case "savepoint":
+			s.exec(h, plain, "SAVEPOINT hostile", "ROLLBACK TO SAVEPOINT hostile")
+		case "stall":
+			s.exec(h, plain, "SET LOCAL statement_timeout = 0", "SELECT pg_sleep(600)")
+		default:
+			s.exec(h, plain, attacks[a.Case]...)
+		}
+		s.exec(h, plain, effect(job))
+		return ok
+	case usherv1.Phase_PHASE_CHECK:
+		if a.Case == "readonly-write" {
+			// One batch, one transaction: lift READ ONLY, then write.
+			_, _ = s.host.Exec(context.Background(), &usherv1.ExecRequest{Handle: h, Statements: []*usherv1.Statement{
+				{Mode: query, Sql: "SET TRANSACTION READ WRITE"}, {Mode: query, Sql: effect(job)}}})
+		}
+		return ok
+	case usherv1.Phase_PHASE_PREPARE:
+		return ok
+	case usherv1.Phase_PHASE_COMMIT:
+		switch a.Case {
+		case "write-before-win":
+			s.exec(h, query, effect(job))
+			s.exec(h, writeIf, "UPDATE hostile_effects SET n = n + 1 WHERE job_id = 'none' RETURNING job_id")
+		case "fake-returning":
+			s.exec(h, writeIf, "SELECT 1 -- RETURNING")
+			_, _ = s.host.Enqueue(context.Background(), &usherv1.EnqueueRequest{Handle: h,
+				Messages: []*usherv1.OutboxMessage{{Kind: "hostile_apply", Payload: []byte(`{"case":"clean"}`)}}})
+		case "write-after-loss":
+			s.exec(h, writeIf, "UPDATE hostile_effects SET n = n + 1 WHERE job_id = 'none' RETURNING job_id")
+			s.exec(h, query, effect(job))
+		default:
+			s.exec(h, writeIf, effect(job)+" RETURNING job_id")
+		}
+		return ok
+	}
+	return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_PERMANENT, Error: fmt.Sprintf("unexpected phase %v", c.GetPhase())}
+}
+
+// query returns the first column of the first row, or the error's text.
+func (s *server) query(handle, sql string) string {
+	res, err := s.host.Exec(context.Background(), &usherv1.ExecRequest{Handle: handle,
+		Statements: []*usherv1.Statement{{Mode: query, Sql: sql}}})
+	if err != nil {
+		return "query failed: " + err.Error()
+	}
+	return res.GetResults()[0].GetRows()[0].GetValues()[0].GetText()
+}
+
+func main() {
+	plugin.Serve(&plugin.ServeConfig{
+		HandshakeConfig: wire.Handshake,
+		VersionedPlugins: map[int]plugin.PluginSet{
+			wire.ProtocolVersion: {wire.PluginName: shim{}},
+		},
+		GRPCServer: plugin.DefaultGRPCServer,
+	})
+}
