@@ -362,9 +362,9 @@ type PluginStatus struct {
 	// of its own of DBPoolSize connections.
 	DBRole     string `json:"db_role"`
 	DBPoolSize int32  `json:"db_pool_size"`
-	Pid      int    `json:"pid"`
-	Healthy  bool   `json:"healthy"`
-	Restarts int    `json:"restarts"`
+	Pid        int    `json:"pid"`
+	Healthy    bool   `json:"healthy"`
+	Restarts   int    `json:"restarts"`
 	// Parked counts deliveries of its kinds left waiting in the stream
 	// while it was unhealthy or restarting.
 	Parked int64    `json:"parked"`

@@ -68,6 +68,8 @@ type handle struct {
 	tx      pgx.Tx
 	wroteIf bool
 	won     bool
+	// baseline is rowWrites when the commit transaction began.
+	baseline int64
 	closed  bool
 	// denied is the first statement the plugin's role was refused
 	// (SQLSTATE 42501): the job fails permanently with it, whatever the
@@ -256,11 +258,26 @@ func (hs *Handles) execReadOnly(ctx context.Context, h *handle, stmts []*usherv1
 }
 
 // wrote asks the database whether tx has written anything (or taken a row
-// lock): only then does it assign the transaction an id.
+// lock): only then does it assign the transaction an id. For a read-only
+// phase, where nothing may even try.
 func wrote(ctx context.Context, tx pgx.Tx) (bool, error) {
 	var w bool
 	err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL`).Scan(&w)
 	return w, err
+}
+
+// rowWrites is the database's count of rows this backend inserted, updated
+// or deleted and has not yet reported to the statistics collector. It only
+// grows inside a transaction (pending counts are flushed between
+// transactions, never inside one), so its growth since the transaction
+// began is what the transaction wrote. Unlike an assigned transaction id,
+// a conditional write that lost a race (it waited on the row's lock, then
+// found it no longer matching) adds nothing.
+func rowWrites(ctx context.Context, tx pgx.Tx) (int64, error) {
+	var n int64
+	err := tx.QueryRow(ctx, `SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint
+		FROM pg_catalog.pg_stat_xact_all_tables`).Scan(&n)
+	return n, err
 }
 
 func (hs *Handles) execInTx(ctx context.Context, h *handle, st *usherv1.Statement) (*usherv1.StatementResult, error) {
@@ -271,11 +288,11 @@ func (hs *Handles) execInTx(ctx context.Context, h *handle, st *usherv1.Statemen
 		if h.cap == capCommit && !h.won {
 			// Nothing may be written before the conditional write wins:
 			// the database says whether something was.
-			w, err := wrote(ctx, h.tx)
+			n, err := rowWrites(ctx, h.tx)
 			if err != nil {
 				return nil, sqlStatus(err)
 			}
-			if w {
+			if n > h.baseline {
 				return nil, h.breach("the commit phase wrote before its conditional write won")
 			}
 		}

@@ -212,7 +212,12 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 		return abandoned(fmt.Errorf("begin: %w", err))
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	baseline, err := rowWrites(ctx, tx)
+	if err != nil {
+		return abandoned(fmt.Errorf("commit: %w", err))
+	}
 	h := r.cfg.Handles.issue(ctx, capCommit, job, db.Pool, tx, db.Role)
+	h.baseline = baseline
 	_, out, ok = r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_COMMIT, Job: job, Handle: h.id, State: res.GetState()})
 	r.cfg.Handles.release(h)
 	if out, bad := refused(job, h); bad {
@@ -227,9 +232,9 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 	if !h.won {
 		// A lost conditional write leaves nothing to commit; the database
 		// says whether something was written anyway.
-		if w, err := wrote(ctx, tx); err != nil {
+		if n, err := rowWrites(ctx, tx); err != nil {
 			return abandoned(fmt.Errorf("commit: %w", err))
-		} else if w {
+		} else if n > h.baseline {
 			return permanent(fmt.Errorf("refused: %s job %s: the commit phase wrote although its conditional write lost; rolled back", job.GetKind(), job.GetId()))
 		}
 	}

@@ -107,7 +107,7 @@ func DB(tb testing.TB) (*pgxpool.Pool, string) {
 	if err != nil {
 		tb.Fatalf("hosttest: %v", err)
 	}
-	cfg.MaxConns = 20
+	cfg.MaxConns = 10
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		tb.Fatalf("hosttest: pool: %v", err)

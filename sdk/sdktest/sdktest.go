@@ -165,6 +165,7 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 	if err != nil {
 		return nil, g, err
 	}
+	defer db.Pool.Close()
 	payload, err := json.Marshal(setup.Args)
 	if err != nil {
 		tb.Fatalf("sdktest: encode args: %v", err)
@@ -260,7 +261,6 @@ func pluginDB(tb testing.TB, pool *pgxpool.Pool, m *usherv1.ManifestResponse, en
 	if err != nil {
 		return guard.DB{}, err
 	}
-	tb.Cleanup(ppool.Close)
 	return guard.DB{Pool: ppool, Role: role}, nil
 }
 
