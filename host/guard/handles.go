@@ -70,7 +70,7 @@ type handle struct {
 	won     bool
 	// baseline is rowWrites when the commit transaction began.
 	baseline int64
-	closed  bool
+	closed   bool
 	// denied is the first statement the plugin's role was refused
 	// (SQLSTATE 42501): the job fails permanently with it, whatever the
 	// plugin answers.
