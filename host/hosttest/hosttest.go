@@ -64,7 +64,7 @@ var rolesOnce sync.Once
 
 // EnsureRoles creates the owner and the named plugins' login roles, as the
 // administrator of DatabaseURL, with sandbox.Setup. Test packages running
-// at once take turns (ALTER ROLE of one role from two sessions fails).
+// at once take turns (Setup serialises itself).
 func EnsureRoles(tb testing.TB, plugins ...string) {
 	tb.Helper()
 	ctx := context.Background()
@@ -73,9 +73,6 @@ func EnsureRoles(tb testing.TB, plugins ...string) {
 		tb.Fatalf("hosttest: postgres: %v", err)
 	}
 	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, `SELECT pg_advisory_lock(hashtext('usher_hosttest_roles'))`); err != nil {
-		tb.Fatalf("hosttest: %v", err)
-	}
 	if err := sandbox.Setup(ctx, admin, sandbox.SetupConfig{Owner: Owner, Plugins: plugins}); err != nil {
 		tb.Fatalf("hosttest: roles: %v", err)
 	}

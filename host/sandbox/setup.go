@@ -42,6 +42,12 @@ func Setup(ctx context.Context, admin *pgx.Conn, c SetupConfig) error {
 	if c.Owner == "" {
 		c.Owner = "usher"
 	}
+	// Roles are the cluster's: ALTER ROLE of one role from two sessions at
+	// once fails ("tuple concurrently updated"), so setups take turns.
+	if _, err := admin.Exec(ctx, `SELECT pg_advisory_lock(hashtext('usher_sandbox_setup'))`); err != nil {
+		return fmt.Errorf("sandbox: setup: %w", err)
+	}
+	defer admin.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtext('usher_sandbox_setup'))`)
 	if err := ensureRole(ctx, admin, c.Owner, "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS", c.OwnerPassword); err != nil {
 		return err
 	}

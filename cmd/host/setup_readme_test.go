@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/hosttest"
+)
+
+// setupReadmeBlock returns the shell lines of the README's first code block
+// after the line containing marker.
+func setupReadmeBlock(t *testing.T, marker string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "README.md"))
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(string(b), marker)
+	require.True(t, ok, "README has no %q", marker)
+	_, rest, _ = strings.Cut(rest, "```sh\n")
+	block, _, _ := strings.Cut(rest, "```")
+	return strings.Split(strings.TrimSpace(block), "\n")
+}
+
+// The README's set-up commands, as written: only the README's server
+// address and database give way to the test's own database, and bin/ is a
+// directory of the test's.
+func TestReadmeSetup(t *testing.T) {
+	t.Parallel()
+	lines := setupReadmeBlock(t, "**Set up once, as an administrator:**")
+	require.Len(t, lines, 2)
+	setup, run := lines[0], lines[1]
+	require.True(t, strings.HasPrefix(setup, "bin/host setup "), setup)
+	require.True(t, strings.HasPrefix(run, "PGPASSFILE=pgpass bin/host run "), run)
+
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, hosttest.DatabaseURL())
+	require.NoError(t, err)
+	db := "usher_t_" + hosttest.Suffix()
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+db)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
+		_ = admin.Close(context.Background())
+	})
+
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "bin", "plugins")
+	require.NoError(t, os.MkdirAll(plugins, 0o755))
+	host := hosttest.Build(t, "./cmd/host")
+	for name, kinds := range map[string][]string{"counters": {"update_sales_counter"}, "tickets": {"render_tickets", "send_tickets"}} {
+		bin := filepath.Join(plugins, name)
+		b, err := os.ReadFile(hosttest.Build(t, "./plugins/"+name))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(bin, b, 0o755))
+		args := []string{"plugins", "manifest", bin, "--name", name, "--version", "1.0.0", "--write"}
+		for _, k := range kinds {
+			args = append(args, "--kind", k)
+		}
+		out, err := exec.Command(host, args...).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
+	require.NoError(t, os.Symlink(host, filepath.Join(dir, "bin", "host")))
+	ours := strings.Replace(hosttest.DatabaseURL(), "/test?", "/"+db+"?", 1)
+	ours = strings.TrimSuffix(strings.TrimPrefix(ours, "postgres://postgres@"), "?sslmode=disable")
+	local := func(line string) []string {
+		return strings.Fields(strings.ReplaceAll(line, "127.0.0.1:5432/stagedoor", ours))
+	}
+
+	cmd := exec.Command(filepath.Join(dir, "bin", "host"), local(setup)[1:]...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	st, err := os.Stat(filepath.Join(dir, "pgpass"))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+
+	f := local(run)
+	env, f := f[0], f[1:]
+	_, stream := hosttest.Redis(t)
+	cmd = exec.Command(filepath.Join(dir, "bin", "host"), f[1:]...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env, "USHER_STREAM="+stream, "USHER_ADMIN_ADDR=127.0.0.1:0", "REDIS_URL="+hosttest.RedisURL())
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	loaded := map[string]bool{}
+	sc := bufio.NewScanner(stderr)
+	deadline := time.AfterFunc(60*time.Second, func() { _ = cmd.Process.Kill() })
+	defer deadline.Stop()
+	for sc.Scan() && len(loaded) < 2 {
+		line := sc.Text()
+		require.NotContains(t, line, "plugin refused", line)
+		for _, p := range []string{"counters", "tickets"} {
+			if strings.Contains(line, `"msg":"plugin loaded","plugin":"`+p+`"`) {
+				require.Contains(t, line, `"db_role":"usher_plugin_`+p+`"`)
+				loaded[p] = true
+			}
+		}
+	}
+	require.Len(t, loaded, 2, "both plugins loaded as their own roles")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	go func() {
+		for sc.Scan() {
+		}
+	}()
+	require.NoError(t, cmd.Wait())
+}
