@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -62,7 +64,8 @@ func TestAdminAPIAuth(t *testing.T) {
 	h := hosttest.Start(t, cfg)
 	hosttest.Eventually(t, 10*time.Second, "the admin API listening", func() bool { return h.AdminAddr() != "" })
 	addr, tok := h.AdminAddr(), h.AdminToken
-	_, port, _ := strings.Cut(addr, ":")
+	_, port, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
 
 	for _, path := range []string{"/plugins", "/metrics"} {
 		code, hdr, body := adminCall{method: "GET", path: path}.do(t, addr)
@@ -134,6 +137,8 @@ func TestAdminTokenFile(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "state", "usher", "admin-token")
 	cfg := b.config()
 	cfg.AdminAddr, cfg.AdminTokenFile = "127.0.0.1:0", file
+	var logs syncBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 
 	h := hosttest.Start(t, cfg)
 	st, err := os.Stat(file)
@@ -157,15 +162,45 @@ func TestAdminTokenFile(t *testing.T) {
 	hosttest.Eventually(t, 10*time.Second, "the admin API listening", func() bool { return h.AdminAddr() != "" })
 	code, _, _ = adminCall{method: "GET", path: "/plugins", token: first}.do(t, h.AdminAddr())
 	require.Equal(t, http.StatusOK, code)
+	code, _, _ = adminCall{method: "GET", path: "/plugins", token: first[:63] + "x"}.do(t, h.AdminAddr())
+	require.Equal(t, http.StatusUnauthorized, code)
 	require.NoError(t, h.Stop())
+	require.Contains(t, logs.String(), `msg="admin token created" file=`+file)
+	require.Contains(t, logs.String(), `msg="admin token read" file=`+file)
+	require.Contains(t, logs.String(), `msg="admin request refused" status=401`)
+	require.NotContains(t, logs.String(), first, "the token is never logged")
+	require.NotContains(t, logs.String(), "non-loopback", "127.0.0.1 is a loopback address")
 
 	cfg.AdminToken = "configured-token-0123456789"
 	h = hosttest.Start(t, cfg)
+	require.Contains(t, logs.String(), "admin_token=xxxxx", "the configuration is printed with the token masked")
 	hosttest.Eventually(t, 10*time.Second, "the admin API listening", func() bool { return h.AdminAddr() != "" })
 	code, _, _ = adminCall{method: "GET", path: "/plugins", token: first}.do(t, h.AdminAddr())
 	require.Equal(t, http.StatusUnauthorized, code)
 	code, _, _ = adminCall{method: "GET", path: "/plugins", token: cfg.AdminToken}.do(t, h.AdminAddr())
 	require.Equal(t, http.StatusOK, code)
+	require.NotContains(t, logs.String(), cfg.AdminToken)
+}
+
+// An admin address that is not a loopback one is served with a warning.
+func TestAdminNonLoopbackWarns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config()
+	cfg.AdminAddr = "0.0.0.0:0"
+	var logs syncBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	h := hosttest.Start(t, cfg)
+	hosttest.Eventually(t, 10*time.Second, "the admin API listening", func() bool { return h.AdminAddr() != "" })
+	require.Contains(t, logs.String(), "level=WARN msg=\"the admin API listens on a non-loopback address: its token is the only protection")
+	require.Contains(t, logs.String(), "terminate TLS in front of it")
+	// Bound to every address, it answers to the loopback names only.
+	_, port, err := net.SplitHostPort(h.AdminAddr())
+	require.NoError(t, err)
+	code, _, _ := adminCall{method: "GET", path: "/plugins", token: h.AdminToken}.do(t, "127.0.0.1:"+port)
+	require.Equal(t, http.StatusOK, code)
+	code, _, _ = adminCall{method: "GET", path: "/plugins", host: "0.0.0.0:" + port, token: h.AdminToken}.do(t, "127.0.0.1:"+port)
+	require.Equal(t, http.StatusForbidden, code)
 }
 
 // A token file group or others may read is refused, naming the file and
