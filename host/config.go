@@ -124,8 +124,33 @@ type Config struct {
 	// aborts a published batch before it is marked, as a crash would.
 	RelayAfterPublish func(ids []int64) error
 
-	// AdminAddr serves /metrics, /healthz and /plugins. Empty: off.
+	// AdminAddr serves the admin API: /metrics, /healthz, /plugins and
+	// POST /plugins/reload. Empty: off (and no token is resolved).
+	// cmd/host's default is 127.0.0.1:9464; an address that is not a
+	// loopback one is served with a warning: the token is then the only
+	// protection and travels in clear, so put TLS termination in front.
 	AdminAddr string
+	// AdminToken is the bearer token every admin endpoint but /healthz
+	// requires (Authorization: Bearer <token>); at least 16 printable
+	// characters. cmd/host fills it from USHER_ADMIN_TOKEN. Empty: the
+	// token is read from AdminTokenFile.
+	AdminToken string
+	// AdminTokenFile holds the token when AdminToken is empty. A file that
+	// does not exist is created on first start with a random token (32
+	// bytes, hex), mode 0600 in a directory created 0700, atomically and
+	// exclusively: hosts that share the file agree on one token. A file
+	// that group or others may read is refused. Default
+	// admin.DefaultTokenFile(): $XDG_STATE_HOME/usher/admin-token, else
+	// ~/.local/state/usher/admin-token, which `host plugins` reads too.
+	// The path is logged, never the token.
+	AdminTokenFile string
+	// AdminAllowedHosts are further names the admin API answers to in the
+	// Host and Origin headers ("name" with any port, "name:port" with that
+	// one), for a host reached by a DNS name or through a proxy. Always
+	// allowed: the listener's own address, localhost, 127.0.0.1 and
+	// [::1]. Any other Host (DNS rebinding) or foreign Origin (a web page's
+	// request) is refused with 403.
+	AdminAllowedHosts []string
 
 	// Logger defaults to a JSON slog logger on stderr.
 	Logger *slog.Logger
@@ -194,7 +219,16 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("job_timeout", c.JobTimeout), slog.Int64("max_deliveries", c.MaxDeliveries),
 		slog.Int("max_attempts", c.MaxAttempts), slog.Bool("relay", !c.DisableRelay),
 		slog.Bool("scheduler", !c.DisableScheduler), slog.String("admin_addr", c.AdminAddr),
+		slog.String("admin_token", maskSecret(c.AdminToken)), slog.String("admin_token_file", c.AdminTokenFile),
+		slog.Any("admin_allowed_hosts", c.AdminAllowedHosts),
 	)
+}
+
+func maskSecret(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "xxxxx"
 }
 
 func maskURL(s string) string {

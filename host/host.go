@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/usherhq/usher/host/admin"
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pluginhost"
@@ -82,6 +83,9 @@ type Host struct {
 	pluginCtx context.Context
 	pluginWG  *sync.WaitGroup
 	adminAddr string
+	// adminToken is the admin API's resolved token (Config.AdminToken or
+	// the file's); set by New when AdminAddr is set.
+	adminToken string
 
 	// refusals are the plugins that could not load at New.
 	refusals []Refusal
@@ -99,7 +103,14 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	h := &Host{cfg: cfg, log: cfg.Logger, pool: cfg.Pool, rdb: cfg.Redis, metrics: newMetrics(),
+	var adminToken string
+	if cfg.AdminAddr != "" {
+		var err error
+		if adminToken, err = resolveAdminToken(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	h := &Host{adminToken: adminToken, cfg: cfg, log: cfg.Logger, pool: cfg.Pool, rdb: cfg.Redis, metrics: newMetrics(),
 		tracer: otel.Tracer("github.com/usherhq/usher/host"),
 		routes: map[string]route{}, plugins: map[string]*loaded{}}
 	if h.pool == nil {
@@ -567,6 +578,9 @@ func (h *Host) Run(ctx context.Context) error {
 		return err
 	}
 	if err := stream.EnsureGroup(ctx, h.rdb, h.cfg.Stream, h.cfg.Group); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting: nothing was read, nothing to drain
+		}
 		return err
 	}
 	rec, err := reclaim.New(reclaim.Config{
@@ -673,25 +687,69 @@ func (h *Host) Close() {
 	}
 }
 
+// resolveAdminToken returns Config.AdminToken, else the token in
+// AdminTokenFile (defaulted here), creating the file on first start.
+func resolveAdminToken(cfg *Config) (string, error) {
+	if cfg.AdminToken != "" {
+		if err := admin.CheckToken(cfg.AdminToken); err != nil {
+			return "", fmt.Errorf("host: AdminToken: %w", err)
+		}
+		cfg.Logger.Info("admin token from the configuration")
+		return cfg.AdminToken, nil
+	}
+	if cfg.AdminTokenFile == "" {
+		f, err := admin.DefaultTokenFile()
+		if err != nil {
+			return "", fmt.Errorf("host: %w", err)
+		}
+		cfg.AdminTokenFile = f
+	}
+	tok, created, err := admin.LoadOrCreateTokenFile(cfg.AdminTokenFile)
+	if err != nil {
+		return "", fmt.Errorf("host: %w", err)
+	}
+	if created {
+		cfg.Logger.Info("admin token created", "file", cfg.AdminTokenFile)
+	} else {
+		cfg.Logger.Info("admin token read", "file", cfg.AdminTokenFile)
+	}
+	return tok, nil
+}
+
+// serveAdmin serves the admin API on AdminAddr behind admin.Guard: Host
+// and Origin checked on every request, the token required on all but
+// /healthz.
 func (h *Host) serveAdmin() (*http.Server, error) {
 	ln, err := net.Listen("tcp", h.cfg.AdminAddr)
 	if err != nil {
 		return nil, fmt.Errorf("host: admin listener: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(h.metrics.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("/plugins", func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("GET /metrics", promhttp.HandlerFor(h.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /plugins", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(h.Plugins())
 	})
 	mux.HandleFunc("POST /plugins/reload", h.serveReload)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	bound := ln.Addr().String()
+	handler, err := admin.Guard(admin.GuardConfig{Token: h.adminToken, ListenAddr: h.cfg.AdminAddr, BoundAddr: bound,
+		AllowedHosts: h.cfg.AdminAllowedHosts, OpenPaths: []string{"/healthz"}, Logger: h.log}, mux)
+	if err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("host: admin API: %w", err)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	h.mu.Lock()
-	h.adminAddr = ln.Addr().String()
+	h.adminAddr = bound
 	h.mu.Unlock()
-	h.log.Info("admin listening", "addr", ln.Addr().String())
+	h.log.Info("admin listening", "addr", bound, "token_file", h.cfg.AdminTokenFile)
+	if !admin.IsLoopback(bound) {
+		h.log.Warn("the admin API listens on a non-loopback address: its token is the only protection, "+
+			"and plain HTTP carries it in clear; keep it on 127.0.0.1 or terminate TLS in front of it",
+			"addr", bound)
+	}
 	return srv, nil
 }
 
@@ -702,9 +760,8 @@ type ReloadResponse struct {
 }
 
 // serveReload is POST /plugins/reload?name=NAME: Reload, answered with a
-// ReloadResponse (422 when the reload could not run). The admin listener
-// has no authentication: keep it on a loopback or otherwise private
-// address.
+// ReloadResponse (422 when the reload could not run). admin.Guard has
+// checked the request's Host, Origin and token.
 func (h *Host) serveReload(w http.ResponseWriter, r *http.Request) {
 	// A swap, once asked for, completes even if the caller hangs up.
 	res, err := h.Reload(context.WithoutCancel(r.Context()), r.URL.Query().Get("name"))

@@ -508,9 +508,16 @@ func TestPluginDirWatched(t *testing.T) {
 	})
 
 	hosttest.Eventually(t, 10*time.Second, "the admin API listening", func() bool { return h.AdminAddr() != "" })
-	post := func(query string) (int, host.ReloadResponse) {
-		resp, err := http.Post("http://"+h.AdminAddr()+"/plugins/reload"+query, "", nil)
+	do := func(method, path string) *http.Response {
+		req, err := http.NewRequest(method, "http://"+h.AdminAddr()+path, nil)
 		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+h.AdminToken)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		return resp
+	}
+	post := func(query string) (int, host.ReloadResponse) {
+		resp := do(http.MethodPost, "/plugins/reload"+query)
 		defer resp.Body.Close()
 		var out host.ReloadResponse
 		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
@@ -522,8 +529,7 @@ func TestPluginDirWatched(t *testing.T) {
 	code, out = post("?name=nope")
 	require.Equal(t, http.StatusUnprocessableEntity, code)
 	require.Contains(t, out.Error, `names plugin "nope"`)
-	resp, err := http.Get("http://" + h.AdminAddr() + "/plugins/reload")
-	require.NoError(t, err)
+	resp := do(http.MethodGet, "/plugins/reload")
 	resp.Body.Close()
 	require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
 }

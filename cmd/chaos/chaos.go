@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -51,6 +53,7 @@ type chaos struct {
 	mailer  *mail.Client
 
 	dbURL, redisURL   string
+	adminToken        string // every host's admin API token (USHER_ADMIN_TOKEN)
 	blobDir, faultDir string
 	pool              *pgxpool.Pool
 	rdb               *redis.Client
@@ -253,6 +256,11 @@ func (c *chaos) startStores(ctx context.Context) error {
 		return fmt.Errorf("host setup: %w\n%s", err, out)
 	}
 	c.dbURL = strings.Replace(c.pg.url("usher"), "postgres://postgres@", "postgres://usher@", 1)
+	tok := make([]byte, 32)
+	if _, err := crand.Read(tok); err != nil {
+		return err
+	}
+	c.adminToken = hex.EncodeToString(tok)
 	c.say("postgres (pid %d, %s) at 127.0.0.1:%d, data in %s", c.pg.p.pid(), c.pg.binDir, c.pg.port, c.pg.root)
 
 	if c.redis, err = newRedis(c.path("redis"), c.path("redis.log"), c.cfg.redisAOF); err != nil {

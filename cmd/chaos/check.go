@@ -165,7 +165,12 @@ func (c *chaos) pluginStatus() map[string][]pluginState {
 		h.mu.Lock()
 		admin := h.admin
 		h.mu.Unlock()
-		resp, err := client.Get("http://" + admin + "/plugins")
+		req, err := http.NewRequest(http.MethodGet, "http://"+admin+"/plugins", nil)
+		if err != nil {
+			continue
+		}
+		req.Header.Set("Authorization", "Bearer "+c.adminToken)
+		resp, err := client.Do(req)
 		if err != nil {
 			continue
 		}

@@ -111,6 +111,7 @@ func (h *hostSlot) spawn() (*proc, string, error) {
 		"MAILPROVIDER_URL="+c.mailURL,
 		"TICKETS_CLAIM_LEASE="+c.cfg.lease.String(),
 		"USHER_FAULT_DIR="+c.faultDir,
+		"USHER_ADMIN_TOKEN="+c.adminToken,
 	)
 	h.mu.Lock()
 	h.starts++

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"os"
 	"strconv"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/admin"
 )
 
 func env(k, def string) string {
@@ -55,6 +57,9 @@ func hostFlags(fs *flag.FlagSet) (*connFlags, *host.Config, *string) {
 	fs.IntVar(&cfg.Concurrency, "concurrency", envInt("USHER_CONCURRENCY", 16), "jobs in flight (USHER_CONCURRENCY)")
 	fs.DurationVar(&cfg.JobTimeout, "job-timeout", envDuration("USHER_JOB_TIMEOUT", 30*time.Second), "deadline of one handler run (USHER_JOB_TIMEOUT)")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", env("USHER_ADMIN_ADDR", "127.0.0.1:9464"), "admin/metrics listen address, empty to disable (USHER_ADMIN_ADDR)")
+	fs.Func("admin-allowed-hosts", "comma-separated names the admin API also answers to in Host/Origin, name or name:port (USHER_ADMIN_ALLOWED_HOSTS)",
+		func(v string) error { cfg.AdminAllowedHosts = splitList(v); return nil })
+	cfg.AdminAllowedHosts = splitList(os.Getenv("USHER_ADMIN_ALLOWED_HOSTS"))
 	fs.DurationVar(&cfg.ReconcileAfter, "reconcile-after", envDuration("USHER_RECONCILE_AFTER", 15*time.Minute), "republish outbox rows published this long ago with no outcome (USHER_RECONCILE_AFTER)")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", envDuration("USHER_RECONCILE_INTERVAL", time.Minute), "how often to look for them (USHER_RECONCILE_INTERVAL)")
 	fs.BoolVar(&cfg.AllowSuperuser, "allow-superuser", false, "run even when the database login is a superuser (refused by default: plugins run untrusted code)")
@@ -66,9 +71,51 @@ func hostFlags(fs *flag.FlagSet) (*connFlags, *host.Config, *string) {
 
 func (c *connFlags) apply(cfg *host.Config, plugins string) {
 	cfg.DatabaseURL, cfg.RedisURL, cfg.Stream, cfg.Group = c.databaseURL, c.redisURL, c.stream, c.group
-	for _, p := range strings.Split(plugins, ",") {
+	cfg.Plugins = append(cfg.Plugins, splitList(plugins)...)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
 		if p = strings.TrimSpace(p); p != "" {
-			cfg.Plugins = append(cfg.Plugins, p)
+			out = append(out, p)
 		}
 	}
+	return out
+}
+
+// tokenFlags is where the admin token comes from, for `run` (the host's)
+// and `plugins` (the client's): USHER_ADMIN_TOKEN holds the token itself;
+// else --admin-token-file names the file, by default admin.DefaultTokenFile.
+// Both at once is an error, never a silent choice.
+type tokenFlags struct {
+	fs   *flag.FlagSet
+	file string
+}
+
+func (t *tokenFlags) register(fs *flag.FlagSet) {
+	t.fs = fs
+	fs.StringVar(&t.file, "admin-token-file", "", "file holding the admin API's token (default $XDG_STATE_HOME/usher/admin-token, "+
+		"else ~/.local/state/usher/admin-token); USHER_ADMIN_TOKEN gives the token itself instead")
+}
+
+// resolve returns the token from the environment, or the file to read it
+// from; call it after the flags are parsed.
+func (t *tokenFlags) resolve() (token, file string, err error) {
+	explicit := false
+	t.fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "admin-token-file" })
+	if explicit && t.file == "" {
+		return "", "", errors.New("--admin-token-file needs a path")
+	}
+	if tok := os.Getenv("USHER_ADMIN_TOKEN"); tok != "" {
+		if explicit {
+			return "", "", errors.New("both USHER_ADMIN_TOKEN and --admin-token-file are given: use one")
+		}
+		return tok, "", nil
+	}
+	if t.file != "" {
+		return "", t.file, nil
+	}
+	file, err = admin.DefaultTokenFile()
+	return "", file, err
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -15,11 +17,12 @@ import (
 	"time"
 
 	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/admin"
 	"github.com/usherhq/usher/host/pluginhost"
 )
 
-const pluginsUsage = `usage: host plugins [list] [--admin-addr ADDR]
-       host plugins reload [NAME] [--admin-addr ADDR]
+const pluginsUsage = `usage: host plugins [list] [--admin-addr ADDR] [--admin-token-file FILE]
+       host plugins reload [NAME] [--admin-addr ADDR] [--admin-token-file FILE] [--timeout D]
        host plugins manifest BINARY --name NAME --version VERSION --kind KIND [--kind KIND ...] [--enqueue KIND ...] [--write]
 
   list      the plugins a running host serves
@@ -27,7 +30,12 @@ const pluginsUsage = `usage: host plugins [list] [--admin-addr ADDR]
             and load or hot-swap what changed (only NAME when given);
             exits non-zero when a load or swap was refused
   manifest  print BINARY's manifest (name, version, binary, SHA-256);
-            --write writes it beside the binary as NAME.plugin.json`
+            --write writes it beside the binary as NAME.plugin.json
+
+list and reload send the host's admin token: USHER_ADMIN_TOKEN, else the
+file --admin-token-file names (default $XDG_STATE_HOME/usher/admin-token,
+else ~/.local/state/usher/admin-token, the file a host creates by default).
+Flags come after the subcommand.`
 
 func cmdPlugins(ctx context.Context, args []string) error {
 	sub := "list"
@@ -51,40 +59,107 @@ func cmdPlugins(ctx context.Context, args []string) error {
 
 // parseInterleaved parses flags that may come before or after the
 // positional arguments (host plugins reload counters --admin-addr X) and
-// returns the positional ones.
+// returns the positional ones. After "--" everything is positional.
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			return nil, err
 		}
-		if fs.NArg() == 0 {
+		rest := fs.Args()
+		if len(rest) == 0 {
 			return pos, nil
 		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
 }
 
-func adminFlag(fs *flag.FlagSet) *string {
-	return fs.String("admin-addr", env("USHER_ADMIN_ADDR", "127.0.0.1:9464"), "the running host's admin address (USHER_ADMIN_ADDR)")
+// adminClient talks to a running host's admin API with its token.
+type adminClient struct {
+	addr      string
+	tokenFrom tokenFlags
+	token     string
+	source    string // where the token came from, for messages
+}
+
+func (c *adminClient) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.addr, "admin-addr", env("USHER_ADMIN_ADDR", "127.0.0.1:9464"), "the running host's admin address (USHER_ADMIN_ADDR)")
+	c.tokenFrom.register(fs)
+}
+
+// load validates the flags and reads the token; call it after parsing.
+func (c *adminClient) load() error {
+	if c.addr == "" {
+		return errors.New("--admin-addr is empty: give the running host's admin address")
+	}
+	tok, file, err := c.tokenFrom.resolve()
+	if err != nil {
+		return err
+	}
+	if tok != "" {
+		c.token, c.source = tok, "USHER_ADMIN_TOKEN"
+		return nil
+	}
+	c.token, err = admin.ReadTokenFile(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("no admin token: USHER_ADMIN_TOKEN is not set and %s does not exist; "+
+			"set USHER_ADMIN_TOKEN or --admin-token-file to the host's token file", file)
+	}
+	c.source = file
+	return err
+}
+
+// do sends the request with the token. A refusal by the admin API (401,
+// 403) is an error that says what to fix; other answers are the caller's.
+func (c *adminClient) do(ctx context.Context, method, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+c.addr+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("no host answers on %s: %w", c.addr, err)
+	}
+	switch resp.StatusCode {
+	case http.StatusUnauthorized:
+		resp.Body.Close()
+		return nil, fmt.Errorf("the admin API refused the token (from %s): set USHER_ADMIN_TOKEN or --admin-token-file to the host's token file", c.source)
+	case http.StatusForbidden:
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		return nil, fmt.Errorf("%s refused the request: %s", c.addr, strings.TrimSpace(string(b)))
+	}
+	return resp, nil
 }
 
 func pluginsList(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("plugins list", flag.ContinueOnError)
-	addr := adminFlag(fs)
-	if _, err := parseInterleaved(fs, args); err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*addr+"/plugins", nil)
+	var c adminClient
+	c.register(fs)
+	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	if len(pos) > 0 {
+		return fmt.Errorf("list takes no arguments, got %q (flags go after the subcommand)", pos)
+	}
+	if err := c.load(); err != nil {
+		return err
+	}
+	resp, err := c.do(ctx, http.MethodGet, "/plugins")
 	if err != nil {
-		return fmt.Errorf("no host answers on %s: %w", *addr, err)
+		return err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("host answered %s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
 	var list []host.PluginStatus
 	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
 		return err
@@ -107,28 +182,31 @@ func pluginsList(ctx context.Context, args []string) error {
 
 func pluginsReload(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("plugins reload", flag.ContinueOnError)
-	addr := adminFlag(fs)
+	var c adminClient
+	c.register(fs)
 	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait for the host's answer (a swap drains in-flight jobs first)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) > 1 {
-		return fmt.Errorf("reload takes at most one plugin name, got %v", pos)
+		return fmt.Errorf("reload takes at most one plugin name, got %q", pos)
 	}
-	u := "http://" + *addr + "/plugins/reload"
+	if *timeout <= 0 {
+		return fmt.Errorf("--timeout must be positive, got %s", *timeout)
+	}
+	if err := c.load(); err != nil {
+		return err
+	}
+	path := "/plugins/reload"
 	if len(pos) == 1 {
-		u += "?name=" + url.QueryEscape(pos[0])
+		path += "?name=" + url.QueryEscape(pos[0])
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	resp, err := c.do(ctx, http.MethodPost, path)
 	if err != nil {
 		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("no host answers on %s: %w", *addr, err)
 	}
 	defer resp.Body.Close()
 	var out host.ReloadResponse

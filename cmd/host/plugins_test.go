@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,32 +26,81 @@ func install(t *testing.T, dir, bin, file, name, version string) {
 	require.NoError(t, os.WriteFile(tmp, b, 0o755))
 	require.NoError(t, os.Rename(tmp, filepath.Join(dir, file)))
 	require.NoError(t, cmdPlugins(context.Background(),
-		[]string{"manifest", filepath.Join(dir, file), "--name", name, "--version", version, "--write"}))
+		[]string{"manifest", filepath.Join(dir, file), "--name", name, "--version", version, "--kind", "update_sales_counter", "--write"}))
 }
 
-// The operator commands against a running host: list, reload of a new
-// version (swapped), reload of a broken one (refused, non-zero exit).
-func TestPluginsCommands(t *testing.T) {
-	t.Parallel()
+// operator runs the host binary as an operator whose home is home: no
+// USHER_* or XDG_* variable of the test's environment leaks in, only env.
+type operator struct {
+	t    *testing.T
+	bin  string
+	home string
+	env  []string
+}
+
+func (o operator) cmd(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + o.home}, o.env...)
+	return cmd
+}
+
+// ok runs the binary and returns its output, failing the test on a
+// non-zero exit.
+func (o operator) ok(args ...string) string {
+	o.t.Helper()
+	out, err := o.cmd(o.bin, args...).CombinedOutput()
+	require.NoError(o.t, err, "host %v: %s", args, out)
+	return string(out)
+}
+
+// fails runs the binary and returns its output, failing the test on a
+// zero exit.
+func (o operator) fails(args ...string) string {
+	o.t.Helper()
+	out, err := o.cmd(o.bin, args...).CombinedOutput()
+	require.Error(o.t, err, "host %v: %s", args, out)
+	return string(out)
+}
+
+func (o operator) with(env ...string) operator {
+	o.env = append(append([]string(nil), o.env...), env...)
+	return o
+}
+
+// runningHost starts a host serving the counters plugin from a manifest
+// directory, with its admin token in home's default token file, and
+// returns it, the plugin directory and the operator's view of it.
+func runningHost(t *testing.T, home string) (*hosttest.Running, string, operator) {
+	t.Helper()
 	_, dbURL := hosttest.DB(t)
 	rdb, stream := hosttest.Redis(t)
 	dir := t.TempDir()
 	install(t, dir, hosttest.Build(t, "./plugins/counters"), "counters", "counters", "1.0.0")
+	h := hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream, PluginDir: dir,
+		DisablePluginWatch: true, AdminAddr: "127.0.0.1:0",
+		AdminTokenFile: filepath.Join(home, ".local", "state", "usher", "admin-token")})
+	hosttest.Eventually(t, 10*time.Second, "the admin API listening", func() bool { return h.AdminAddr() != "" })
+	o := operator{t: t, bin: hosttest.Build(t, "./cmd/host"), home: home, env: []string{"USHER_ADMIN_ADDR=" + h.AdminAddr()}}
+	return h, dir, o
+}
+
+// The operator commands against a running host, with the token from the
+// default file: list, reload of a new version (swapped), reload of a
+// broken one (refused, non-zero exit).
+func TestPluginsCommands(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	h, dir, o := runningHost(t, home)
 	m, err := pluginhost.ReadManifest(filepath.Join(dir, "counters.plugin.json"))
 	require.NoError(t, err)
-	require.Equal(t, pluginhost.FileManifest{Name: "counters", Version: "1.0.0", Binary: "counters", SHA256: m.SHA256}, m)
+	require.Equal(t, pluginhost.FileManifest{Name: "counters", Version: "1.0.0", Binary: "counters", SHA256: m.SHA256, Kinds: []string{"update_sales_counter"}}, m)
 
-	h := hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream, PluginDir: dir,
-		DisablePluginWatch: true, AdminAddr: "127.0.0.1:0"})
-	hosttest.Eventually(t, 10*time.Second, "the admin API listening", func() bool { return h.AdminAddr() != "" })
-	ctx := context.Background()
-	addr := []string{"--admin-addr", h.AdminAddr()}
-
-	require.NoError(t, cmdPlugins(ctx, addr))
-	require.NoError(t, cmdPlugins(ctx, append([]string{"list"}, addr...)))
+	require.Contains(t, o.ok("plugins"), "counters  1.0.0")
+	require.Contains(t, o.ok("plugins", "list"), "counters  1.0.0")
+	require.Contains(t, o.ok("plugins", "list", "--admin-addr", h.AdminAddr()), "counters  1.0.0")
 
 	install(t, dir, hosttest.Build(t, "./plugins/counters", "main.version=2.0.0"), "counters", "counters", "2.0.0")
-	require.NoError(t, cmdPlugins(ctx, append([]string{"reload", "counters"}, addr...)))
+	require.Contains(t, o.ok("plugins", "reload", "counters"), "counters: swapped 1.0.0 -> 2.0.0")
 	require.Equal(t, "2.0.0", h.Plugins()[0].Version)
 
 	m, err = pluginhost.ReadManifest(filepath.Join(dir, "counters.plugin.json"))
@@ -58,10 +108,59 @@ func TestPluginsCommands(t *testing.T) {
 	m.Version, m.SHA256 = "3.0.0", strings.Repeat("1", 64)
 	_, err = m.Write(dir)
 	require.NoError(t, err)
-	err = cmdPlugins(ctx, append([]string{"reload"}, addr...))
-	require.ErrorContains(t, err, "1 plugin(s) refused")
+	require.Contains(t, o.fails("plugins", "reload"), "1 plugin(s) refused")
 	require.Equal(t, "2.0.0", h.Plugins()[0].Version)
 
-	err = cmdPlugins(ctx, append([]string{"reload", "nope"}, addr...))
-	require.ErrorContains(t, err, `no valid manifest in `+dir+` names plugin "nope"`)
+	require.Contains(t, o.fails("plugins", "reload", "nope"), `no valid manifest in `+dir+` names plugin "nope"`)
+}
+
+// Without the host's token the commands fail, saying what to set; flags
+// are taken only where they belong.
+func TestPluginsCommandsToken(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	h, _, o := runningHost(t, home)
+	tokenFile := filepath.Join(home, ".local", "state", "usher", "admin-token")
+	const refused = "the admin API refused the token (from %s): set USHER_ADMIN_TOKEN or --admin-token-file to the host's token file"
+
+	// The token by variable, by flag, and by XDG_STATE_HOME.
+	require.Contains(t, o.with("USHER_ADMIN_TOKEN="+h.AdminToken).ok("plugins", "list"), "counters")
+	require.Contains(t, o.ok("plugins", "list", "--admin-token-file", tokenFile), "counters")
+	require.Contains(t, o.with("XDG_STATE_HOME="+filepath.Join(home, ".local", "state")).ok("plugins", "list"), "counters")
+
+	// No token anywhere.
+	nobody := o
+	nobody.home = t.TempDir()
+	out := nobody.fails("plugins", "list")
+	require.Contains(t, out, "no admin token: USHER_ADMIN_TOKEN is not set and "+
+		filepath.Join(nobody.home, ".local", "state", "usher", "admin-token")+" does not exist")
+	// The wrong token, by variable and by file.
+	out = o.with("USHER_ADMIN_TOKEN="+strings.Repeat("f", 64)).fails("plugins", "reload")
+	require.Contains(t, out, strings.ReplaceAll(refused, "%s", "USHER_ADMIN_TOKEN"))
+	wrong := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(wrong, []byte(strings.Repeat("f", 64)), 0o600))
+	out = o.fails("plugins", "list", "--admin-token-file", wrong)
+	require.Contains(t, out, strings.ReplaceAll(refused, "%s", wrong))
+	// A file others may read.
+	require.NoError(t, os.Chmod(wrong, 0o644))
+	require.Contains(t, o.fails("plugins", "list", "--admin-token-file", wrong), "has mode 0644: group or others may read it")
+
+	// Flags: both token sources, a flag before the subcommand, an empty
+	// address or file, an unknown flag, a second name.
+	require.Contains(t, o.with("USHER_ADMIN_TOKEN="+h.AdminToken).fails("plugins", "list", "--admin-token-file", tokenFile),
+		"both USHER_ADMIN_TOKEN and --admin-token-file are given: use one")
+	require.Contains(t, o.fails("plugins", "--admin-addr", h.AdminAddr(), "reload"),
+		`list takes no arguments, got ["reload"] (flags go after the subcommand)`)
+	require.Contains(t, o.fails("plugins", "list", "--admin-addr", ""), "--admin-addr is empty")
+	require.Contains(t, o.fails("plugins", "list", "--admin-token-file", ""), "--admin-token-file needs a path")
+	require.Contains(t, o.fails("plugins", "list", "--admin-token", h.AdminToken), "flag provided but not defined: -admin-token")
+	require.Contains(t, o.fails("plugins", "reload", "counters", "tickets"), `reload takes at most one plugin name, got ["counters" "tickets"]`)
+	require.Contains(t, o.fails("plugins", "reload", "--timeout", "0s"), "--timeout must be positive")
+	require.Contains(t, o.fails("plugins", "reload", "--", "--admin-addr"), `names plugin "--admin-addr"`)
+	require.Equal(t, "1.0.0", h.Plugins()[0].Version, "nothing was reloaded")
+
+	// host run checks its token flags before it connects anywhere.
+	require.Contains(t, o.with("USHER_ADMIN_TOKEN="+h.AdminToken).fails("run", "--admin-token-file", tokenFile),
+		"both USHER_ADMIN_TOKEN and --admin-token-file are given: use one")
+	require.Contains(t, o.fails("run", "--plugin-dir", "x", "extra", "--admin-addr", ""), `run takes no arguments, got ["extra" "--admin-addr" ""]`)
 }

@@ -14,10 +14,21 @@ import (
 func cmdRun(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	conn, cfg, plugins := hostFlags(fs)
+	var tf tokenFlags
+	tf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("run takes no arguments, got %q", fs.Args())
+	}
 	conn.apply(cfg, *plugins)
+	if cfg.AdminAddr != "" {
+		var err error
+		if cfg.AdminToken, cfg.AdminTokenFile, err = tf.resolve(); err != nil {
+			return err
+		}
+	}
 	h, err := host.New(ctx, *cfg)
 	if err != nil {
 		return err

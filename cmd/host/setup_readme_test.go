@@ -88,7 +88,8 @@ func TestReadmeSetup(t *testing.T) {
 	_, stream := hosttest.Redis(t)
 	cmd = exec.Command(filepath.Join(dir, "bin", "host"), f[1:]...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), env, "USHER_STREAM="+stream, "USHER_ADMIN_ADDR=127.0.0.1:0", "REDIS_URL="+hosttest.RedisURL())
+	cmd.Env = append(os.Environ(), env, "USHER_STREAM="+stream, "USHER_ADMIN_ADDR=127.0.0.1:0", "REDIS_URL="+hosttest.RedisURL(),
+		"XDG_STATE_HOME="+filepath.Join(dir, "state"))
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -109,9 +110,9 @@ func TestReadmeSetup(t *testing.T) {
 	}
 	require.Len(t, loaded, 2, "both plugins loaded as their own roles")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	go func() {
-		for sc.Scan() {
-		}
-	}()
-	require.NoError(t, cmd.Wait())
+	var tail []string
+	for sc.Scan() {
+		tail = append(tail, sc.Text())
+	}
+	require.NoError(t, cmd.Wait(), "%s", strings.Join(tail, "\n"))
 }

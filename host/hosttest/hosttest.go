@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/admin"
 	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/migrations"
 )
@@ -242,10 +243,12 @@ func (w tbWriter) Write(p []byte) (int, error) {
 // Running is a host running in the test.
 type Running struct {
 	*host.Host
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
-	err    error
+	// AdminToken is the admin API's token when cfg.AdminAddr was set.
+	AdminToken string
+	cancel     context.CancelFunc
+	done       chan error
+	once       sync.Once
+	err        error
 }
 
 // Stop stops the host and waits for Run to return. It may be called again
@@ -260,9 +263,14 @@ func (r *Running) Stop() error {
 }
 
 // Start builds a host from cfg (tests fill DatabaseURL/Pool, Redis and
-// Stream) and runs it until the test ends or Stop is called.
+// Stream) and runs it until the test ends or Stop is called. With an
+// AdminAddr and no admin token given, the token file is the test's own
+// (never the user's default file).
 func Start(tb testing.TB, cfg host.Config) *Running {
 	tb.Helper()
+	if cfg.AdminAddr != "" && cfg.AdminToken == "" && cfg.AdminTokenFile == "" {
+		cfg.AdminTokenFile = filepath.Join(tb.TempDir(), "admin-token")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = Logger(tb, slog.LevelWarn)
 	}
@@ -275,7 +283,14 @@ func Start(tb testing.TB, cfg host.Config) *Running {
 		cancel()
 		tb.Fatalf("hosttest: new host: %v", err)
 	}
-	r := &Running{Host: h, cancel: cancel, done: make(chan error, 1)}
+	r := &Running{Host: h, AdminToken: cfg.AdminToken, cancel: cancel, done: make(chan error, 1)}
+	if cfg.AdminAddr != "" && r.AdminToken == "" {
+		if r.AdminToken, err = admin.ReadTokenFile(cfg.AdminTokenFile); err != nil {
+			cancel()
+			h.Close()
+			tb.Fatalf("hosttest: %v", err)
+		}
+	}
 	go func() { r.done <- h.Run(ctx) }()
 	tb.Cleanup(func() { _ = r.Stop() })
 	return r

@@ -104,6 +104,9 @@ func EnsureGroup(ctx context.Context, rdb redis.UniversalClient, streamKey, grou
 // entries; those still running are cancelled and left unacked.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := EnsureGroup(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it began: nothing read, nothing to drain
+		}
 		return err
 	}
 	defer c.drain()
