@@ -104,11 +104,13 @@ func (tx *CommitTx) QueryRow(ctx context.Context, sql string, args ...any) *Row 
 	return &Row{rows: rows, err: err}
 }
 
-// WriteIf runs a conditional write: an UPDATE, INSERT or DELETE with a
-// RETURNING clause whose condition holds only while the state is not yet
-// reached (`UPDATE tickets SET pdf_key = $1 WHERE order_id = $2 AND pdf_key
-// IS NULL RETURNING id`). It returns a *Win when the write returned a row,
-// and nil (with a nil error) when another run reached the state first.
+// WriteIf runs a conditional write: an UPDATE, INSERT, DELETE or MERGE
+// whose condition holds only while the state is not yet reached (`UPDATE
+// tickets SET pdf_key = $1 WHERE order_id = $2 AND pdf_key IS NULL
+// RETURNING id`; RETURNING is optional). It returns a *Win when the
+// database reports rows affected, and nil (with a nil error) when another
+// run reached the state first. Nothing may be written before it: the host
+// counts the rows the transaction wrote and refuses the job if any were.
 func (tx *CommitTx) WriteIf(ctx context.Context, sql string, args ...any) (*Win, error) {
 	res, err := tx.h.run(ctx, usherv1.Mode_MODE_WRITE_IF, sql, args)
 	if err != nil {
@@ -128,7 +130,8 @@ type Win struct {
 	returned *Rows
 }
 
-// Returned is what the conditional write's RETURNING clause returned.
+// Returned is what the conditional write's RETURNING clause returned, if
+// it had one.
 func (w *Win) Returned() *Rows { return w.returned }
 
 // Exec runs a further write in the same transaction.

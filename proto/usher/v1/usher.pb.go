@@ -222,8 +222,9 @@ const (
 	Mode_MODE_UNSPECIFIED Mode = 0
 	// A query returning rows.
 	Mode_MODE_QUERY Mode = 1
-	// A conditional write: must be UPDATE/INSERT/DELETE ... RETURNING; it
-	// "wins" when it returns at least one row.
+	// A conditional write: an INSERT, UPDATE, DELETE or MERGE; it "wins"
+	// when the database reports rows affected (its command tag), never
+	// judged from the SQL's text.
 	Mode_MODE_WRITE_IF Mode = 2
 	// A plain write, allowed only after a conditional write won (state first)
 	// or anywhere in an APPLY transaction (job id recorded).
@@ -1144,7 +1145,7 @@ type StatementResult struct {
 	Columns      []string               `protobuf:"bytes,1,rep,name=columns,proto3" json:"columns,omitempty"`
 	Rows         []*Row                 `protobuf:"bytes,2,rep,name=rows,proto3" json:"rows,omitempty"`
 	RowsAffected int64                  `protobuf:"varint,3,opt,name=rows_affected,json=rowsAffected,proto3" json:"rows_affected,omitempty"`
-	// MODE_WRITE_IF: whether the write returned a row.
+	// MODE_WRITE_IF: whether the database reported rows affected.
 	Won           bool `protobuf:"varint,4,opt,name=won,proto3" json:"won,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

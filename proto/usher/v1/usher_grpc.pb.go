@@ -188,9 +188,12 @@ const (
 //
 // Host is served by the host to a plugin through the broker.
 type HostClient interface {
-	// Exec runs statements under a handle the host issued for one phase. The
+	// Exec runs statements under a handle the host issued for one phase, one
+	// at a time, on the plugin's own connection (its own login role). The
 	// handle decides what is allowed: read-only queries, or statements inside
-	// the transaction the host opened.
+	// the transaction the host opened. A statement that ends or carves up
+	// that transaction, or writes where the phase may not, breaks the handle
+	// and fails the job; every statement is cancelled at the job's deadline.
 	Exec(ctx context.Context, in *ExecRequest, opts ...grpc.CallOption) (*ExecResponse, error)
 	// Enqueue adds follow-on outbox rows inside the host's transaction. It is
 	// refused unless the handle holds a won conditional write.
@@ -244,9 +247,12 @@ func (c *hostClient) Log(ctx context.Context, in *LogRequest, opts ...grpc.CallO
 //
 // Host is served by the host to a plugin through the broker.
 type HostServer interface {
-	// Exec runs statements under a handle the host issued for one phase. The
+	// Exec runs statements under a handle the host issued for one phase, one
+	// at a time, on the plugin's own connection (its own login role). The
 	// handle decides what is allowed: read-only queries, or statements inside
-	// the transaction the host opened.
+	// the transaction the host opened. A statement that ends or carves up
+	// that transaction, or writes where the phase may not, breaks the handle
+	// and fails the job; every statement is cancelled at the job's deadline.
 	Exec(context.Context, *ExecRequest) (*ExecResponse, error)
 	// Enqueue adds follow-on outbox rows inside the host's transaction. It is
 	// refused unless the handle holds a won conditional write.
