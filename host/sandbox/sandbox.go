@@ -244,7 +244,11 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	cc.RuntimeParams = maps.Clone(cc.RuntimeParams)
 	cc.RuntimeParams["statement_timeout"] = fmt.Sprint(c.StatementTimeout.Milliseconds())
 	cfg.MaxConns, cfg.MinConns = c.Size, 0
-	cfg.BeforeConnect, cfg.AfterConnect, cfg.BeforeAcquire, cfg.PrepareConn = nil, nil, nil, nil
+	// None of the host pool's hooks: an embedding application's hooks were
+	// written for its own login. (PrepareConn, when set, replaces the
+	// deprecated BeforeAcquire.)
+	cfg.BeforeConnect, cfg.AfterConnect = nil, nil
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) { return true, nil }
 	logger := c.Logger
 	cfg.AfterRelease = func(conn *pgx.Conn) bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
