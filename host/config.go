@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/host/outbox"
 )
 
 // Config is everything a Host needs. Every field says its default; New fills
@@ -24,6 +26,13 @@ type Config struct {
 	RedisURL string
 	// Redis is an existing client. Optional.
 	Redis redis.UniversalClient
+	// SigningKey is the key the relay signs every stream entry with
+	// (HMAC-SHA256) and the consumer verifies it by before dispatch: an
+	// entry that does not verify is dead-lettered as forged. Every host of
+	// a cluster must have the same key; at least 32 bytes. Default: the
+	// key in the database's runtime_secrets table, which the first host to
+	// start generates (32 random bytes).
+	SigningKey []byte
 
 	// Stream is the stream key. Default "usher:{jobs}" (the hash tag keeps
 	// a partition's keys in one Redis Cluster slot).
@@ -136,6 +145,9 @@ func (c *Config) setDefaults() error {
 	if c.Redis == nil && c.RedisURL == "" {
 		return errors.New("host: RedisURL (or Redis) is required")
 	}
+	if n := len(c.SigningKey); n > 0 && n < outbox.MinKeyLen {
+		return fmt.Errorf("host: SigningKey is %d bytes; at least %d are needed", n, outbox.MinKeyLen)
+	}
 	if c.Stream == "" {
 		c.Stream = "usher:{jobs}"
 	}
@@ -175,6 +187,7 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("database_url", maskURL(c.DatabaseURL)),
 		slog.String("redis_url", maskURL(c.RedisURL)),
+		slog.String("signing_key", keySource(c.SigningKey)),
 		slog.String("stream", c.Stream), slog.String("group", c.Group), slog.String("consumer", c.Consumer),
 		slog.String("plugin_dir", c.PluginDir), slog.Bool("plugin_watch", c.PluginDir != "" && !c.DisablePluginWatch),
 		slog.Any("plugins", c.Plugins), slog.Bool("require_plugin_role", c.RequirePluginRole),
@@ -183,6 +196,14 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("max_attempts", c.MaxAttempts), slog.Bool("relay", !c.DisableRelay),
 		slog.Bool("scheduler", !c.DisableScheduler), slog.String("admin_addr", c.AdminAddr),
 	)
+}
+
+// keySource says where the signing key comes from, never the key.
+func keySource(key []byte) string {
+	if len(key) > 0 {
+		return "configured (masked)"
+	}
+	return "database"
 }
 
 func maskURL(s string) string {

@@ -69,6 +69,8 @@ type Host struct {
 	runner  *guard.Runner
 	metrics *metrics
 	tracer  trace.Tracer
+	// key signs and verifies stream entries (Config.SigningKey).
+	key []byte
 
 	mu      sync.RWMutex
 	routes  map[string]route
@@ -118,9 +120,20 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		h.Close()
 		return nil, fmt.Errorf("host: redis unreachable: %w", err)
 	}
-	if err := migrations.Up(ctx, h.pool); err != nil {
+	var err error
+	if err = migrations.Up(ctx, h.pool); err != nil {
 		h.Close()
 		return nil, err
+	}
+	h.key = cfg.SigningKey
+	if h.key == nil {
+		if h.key, err = outbox.LoadSigningKey(ctx, h.pool); err != nil {
+			h.Close()
+			return nil, fmt.Errorf("host: %w", err)
+		}
+		h.log.Info("stream signing key loaded from the database (runtime_secrets)")
+	} else {
+		h.log.Info("stream signing key taken from the configuration")
 	}
 	h.handles = guard.NewHandles(h.pool, h.log)
 	runner, err := guard.NewRunner(guard.Config{
@@ -552,7 +565,7 @@ func (h *Host) Run(ctx context.Context) error {
 	loops := map[string]func(context.Context) error{"consumer": h.consumer.Run, "reclaim": rec.Run}
 	if !h.cfg.DisableRelay {
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			Pool: h.pool, Redis: h.rdb, Stream: h.cfg.Stream, PollInterval: h.cfg.RelayPollInterval,
+			Pool: h.pool, Redis: h.rdb, Stream: h.cfg.Stream, Key: h.key, PollInterval: h.cfg.RelayPollInterval,
 			AfterPublish: h.cfg.RelayAfterPublish, Logger: h.log,
 			OnPublished: func(n int) { h.metrics.published.Add(float64(n)) },
 		})
