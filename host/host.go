@@ -105,10 +105,10 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		h.pool, h.ownPool = pool, true
 	}
 	if h.rdb == nil {
-		opt, err := redis.ParseURL(cfg.RedisURL)
+		opt, err := RedisOptions(cfg.RedisURL, cfg.RedisCAFile)
 		if err != nil {
 			h.Close()
-			return nil, fmt.Errorf("host: redis url: %w", err)
+			return nil, fmt.Errorf("host: %w", err)
 		}
 		h.rdb, h.ownRdb = redis.NewClient(opt), true
 	}

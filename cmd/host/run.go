@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
+	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -13,12 +15,22 @@ import (
 
 func cmdRun(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	conn, cfg, plugins := hostFlags(fs)
+	var f hostFlags
+	f.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	conn.apply(cfg, *plugins)
-	h, err := host.New(ctx, *cfg)
+	cfg, err := f.config()
+	if err != nil {
+		return err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	}
+	if f.signingKeyFile != "" {
+		cfg.Logger.Info("stream signing key read from a file", "path", f.signingKeyFile)
+	}
+	h, err := host.New(ctx, cfg)
 	if err != nil {
 		return err
 	}
