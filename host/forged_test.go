@@ -3,6 +3,7 @@ package host_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -49,19 +50,21 @@ func TestForgedEntriesDeadLettered(t *testing.T) {
 		return outbox.Fields{JobID: id, OutboxID: id, Kind: "update_sales_counter",
 			Payload: `{"order_id":` + strconv.FormatInt(other.orderID, 10) + `}`, Attempt: "0"}
 	}
-	xadd := func(vals []any) {
-		require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: vals}).Err())
+	xadd := func(vals []any) string {
+		id, err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: vals}).Result()
+		require.NoError(t, err)
+		return id
 	}
 	unsigned := claim(a, c).Values(key)
-	xadd(unsigned[:len(unsigned)-2]) // no sig field
-	xadd(claim(c, a).Values(bytes.Repeat([]byte{1}, outbox.MinKeyLen)))
+	unsignedID := xadd(unsigned[:len(unsigned)-2]) // no sig field
+	otherKeyID := xadd(claim(c, a).Values(bytes.Repeat([]byte{1}, outbox.MinKeyLen)))
 	altered := claim(a, a).Values(key) // the genuine entry, signed...
 	for i := 0; i < len(altered); i += 2 {
 		if altered[i] == outbox.FieldPayload {
 			altered[i+1] = claim(a, c).Payload // ...then its payload changed
 		}
 	}
-	xadd(altered)
+	alteredID := xadd(altered)
 
 	cfg := b.config()
 	cfg.DisableRelay = true // the real entries go out only after the forgeries ran
@@ -72,14 +75,17 @@ func TestForgedEntriesDeadLettered(t *testing.T) {
 	})
 	letters, err := deadletter.List(ctx, b.pool, "", 10)
 	require.NoError(t, err)
+	reasons := map[string]string{}
 	for _, l := range letters {
 		require.Equal(t, deadletter.ForgedKind, l.Kind)
 		require.Equal(t, "forged:"+l.StreamID, l.JobID, "never under the identity it claims")
 		require.Contains(t, l.Reason, "entry "+l.StreamID+" is not signed by a relay of this cluster: forged or altered")
+		reasons[l.StreamID] = l.Reason
 	}
-	require.Contains(t, letters[0].Reason, "it has no signature")
-	require.Contains(t, letters[1].Reason, "its signature does not match its fields")
-	require.Contains(t, letters[2].Reason, "its signature does not match its fields")
+	require.Contains(t, reasons[unsignedID], "it has no signature")
+	require.Contains(t, reasons[otherKeyID], "its signature does not match its fields")
+	require.Contains(t, reasons[alteredID], "its signature does not match its fields")
+	require.Contains(t, reasons[alteredID], fmt.Sprintf(`it claims job "%d"`, a.outboxID))
 	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM processed_jobs`), "no guard ran")
 	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`), "no effect")
 	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE done_at IS NOT NULL OR outcome IS NOT NULL`),
