@@ -1,6 +1,7 @@
 package host
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/host/outbox"
 )
 
 // Config is everything a Host needs. Every field says its default; New fills
@@ -24,6 +27,19 @@ type Config struct {
 	RedisURL string
 	// Redis is an existing client. Optional.
 	Redis redis.UniversalClient
+	// RedisCAFile is a PEM file of the CA certificates that sign the Redis
+	// server's certificate, for a rediss:// RedisURL (TLS): when set they
+	// are the only roots trusted for Redis. Default: the system's roots.
+	// Setting it with a redis:// URL is an error (it would not be used).
+	RedisCAFile string
+
+	// SigningKey is the key the relay signs every stream entry with
+	// (HMAC-SHA256) and the consumer verifies it by before dispatch: an
+	// entry that does not verify is dead-lettered as forged. Every host of
+	// a cluster must have the same key; at least 32 bytes. Default: the
+	// key in the database's runtime_secrets table, which the first host to
+	// start generates (32 random bytes).
+	SigningKey []byte
 
 	// Stream is the stream key. Default "usher:{jobs}" (the hash tag keeps
 	// a partition's keys in one Redis Cluster slot).
@@ -163,6 +179,9 @@ func (c *Config) setDefaults() error {
 	if c.Redis == nil && c.RedisURL == "" {
 		return errors.New("host: RedisURL (or Redis) is required")
 	}
+	if n := len(c.SigningKey); n > 0 && n < outbox.MinKeyLen {
+		return fmt.Errorf("host: SigningKey is %d bytes; at least %d are needed", n, outbox.MinKeyLen)
+	}
 	if c.Stream == "" {
 		c.Stream = "usher:{jobs}"
 	}
@@ -210,7 +229,8 @@ func (c *Config) setDefaults() error {
 func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("database_url", maskURL(c.DatabaseURL)),
-		slog.String("redis_url", maskURL(c.RedisURL)),
+		slog.String("redis_url", maskURL(c.RedisURL)), slog.String("redis_ca_file", c.RedisCAFile),
+		slog.String("signing_key", keySource(c.SigningKey)),
 		slog.String("stream", c.Stream), slog.String("group", c.Group), slog.String("consumer", c.Consumer),
 		slog.String("plugin_dir", c.PluginDir), slog.Bool("plugin_watch", c.PluginDir != "" && !c.DisablePluginWatch),
 		slog.Any("plugins", c.Plugins), slog.Bool("allow_superuser", c.AllowSuperuser),
@@ -229,6 +249,40 @@ func maskSecret(s string) string {
 		return ""
 	}
 	return "xxxxx"
+}
+
+// keySource says where the signing key comes from, never the key.
+func keySource(key []byte) string {
+	if len(key) > 0 {
+		return "configured (masked)"
+	}
+	return "database"
+}
+
+// RedisOptions parses a Redis URL (redis:// or rediss:// for TLS, with an
+// optional user and password for a Redis ACL user) and, for rediss://,
+// trusts only the CA certificates in caFile when it is set.
+func RedisOptions(redisURL, caFile string) (*redis.Options, error) {
+	opt, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return nil, fmt.Errorf("redis url: %w", err)
+	}
+	if caFile == "" {
+		return opt, nil
+	}
+	if opt.TLSConfig == nil {
+		return nil, fmt.Errorf("a Redis CA file (%s) is set but the Redis URL is not rediss:// (TLS)", caFile)
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("redis CA file: %w", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("redis CA file %s holds no PEM certificate", caFile)
+	}
+	opt.TLSConfig.RootCAs = roots
+	return opt, nil
 }
 
 func maskURL(s string) string {

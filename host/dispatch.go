@@ -27,6 +27,11 @@ func (h *Host) dispatch(ctx context.Context, e stream.Entry) bool {
 	if !ack {
 		return false
 	}
+	if outcome == outcomeForged {
+		// The outbox row whose id a forged entry claims belongs to a real
+		// job: recording an outcome on it would let that job rest unrun.
+		return true
+	}
 	// Record the outcome before the ack: a row with no outcome is
 	// eventually republished, so this write is what lets it rest.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -47,8 +52,10 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 			outcome, ack = "", false
 		}
 	}()
-	if reason, bad := h.refuse(e); bad {
-		return "dead_letter", h.deadLetter(ctx, e, "bad_input", reason, "")
+	if cause, reason := h.refuse(e); cause == causeForged {
+		return outcomeForged, h.deadLetter(ctx, e, cause, reason, "")
+	} else if cause != "" {
+		return "dead_letter", h.deadLetter(ctx, e, cause, reason, "")
 	}
 	h.mu.RLock()
 	rt := h.routes[e.Kind]
@@ -107,24 +114,44 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 	}
 }
 
-// refuse checks what can be checked before any plugin sees the entry.
-func (h *Host) refuse(e stream.Entry) (string, bool) {
+// Dead-letter causes decided before any plugin sees the entry, and the
+// outcome of a forged entry, which is recorded on no outbox row.
+const (
+	causeBadInput = "bad_input"
+	causeForged   = "forged"
+	outcomeForged = "forged"
+)
+
+// refuse checks what can be checked before any plugin sees the entry and
+// returns the dead letter's cause and reason, or "" to run it. The
+// signature comes first: an entry no relay of this cluster signed is
+// forged whatever else it holds, and nothing it claims (its job id, its
+// outbox id) is trusted.
+func (h *Host) refuse(e stream.Entry) (cause, reason string) {
+	if !e.Signed.Verify(h.key, e.Sig) {
+		why := "its signature does not match its fields"
+		if e.Sig == "" {
+			why = "it has no signature"
+		}
+		return causeForged, fmt.Sprintf("entry %s is not signed by a relay of this cluster: forged or altered (%s; it claims job %.64q, outbox id %.32q, kind %.64q)",
+			e.StreamID, why, e.JobID, e.Signed.OutboxID, e.Kind)
+	}
 	if e.Err != nil {
-		return "malformed entry: " + e.Err.Error(), true
+		return causeBadInput, "malformed entry: " + e.Err.Error()
 	}
 	if e.Size > wire.MaxPayloadBytes {
-		return fmt.Sprintf("entry of %d bytes exceeds the %d-byte limit", e.Size, wire.MaxPayloadBytes), true
+		return causeBadInput, fmt.Sprintf("entry of %d bytes exceeds the %d-byte limit", e.Size, wire.MaxPayloadBytes)
 	}
 	h.mu.RLock()
 	_, known := h.routes[e.Kind]
 	h.mu.RUnlock()
 	if !known {
-		return fmt.Sprintf("unknown kind %q: no loaded plugin serves it (served: %s)", e.Kind, strings.Join(h.Kinds(), ", ")), true
+		return causeBadInput, fmt.Sprintf("unknown kind %q: no loaded plugin serves it (served: %s)", e.Kind, strings.Join(h.Kinds(), ", "))
 	}
 	if !json.Valid(e.Payload) {
-		return fmt.Sprintf("payload of %s job %s is not valid JSON", e.Kind, e.JobID), true
+		return causeBadInput, fmt.Sprintf("payload of %s job %s is not valid JSON", e.Kind, e.JobID)
 	}
-	return "", false
+	return "", ""
 }
 
 func (h *Host) retry(ctx context.Context, e stream.Entry, out guard.Outcome, log interface {
@@ -162,6 +189,11 @@ func (h *Host) deadLetter(ctx context.Context, e stream.Entry, cause, reason, la
 	kind := e.Kind
 	if kind == "" {
 		kind = "(none)"
+	}
+	if cause == causeForged {
+		// Never under the identity or kind it claims: those belong to a
+		// real job, and a requeue by kind must not pick it up.
+		jobID, kind = "forged:"+e.StreamID, deadletter.ForgedKind
 	}
 	_, err := deadletter.Add(wctx, h.pool, deadletter.Letter{
 		JobID: jobID, Kind: kind, Payload: e.Payload, RequestID: e.RequestID, Trace: e.Trace,

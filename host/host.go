@@ -74,6 +74,8 @@ type Host struct {
 	runner  *guard.Runner
 	metrics *metrics
 	tracer  trace.Tracer
+	// key signs and verifies stream entries (Config.SigningKey).
+	key []byte
 
 	mu      sync.RWMutex
 	routes  map[string]route
@@ -121,10 +123,10 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		h.pool, h.ownPool = pool, true
 	}
 	if h.rdb == nil {
-		opt, err := redis.ParseURL(cfg.RedisURL)
+		opt, err := RedisOptions(cfg.RedisURL, cfg.RedisCAFile)
 		if err != nil {
 			h.Close()
-			return nil, fmt.Errorf("host: redis url: %w", err)
+			return nil, fmt.Errorf("host: %w", err)
 		}
 		h.rdb, h.ownRdb = redis.NewClient(opt), true
 	}
@@ -147,6 +149,16 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	if err := migrations.Up(ctx, h.pool); err != nil {
 		h.Close()
 		return nil, err
+	}
+	h.key = cfg.SigningKey
+	if h.key == nil {
+		if h.key, err = outbox.LoadSigningKey(ctx, h.pool); err != nil {
+			h.Close()
+			return nil, fmt.Errorf("host: %w", err)
+		}
+		h.log.Info("stream signing key loaded from the database (runtime_secrets)")
+	} else {
+		h.log.Info("stream signing key taken from the configuration")
 	}
 	h.handles = guard.NewHandles(schema, h.log)
 	runner, err := guard.NewRunner(guard.Config{
@@ -594,7 +606,7 @@ func (h *Host) Run(ctx context.Context) error {
 	loops := map[string]func(context.Context) error{"consumer": h.consumer.Run, "reclaim": rec.Run}
 	if !h.cfg.DisableRelay {
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			Pool: h.pool, Redis: h.rdb, Stream: h.cfg.Stream, PollInterval: h.cfg.RelayPollInterval,
+			Pool: h.pool, Redis: h.rdb, Stream: h.cfg.Stream, Key: h.key, PollInterval: h.cfg.RelayPollInterval,
 			AfterPublish: h.cfg.RelayAfterPublish, Logger: h.log,
 			OnPublished: func(n int) { h.metrics.published.Add(float64(n)) },
 		})

@@ -126,7 +126,8 @@ func TestRelayDuplicatesAppliedOnce(t *testing.T) {
 	// publishing every tenth row the first time.
 	var mu sync.Mutex
 	crashed := map[int64]bool{}
-	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Redis: b.rdb, Stream: b.stream, BatchSize: 1, PollInterval: 10 * time.Millisecond,
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Redis: b.rdb, Stream: b.stream, Key: hosttest.SigningKey(t, b.pool),
+		BatchSize: 1, PollInterval: 10 * time.Millisecond,
 		AfterPublish: func(ids []int64) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -221,8 +222,10 @@ func TestMalformedEntriesDeadLettered(t *testing.T) {
 	want := b.placeOrders(t, 30, 3)
 	ctx := context.Background()
 	require.NoError(t, b.rdb.XGroupCreateMkStream(ctx, b.stream, "usher", "0").Err())
+	// Signed as a relay would: each is bad in another way than its origin.
+	key := hosttest.SigningKey(t, b.pool)
 	add := func(vals ...any) {
-		require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: vals}).Err())
+		require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: hosttest.Signed(key, vals...)}).Err())
 	}
 	add("kind", "update_sales_counter", "payload", `{"order_id":1}`)                                            // no identity
 	add("job_id", "x-1", "kind", "reticulate_splines", "payload", `{}`)                                         // unknown kind

@@ -19,7 +19,7 @@ func TestLostStreamIsRepublished(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	want := b.placeOrders(t, 50, 2)
-	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Redis: b.rdb, Stream: b.stream})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Redis: b.rdb, Stream: b.stream, Key: hosttest.SigningKey(t, b.pool)})
 	require.NoError(t, err)
 	n, err := relay.RelayOnce(ctx)
 	require.NoError(t, err)

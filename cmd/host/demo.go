@@ -178,7 +178,7 @@ func (d *demo) prepare(ctx context.Context) error {
 	if d.pool, err = pgxpool.New(ctx, d.dbURL); err != nil {
 		return err
 	}
-	opt, err := redis.ParseURL(d.conn.redisURL)
+	opt, err := host.RedisOptions(d.conn.redisURL, d.conn.redisCAFile)
 	if err != nil {
 		return err
 	}
@@ -233,7 +233,7 @@ func (d *demo) startHosts(ctx context.Context, mailURL, faultDir string) ([]*hos
 			return nil, nil, err
 		}
 		cfg := host.Config{
-			DatabaseURL: d.dbURL, RedisURL: d.conn.redisURL, Stream: d.conn.stream, Consumer: name,
+			DatabaseURL: d.dbURL, RedisURL: d.conn.redisURL, RedisCAFile: d.conn.redisCAFile, Stream: d.conn.stream, Consumer: name,
 			PluginDir: d.pluginDir, ReclaimIdle: d.reclaim, JobTimeout: 20 * time.Second,
 			RetryBackoff: 500 * time.Millisecond, RelayPollInterval: 200 * time.Millisecond,
 			// The demo crashes the tickets plugin on purpose, several times

@@ -11,7 +11,8 @@
 // Configuration comes from flags, with environment variables as defaults:
 // DATABASE_URL, REDIS_URL, USHER_STREAM, USHER_PLUGIN_DIR, USHER_CONSUMER,
 // USHER_RECLAIM_IDLE, USHER_CONCURRENCY, USHER_ADMIN_ADDR,
-// USHER_ADMIN_ALLOWED_HOSTS. The admin API's token is USHER_ADMIN_TOKEN
+// USHER_ADMIN_ALLOWED_HOSTS, USHER_SIGNING_KEY_FILE, USHER_REDIS_CA_FILE,
+// USHER_PLUGIN_POOL_SIZE. The admin API's token is USHER_ADMIN_TOKEN
 // (never a flag: a command line is visible to every user), else the file
 // --admin-token-file names (default $XDG_STATE_HOME/usher/admin-token);
 // `run` creates that file when it is missing, `plugins` reads it.

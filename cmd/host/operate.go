@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/deadletter"
 )
 
@@ -27,7 +28,7 @@ func connect(ctx context.Context, c *connFlags) (*pgxpool.Pool, *redis.Client, e
 		pool.Close()
 		return nil, nil, fmt.Errorf("postgres unreachable: %w", err)
 	}
-	opt, err := redis.ParseURL(c.redisURL)
+	opt, err := host.RedisOptions(c.redisURL, c.redisCAFile)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

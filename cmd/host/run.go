@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
+	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -13,7 +15,8 @@ import (
 
 func cmdRun(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	conn, cfg, plugins := hostFlags(fs)
+	var f hostFlags
+	f.register(fs)
 	var tf tokenFlags
 	tf.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -22,14 +25,22 @@ func cmdRun(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("run takes no arguments, got %q", fs.Args())
 	}
-	conn.apply(cfg, *plugins)
+	cfg, err := f.config()
+	if err != nil {
+		return err
+	}
 	if cfg.AdminAddr != "" {
-		var err error
 		if cfg.AdminToken, cfg.AdminTokenFile, err = tf.resolve(); err != nil {
 			return err
 		}
 	}
-	h, err := host.New(ctx, *cfg)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	}
+	if f.signingKeyFile != "" {
+		cfg.Logger.Info("stream signing key read from a file", "path", f.signingKeyFile)
+	}
+	h, err := host.New(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -17,25 +17,12 @@ import (
 	"github.com/usherhq/usher/host/hosttest"
 )
 
-// setupReadmeBlock returns the shell lines of the README's first code block
-// after the line containing marker.
-func setupReadmeBlock(t *testing.T, marker string) []string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "README.md"))
-	require.NoError(t, err)
-	_, rest, ok := strings.Cut(string(b), marker)
-	require.True(t, ok, "README has no %q", marker)
-	_, rest, _ = strings.Cut(rest, "```sh\n")
-	block, _, _ := strings.Cut(rest, "```")
-	return strings.Split(strings.TrimSpace(block), "\n")
-}
-
 // The README's set-up commands, as written: only the README's server
 // address and database give way to the test's own database, and bin/ is a
 // directory of the test's.
 func TestReadmeSetup(t *testing.T) {
 	t.Parallel()
-	lines := setupReadmeBlock(t, "**Set up once, as an administrator:**")
+	lines := readmeBlock(t, "**Set up once, as an administrator:**", "sh")
 	require.Len(t, lines, 2)
 	setup, run := lines[0], lines[1]
 	require.True(t, strings.HasPrefix(setup, "bin/host setup "), setup)

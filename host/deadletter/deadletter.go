@@ -15,6 +15,12 @@ import (
 	"github.com/usherhq/usher/host/outbox"
 )
 
+// ForgedKind is the kind of the dead letter of a forged stream entry (one
+// no relay of the cluster signed). Its job id is "forged:<stream id>"; the
+// identity and kind it claimed are in its reason. Requeue never requeues
+// it.
+const ForgedKind = "(forged)"
+
 // Letter is one dead-lettered job.
 type Letter struct {
 	ID         int64
@@ -90,14 +96,15 @@ func Get(ctx context.Context, q outbox.Querier, id int64) (Letter, error) {
 // Requeue puts open letters back through the outbox with their identity
 // kept, so the guards still recognise a job that had partly run. It takes
 // either one id, or every open letter of kind (id 0). It returns how many
-// it requeued.
+// it requeued. A forged entry's letter (ForgedKind) is never requeued: its
+// payload is an attacker's.
 func Requeue(ctx context.Context, tx pgx.Tx, id int64, kind string) (int, error) {
 	if id == 0 && kind == "" {
 		return 0, errors.New("deadletter: requeue needs an id or a kind")
 	}
 	rows, err := tx.Query(ctx, `UPDATE dead_letters SET requeued_at = now()
-		WHERE requeued_at IS NULL AND (($1::bigint <> 0 AND id = $1) OR ($1::bigint = 0 AND kind = $2))
-		RETURNING job_id, kind, convert_from(payload, 'UTF8'), request_id, trace, attempts`, id, kind)
+		WHERE requeued_at IS NULL AND kind <> $3 AND (($1::bigint <> 0 AND id = $1) OR ($1::bigint = 0 AND kind = $2))
+		RETURNING job_id, kind, convert_from(payload, 'UTF8'), request_id, trace, attempts`, id, kind, ForgedKind)
 	if err != nil {
 		return 0, fmt.Errorf("deadletter: requeue: %w", err)
 	}
@@ -115,7 +122,7 @@ func Requeue(ctx context.Context, tx pgx.Tx, id int64, kind string) (int, error)
 		return 0, fmt.Errorf("deadletter: requeue: %w", err)
 	}
 	if id != 0 && len(msgs) == 0 {
-		return 0, fmt.Errorf("deadletter: no open dead letter %d", id)
+		return 0, fmt.Errorf("deadletter: no open dead letter %d (forged entries are never requeued)", id)
 	}
 	if _, err := outbox.Add(ctx, tx, msgs...); err != nil {
 		return 0, err

@@ -25,6 +25,7 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/admin"
+	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/migrations"
 )
@@ -224,6 +225,32 @@ func Build(tb testing.TB, pkg string, xflags ...string) string {
 	}
 	built[key] = out
 	return out
+}
+
+// SigningKey returns the stream signing key of the test's database (the one
+// a host started on it without Config.SigningKey uses), generating it if no
+// host has yet.
+func SigningKey(tb testing.TB, pool *pgxpool.Pool) []byte {
+	tb.Helper()
+	key, err := outbox.LoadSigningKey(context.Background(), pool)
+	if err != nil {
+		tb.Fatalf("hosttest: %v", err)
+	}
+	return key
+}
+
+// Signed returns the XADD values vals (field, value pairs) followed by
+// their signature by key, as a relay would sign them: for tests that add
+// raw entries which are meant to be valid in every way but one other than
+// their origin (malformed, unknown kind, oversized). A field missing from
+// vals is signed as empty, as the consumer reads it.
+func Signed(key []byte, vals ...any) []any {
+	m := make(map[string]any, len(vals)/2)
+	for i := 0; i+1 < len(vals); i += 2 {
+		k, _ := vals[i].(string)
+		m[k] = vals[i+1]
+	}
+	return append(append([]any(nil), vals...), outbox.FieldSig, outbox.FieldsOf(m).Sign(key))
 }
 
 // Logger returns a logger that writes through t.Log (only shown for failing

@@ -17,7 +17,7 @@ import (
 const Channel = "usher_outbox"
 
 // Stream entry field names. outbox_id and job_id are always present; the
-// stream entry id is never a job's identity.
+// stream entry id is never a job's identity. FieldSig signs the others.
 const (
 	FieldJobID     = "job_id"
 	FieldOutboxID  = "outbox_id"
@@ -36,6 +36,10 @@ type RelayConfig struct {
 	Redis redis.UniversalClient
 	// Stream is the stream key. Required.
 	Stream string
+	// Key signs every entry (Fields.Sign); consumers dead-letter an entry
+	// their key does not verify. At least MinKeyLen bytes. Required:
+	// LoadSigningKey reads the cluster's.
+	Key []byte
 	// BatchSize is how many rows one transaction takes. Default 256.
 	BatchSize int
 	// PollInterval is the fallback poll when no notification arrives.
@@ -54,6 +58,9 @@ type RelayConfig struct {
 func (c *RelayConfig) setDefaults() error {
 	if c.Pool == nil || c.Redis == nil || c.Stream == "" {
 		return errors.New("outbox: relay needs Pool, Redis and Stream")
+	}
+	if len(c.Key) < MinKeyLen {
+		return fmt.Errorf("outbox: relay needs a signing Key of at least %d bytes (got %d)", MinKeyLen, len(c.Key))
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 256
@@ -198,15 +205,9 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	pipe := r.cfg.Redis.Pipeline()
 	for i, x := range batch {
 		ids[i] = x.id
-		pipe.XAdd(ctx, &redis.XAddArgs{Stream: r.cfg.Stream, Values: []any{
-			FieldJobID, x.jobID,
-			FieldOutboxID, strconv.FormatInt(x.id, 10),
-			FieldKind, x.kind,
-			FieldPayload, x.payload,
-			FieldRequestID, x.requestID,
-			FieldTrace, x.trace,
-			FieldAttempt, strconv.Itoa(int(x.attempt)),
-		}})
+		f := Fields{JobID: x.jobID, OutboxID: strconv.FormatInt(x.id, 10), Kind: x.kind, Payload: x.payload,
+			RequestID: x.requestID, Trace: x.trace, Attempt: strconv.Itoa(int(x.attempt))}
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: r.cfg.Stream, Values: f.Values(r.cfg.Key)})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		// Some entries may be on the stream: that is the documented

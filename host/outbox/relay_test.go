@@ -24,9 +24,10 @@ func TestTwoRelaysLoseNothing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
+	key := hosttest.SigningKey(t, pool)
 	var relays []*outbox.Relay
 	for range 2 {
-		r, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, Redis: rdb, Stream: stream, BatchSize: 25, PollInterval: 50 * time.Millisecond})
+		r, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, Redis: rdb, Stream: stream, Key: key, BatchSize: 25, PollInterval: 50 * time.Millisecond})
 		require.NoError(t, err)
 		relays = append(relays, r)
 	}
@@ -66,6 +67,8 @@ func TestTwoRelaysLoseNothing(t *testing.T) {
 	seen := map[string]bool{}
 	for _, m := range msgs {
 		seen[m.Values[outbox.FieldOutboxID].(string)] = true
+		sig, _ := m.Values[outbox.FieldSig].(string)
+		require.True(t, outbox.FieldsOf(m.Values).Verify(key, sig), "entry %s is signed", m.ID)
 	}
 	require.Len(t, seen, n, "every outbox row is on the stream")
 	require.EqualValues(t, n, hosttest.Count(t, pool, `SELECT count(*) FROM outbox`))

@@ -30,27 +30,33 @@ type Entry struct {
 	Deliveries int64
 	// Size is the sum of the entry's field and value lengths.
 	Size int
-	Err  error
+	// Signed are the entry's values exactly as the stream holds them and
+	// Sig the relay's signature of them (empty when the entry has none).
+	// Decode does not verify them: the dispatcher does, with the cluster's
+	// key, before anything else.
+	Signed outbox.Fields
+	Sig    string
+	Err    error
 }
 
 // Decode turns a stream message into an Entry. It never fails: a missing or
 // malformed field is recorded in Entry.Err.
 func Decode(m redis.XMessage) Entry {
-	e := Entry{StreamID: m.ID, Deliveries: 1}
-	str := func(k string) string {
-		v, _ := m.Values[k].(string)
-		return v
-	}
+	e := Entry{StreamID: m.ID, Deliveries: 1, Signed: outbox.FieldsOf(m.Values)}
 	for k, v := range m.Values {
 		s, _ := v.(string)
 		e.Size += len(k) + len(s)
 	}
-	e.JobID = str(outbox.FieldJobID)
-	e.Kind = str(outbox.FieldKind)
-	e.Payload = []byte(str(outbox.FieldPayload))
-	e.RequestID = str(outbox.FieldRequestID)
-	e.Trace = str(outbox.FieldTrace)
-	if s := str(outbox.FieldOutboxID); s != "" {
+	e.Sig, _ = m.Values[outbox.FieldSig].(string)
+	// Every value used below comes from Signed, so what is verified is
+	// what runs.
+	f := e.Signed
+	e.JobID = f.JobID
+	e.Kind = f.Kind
+	e.Payload = []byte(f.Payload)
+	e.RequestID = f.RequestID
+	e.Trace = f.Trace
+	if s := f.OutboxID; s != "" {
 		id, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
 			e.Err = fmt.Errorf("entry %s: outbox_id %q is not a number", m.ID, s)
@@ -58,7 +64,7 @@ func Decode(m redis.XMessage) Entry {
 		}
 		e.OutboxID = id
 	}
-	if s := str(outbox.FieldAttempt); s != "" {
+	if s := f.Attempt; s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
 			e.Err = fmt.Errorf("entry %s: attempt %q is not a count", m.ID, s)

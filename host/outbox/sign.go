@@ -1,0 +1,109 @@
+package outbox
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+)
+
+// FieldSig holds the entry's signature: hex HMAC-SHA256, by the cluster's
+// signing key, of the entry's other fields (Fields.Sign).
+const FieldSig = "sig"
+
+// MinKeyLen is the shortest signing key accepted, in bytes.
+const MinKeyLen = 32
+
+// Fields are the values of a stream entry that a consumer uses, exactly as
+// they are on the stream (outbox_id and attempt as their decimal text). A
+// field missing from the entry is the empty string, as the consumer reads
+// it.
+type Fields struct {
+	JobID, OutboxID, Kind, Payload, RequestID, Trace, Attempt string
+}
+
+// FieldsOf reads the signed fields of a stream entry's values (as go-redis
+// returns them); a value that is not a string counts as empty, as it does
+// for the consumer.
+func FieldsOf(values map[string]any) Fields {
+	s := func(k string) string {
+		v, _ := values[k].(string)
+		return v
+	}
+	return Fields{JobID: s(FieldJobID), OutboxID: s(FieldOutboxID), Kind: s(FieldKind), Payload: s(FieldPayload),
+		RequestID: s(FieldRequestID), Trace: s(FieldTrace), Attempt: s(FieldAttempt)}
+}
+
+// signDomain separates these signatures from any other use of the key.
+const signDomain = "usher stream entry v1"
+
+// Sign returns the hex HMAC-SHA256 of f by key, over an unambiguous
+// encoding: the domain, then each field in a fixed order, each preceded by
+// its length as 8 bytes big-endian, so no two different entries encode
+// alike (moving bytes from the payload into the trace changes the
+// signature).
+func (f Fields) Sign(key []byte) string {
+	mac := hmac.New(sha256.New, key)
+	var n [8]byte
+	for _, v := range []string{signDomain, f.JobID, f.OutboxID, f.Kind, f.Payload, f.RequestID, f.Trace, f.Attempt} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(v)))
+		mac.Write(n[:])
+		mac.Write([]byte(v))
+	}
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
+// Verify reports whether sig is f's signature by key, in constant time.
+// An empty or malformed sig is not.
+func (f Fields) Verify(key []byte, sig string) bool {
+	got, err := hex.DecodeString(sig)
+	if err != nil || len(got) != sha256.Size {
+		return false
+	}
+	want, _ := hex.DecodeString(f.Sign(key))
+	return hmac.Equal(got, want)
+}
+
+// Values returns the entry's XADD values: every field, then its signature
+// by key.
+func (f Fields) Values(key []byte) []any {
+	return []any{
+		FieldJobID, f.JobID,
+		FieldOutboxID, f.OutboxID,
+		FieldKind, f.Kind,
+		FieldPayload, f.Payload,
+		FieldRequestID, f.RequestID,
+		FieldTrace, f.Trace,
+		FieldAttempt, f.Attempt,
+		FieldSig, f.Sign(key),
+	}
+}
+
+// signingKeyName is the key's row in runtime_secrets.
+const signingKeyName = "stream_signing_key"
+
+// LoadSigningKey returns the cluster's stream signing key from the
+// runtime_secrets table, generating a random 32-byte key first if there is
+// none. Hosts starting at once agree: each inserts its candidate with ON
+// CONFLICT DO NOTHING, then all read back the one row that won.
+func LoadSigningKey(ctx context.Context, q Querier) ([]byte, error) {
+	candidate := make([]byte, MinKeyLen)
+	if _, err := rand.Read(candidate); err != nil {
+		return nil, fmt.Errorf("outbox: generate signing key: %w", err)
+	}
+	if _, err := q.Exec(ctx, `INSERT INTO runtime_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`,
+		signingKeyName, candidate); err != nil {
+		return nil, fmt.Errorf("outbox: store signing key: %w", err)
+	}
+	var key []byte
+	if err := q.QueryRow(ctx, `SELECT value FROM runtime_secrets WHERE name = $1`, signingKeyName).Scan(&key); err != nil {
+		return nil, fmt.Errorf("outbox: read signing key: %w", err)
+	}
+	if len(key) < MinKeyLen {
+		return nil, fmt.Errorf("outbox: the signing key in runtime_secrets is %d bytes; at least %d are needed", len(key), MinKeyLen)
+	}
+	return key, nil
+}
