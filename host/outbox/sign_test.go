@@ -10,6 +10,7 @@ import (
 
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/sandbox"
 )
 
 var testKey = bytes.Repeat([]byte{7}, outbox.MinKeyLen)
@@ -111,13 +112,13 @@ func TestLoadSigningKeyAgrees(t *testing.T) {
 	}
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM runtime_secrets`))
 
-	for _, role := range []string{"usher_plugin_counters", "usher_plugin_tickets"} {
-		tx, err := pool.Begin(ctx)
+	// A plugin's login role cannot read it.
+	for _, p := range []string{"counters", "tickets"} {
+		role := sandbox.PluginRole(p)
+		ppool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: pool.Config(), Role: role, Size: 1})
 		require.NoError(t, err)
-		_, err = tx.Exec(ctx, "SET LOCAL ROLE "+role)
-		require.NoError(t, err)
-		_, err = tx.Exec(ctx, `SELECT value FROM runtime_secrets`)
+		_, err = ppool.Exec(ctx, `SELECT value FROM runtime_secrets`)
 		require.ErrorContains(t, err, "permission denied", "%s reads the signing key", role)
-		require.NoError(t, tx.Rollback(ctx))
+		ppool.Close()
 	}
 }

@@ -59,7 +59,7 @@ func PluginRole(name string) string {
 // RuntimeTables are the runtime's own tables: no plugin role may hold any
 // privilege on them.
 var RuntimeTables = []string{"outbox", "processed_jobs", "scheduled_jobs", "dead_letters",
-	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues"}
+	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets"}
 
 // functions are the runtime's SECURITY DEFINER functions a plugin role may
 // call (through the host, or by itself: each checks the caller).
