@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/host/stream"
 )
 
 // Config is everything a Host needs. Every field says its default; New fills
@@ -80,6 +82,18 @@ type Config struct {
 
 	// Concurrency bounds the jobs in flight in this host. Default 16.
 	Concurrency int
+	// MaxEntryBytesHeld bounds the memory this host's stream entries take:
+	// room for an entry (1 MiB, the largest it runs) is reserved before
+	// it is read, and an entry holds its size until it is finished; the
+	// reader reads no more while the budget is spent. An entry over 1 MiB
+	// is never read whole: Redis cuts it to a prefix of each field (see
+	// host/stream's readScript) and it is dead-lettered. Default 64 MiB;
+	// at least 1 MiB.
+	MaxEntryBytesHeld int64
+	// IdlePoll is the longest wait between two stream reads that found
+	// nothing (the read is a script, and Redis refuses to block in one).
+	// Default 200ms.
+	IdlePoll time.Duration
 	// ReclaimIdle is the reclaim threshold. Default 60s.
 	ReclaimIdle time.Duration
 	// ReclaimInterval is how often the reclaimer scans. Default
@@ -149,6 +163,13 @@ func (c *Config) setDefaults() error {
 	if c.Concurrency <= 0 {
 		c.Concurrency = 16
 	}
+	if c.MaxEntryBytesHeld <= 0 {
+		c.MaxEntryBytesHeld = 64 << 20
+	}
+	c.MaxEntryBytesHeld = max(c.MaxEntryBytesHeld, stream.MaxEntryBytes)
+	if c.IdlePoll <= 0 {
+		c.IdlePoll = 200 * time.Millisecond
+	}
 	if c.ReclaimIdle <= 0 {
 		c.ReclaimIdle = 60 * time.Second
 	}
@@ -178,7 +199,8 @@ func (c Config) LogValue() slog.Value {
 		slog.String("stream", c.Stream), slog.String("group", c.Group), slog.String("consumer", c.Consumer),
 		slog.String("plugin_dir", c.PluginDir), slog.Bool("plugin_watch", c.PluginDir != "" && !c.DisablePluginWatch),
 		slog.Any("plugins", c.Plugins), slog.Bool("require_plugin_role", c.RequirePluginRole),
-		slog.Int("concurrency", c.Concurrency), slog.Duration("reclaim_idle", c.ReclaimIdle),
+		slog.Int("concurrency", c.Concurrency), slog.Int64("max_entry_bytes_held", c.MaxEntryBytesHeld),
+		slog.Duration("reclaim_idle", c.ReclaimIdle),
 		slog.Duration("job_timeout", c.JobTimeout), slog.Int64("max_deliveries", c.MaxDeliveries),
 		slog.Int("max_attempts", c.MaxAttempts), slog.Bool("relay", !c.DisableRelay),
 		slog.Bool("scheduler", !c.DisableScheduler), slog.String("admin_addr", c.AdminAddr),
