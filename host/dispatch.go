@@ -101,7 +101,7 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 	case guard.Permanent:
 		return "dead_letter", h.deadLetter(ctx, e, "permanent", out.Reason, out.Reason)
 	default: // Abandoned
-		log.Warn("job did not finish; entry left pending for reclaim", "err", out.Err)
+		log.Warn("job did not finish; entry left pending for reclaim", "err", shortError(out.Reason))
 		return "", false
 	}
 }
@@ -134,44 +134,65 @@ func (h *Host) retry(ctx context.Context, e stream.Entry, out guard.Outcome, log
 	defer cancel()
 	added, err := schedule.Add(wctx, h.pool, schedule.Run{
 		JobID: e.JobID, Attempt: e.Attempt + 1, Kind: e.Kind, Payload: e.Payload,
-		RequestID: e.RequestID, Trace: e.Trace, Reason: out.Reason, RunAt: time.Now().Add(out.RetryAfter),
+		RequestID: e.RequestID, Trace: e.Trace, Reason: storedError(out.Reason), RunAt: time.Now().Add(out.RetryAfter),
 	})
 	if err != nil {
 		log.Warn("could not schedule retry; entry left pending", "err", err)
 		return false
 	}
-	log.Info("job scheduled to run again", "in", out.RetryAfter, "reason", out.Reason, "already_scheduled", !added)
+	log.Info("job scheduled to run again", "in", out.RetryAfter, "reason", shortError(out.Reason), "already_scheduled", !added)
 	return true
 }
 
 // deadLetter records the entry in Postgres; only then may it be acked.
+// lastErr (reason when empty) is the full error, stored once in
+// last_error; the reason, the history and the log line carry it cut short.
+// An entry refused before any plugin saw it (e.Err) keeps its fields'
+// bytes as received in raw; its text columns hold them escaped.
 func (h *Host) deadLetter(ctx context.Context, e stream.Entry, cause, reason, lastErr string) bool {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if lastErr == "" {
 		lastErr = reason
 	}
+	reason = shortError(reason)
 	hist, _ := json.Marshal([]map[string]any{{
-		"at": time.Now().UTC(), "consumer": h.cfg.Consumer, "deliveries": e.Deliveries, "attempt": e.Attempt, "error": lastErr,
+		"at": time.Now().UTC(), "consumer": h.cfg.Consumer, "deliveries": e.Deliveries, "attempt": e.Attempt, "error": shortError(lastErr),
 	}})
-	jobID := e.JobID
+	jobID := deadletter.Text(e.JobID)
 	if jobID == "" {
 		jobID = "entry:" + e.StreamID
 	}
-	kind := e.Kind
+	kind := deadletter.Text(e.Kind)
 	if kind == "" {
 		kind = "(none)"
 	}
+	var raw []deadletter.RawField
+	if e.Err != nil {
+		raw = make([]deadletter.RawField, 0, len(e.Fields))
+		for _, f := range e.Fields {
+			raw = append(raw, deadletter.RawField{Name: []byte(f.Name), Value: []byte(f.Value), NameBytes: f.NameLen, ValueBytes: f.ValueLen})
+		}
+	}
 	_, err := deadletter.Add(wctx, h.pool, deadletter.Letter{
 		JobID: jobID, Kind: kind, Payload: e.Payload, RequestID: e.RequestID, Trace: e.Trace,
-		Reason: reason, LastError: lastErr, Attempts: e.Attempt + 1, StreamID: e.StreamID, History: hist,
+		Reason: reason, LastError: storedError(lastErr), Attempts: e.Attempt + 1, StreamID: e.StreamID, History: hist, Raw: raw,
 	})
 	if err != nil {
 		h.log.Error("could not write dead letter; entry left pending", "stream_id", e.StreamID, "err", err)
 		return false
 	}
-	h.metrics.deadLetters.WithLabelValues(kind, cause).Inc()
-	h.metrics.jobs.WithLabelValues(kind, "dead_letter").Inc()
-	h.log.Warn("job dead-lettered", "job_id", jobID, "kind", kind, "stream_id", e.StreamID, "cause", cause, "reason", reason)
+	// A kind no plugin serves is whatever the entry said: one series
+	// for all of them, not one per hostile string.
+	label := "(unknown)"
+	h.mu.RLock()
+	if _, known := h.routes[e.Kind]; known {
+		label = e.Kind
+	}
+	h.mu.RUnlock()
+	h.metrics.deadLetters.WithLabelValues(label, cause).Inc()
+	h.metrics.jobs.WithLabelValues(label, "dead_letter").Inc()
+	h.log.Warn("job dead-lettered", "job_id", shortError(jobID), "kind", shortError(kind), "stream_id", e.StreamID,
+		"cause", cause, "reason", reason)
 	return true
 }
