@@ -71,10 +71,21 @@ type Config struct {
 	// database user, with a warning logged when it loads.
 	RequirePluginRole bool
 	// PluginCrashLoop crashes within PluginCrashWindow mark a plugin
-	// unhealthy: its entries wait in the stream until a reload starts a
-	// working version. Defaults 5 and 1 minute.
-	PluginCrashLoop   int
-	PluginCrashWindow time.Duration
+	// unhealthy: its entries wait in the stream until it is restarted on
+	// probation PluginUnhealthyRetry later (twice as long after each
+	// relapse, up to 10 minutes) or a reload starts a working version.
+	// Defaults 5, 1 minute and 30s.
+	PluginCrashLoop      int
+	PluginCrashWindow    time.Duration
+	PluginUnhealthyRetry time.Duration
+	// PoisonCrashes: an entry that was in flight when its plugin's process
+	// crashed this many times is dead-lettered as poison, so the plugin's
+	// other jobs go on. After its first crash an entry runs alone on the
+	// plugin (no other call in flight), so an innocent entry caught in
+	// another's crash is charged once and then cleared. The count is kept
+	// in Redis per stream entry (shared by every host, expiring a day
+	// after the last crash). Default 3.
+	PoisonCrashes int
 	// PluginDrainTimeout bounds how long a swap waits for the old
 	// version's in-flight calls; those that overrun are left unacked and
 	// reclaimed. Default 30s.
@@ -179,6 +190,9 @@ func (c *Config) setDefaults() error {
 	if c.MaxDeliveries <= 0 {
 		c.MaxDeliveries = 10
 	}
+	if c.PoisonCrashes <= 0 {
+		c.PoisonCrashes = 3
+	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 8
 	}
@@ -202,7 +216,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("concurrency", c.Concurrency), slog.Int64("max_entry_bytes_held", c.MaxEntryBytesHeld),
 		slog.Duration("reclaim_idle", c.ReclaimIdle),
 		slog.Duration("job_timeout", c.JobTimeout), slog.Int64("max_deliveries", c.MaxDeliveries),
-		slog.Int("max_attempts", c.MaxAttempts), slog.Bool("relay", !c.DisableRelay),
+		slog.Int("max_attempts", c.MaxAttempts), slog.Int("poison_crashes", c.PoisonCrashes), slog.Bool("relay", !c.DisableRelay),
 		slog.Bool("scheduler", !c.DisableScheduler), slog.String("admin_addr", c.AdminAddr),
 	)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/schedule"
 	"github.com/usherhq/usher/host/stream"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
@@ -65,11 +66,24 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 		return "dead_letter", h.deadLetter(ctx, e, "max_deliveries",
 			fmt.Sprintf("delivered %d times (max %d) without finishing; the last runs crashed, hung or lost their host", e.Deliveries, h.cfg.MaxDeliveries), "")
 	}
+	crashes := h.crashes(ctx, e)
+	if crashes >= int64(h.cfg.PoisonCrashes) {
+		return "dead_letter", h.poison(ctx, e, crashes, nil)
+	}
+	defer func() {
+		if ack && crashes > 0 {
+			h.clearCrashes(ctx, e)
+		}
+	}()
 
 	ctx, span, traceparent := h.startSpan(ctx, e)
 	defer span.End()
 	jobCtx, cancel := context.WithTimeout(ctx, h.cfg.JobTimeout)
 	defer cancel()
+	if crashes > 0 {
+		// In flight during a crash before: alone, a crash now is its own.
+		jobCtx = pluginhost.Alone(jobCtx)
+	}
 	job := &usherv1.Job{Id: e.JobID, Kind: e.Kind, Payload: e.Payload, Attempt: int32(e.Attempt),
 		RequestId: e.RequestID, Trace: traceparent}
 	out := h.runner.Run(jobCtx, rt.plugin, rt.guard, job)
@@ -101,6 +115,12 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 	case guard.Permanent:
 		return "dead_letter", h.deadLetter(ctx, e, "permanent", out.Reason, out.Reason)
 	default: // Abandoned
+		var crash *pluginhost.CrashError
+		if errors.As(out.Err, &crash) {
+			if n := h.chargeCrash(ctx, e); n >= int64(h.cfg.PoisonCrashes) {
+				return "dead_letter", h.poison(ctx, e, n, crash)
+			}
+		}
 		log.Warn("job did not finish; entry left pending for reclaim", "err", shortError(out.Reason))
 		return "", false
 	}

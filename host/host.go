@@ -210,7 +210,7 @@ func (h *Host) loadManifest(ctx context.Context, p pluginhost.DirPlugin) error {
 
 func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhost.DirPlugin) error {
 	sup, err := pluginhost.NewSupervisor(ctx, pluginhost.SupervisorConfig{
-		Plugin: pcfg, CrashLoop: h.cfg.PluginCrashLoop, CrashWindow: h.cfg.PluginCrashWindow,
+		Plugin: pcfg, CrashLoop: h.cfg.PluginCrashLoop, CrashWindow: h.cfg.PluginCrashWindow, UnhealthyRetry: h.cfg.PluginUnhealthyRetry,
 		DrainTimeout: h.cfg.PluginDrainTimeout,
 		OnRestart: func(m pluginhost.Manifest, pid int) {
 			h.metrics.restarts.WithLabelValues(m.Name).Inc()
