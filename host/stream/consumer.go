@@ -251,12 +251,6 @@ func (c *Consumer) BytesHeld() int64 { return c.held.Load() }
 // PeakBytesHeld is the most BytesHeld has been.
 func (c *Consumer) PeakBytesHeld() int64 { return c.peak.Load() }
 
-func (c *Consumer) isRunning(id string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.running[id]
-}
-
 // start runs e in its own goroutine; the caller holds a slot and e.Held
 // bytes for it, which it gives back when e is finished.
 func (c *Consumer) start(e Entry) {
