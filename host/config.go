@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/stream"
 )
 
 // Config is everything a Host needs. Every field says its default; New fills
@@ -87,10 +88,21 @@ type Config struct {
 	// exhausts only its own connections. Default: Concurrency.
 	PluginPoolSize int
 	// PluginCrashLoop crashes within PluginCrashWindow mark a plugin
-	// unhealthy: its entries wait in the stream until a reload starts a
-	// working version. Defaults 5 and 1 minute.
-	PluginCrashLoop   int
-	PluginCrashWindow time.Duration
+	// unhealthy: its entries wait in the stream until it is restarted on
+	// probation PluginUnhealthyRetry later (twice as long after each
+	// relapse, up to 10 minutes) or a reload starts a working version.
+	// Defaults 5, 1 minute and 30s.
+	PluginCrashLoop      int
+	PluginCrashWindow    time.Duration
+	PluginUnhealthyRetry time.Duration
+	// PoisonCrashes: an entry that was in flight when its plugin's process
+	// crashed this many times is dead-lettered as poison, so the plugin's
+	// other jobs go on. After its first crash an entry runs alone on the
+	// plugin (no other call in flight), so an innocent entry caught in
+	// another's crash is charged once and then cleared. The count is kept
+	// in Redis per stream entry (shared by every host, expiring a day
+	// after the last crash). Default 3.
+	PoisonCrashes int
 	// PluginDrainTimeout bounds how long a swap waits for the old
 	// version's in-flight calls; those that overrun are left unacked and
 	// reclaimed. Default 30s.
@@ -98,6 +110,18 @@ type Config struct {
 
 	// Concurrency bounds the jobs in flight in this host. Default 16.
 	Concurrency int
+	// MaxEntryBytesHeld bounds the memory this host's stream entries take:
+	// room for an entry (1 MiB, the largest it runs) is reserved before
+	// it is read, and an entry holds its size until it is finished; the
+	// reader reads no more while the budget is spent. An entry over 1 MiB
+	// is never read whole: Redis cuts it to a prefix of each field (see
+	// host/stream's readScript) and it is dead-lettered. Default 64 MiB;
+	// at least 1 MiB.
+	MaxEntryBytesHeld int64
+	// IdlePoll is the longest wait between two stream reads that found
+	// nothing (the read is a script, and Redis refuses to block in one).
+	// Default 200ms.
+	IdlePoll time.Duration
 	// ReclaimIdle is the reclaim threshold. Default 60s.
 	ReclaimIdle time.Duration
 	// ReclaimInterval is how often the reclaimer scans. Default
@@ -195,6 +219,13 @@ func (c *Config) setDefaults() error {
 	if c.Concurrency <= 0 {
 		c.Concurrency = 16
 	}
+	if c.MaxEntryBytesHeld <= 0 {
+		c.MaxEntryBytesHeld = 64 << 20
+	}
+	c.MaxEntryBytesHeld = max(c.MaxEntryBytesHeld, stream.MaxEntryBytes)
+	if c.IdlePoll <= 0 {
+		c.IdlePoll = 200 * time.Millisecond
+	}
 	if c.ReclaimIdle <= 0 {
 		c.ReclaimIdle = 60 * time.Second
 	}
@@ -203,6 +234,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxDeliveries <= 0 {
 		c.MaxDeliveries = 10
+	}
+	if c.PoisonCrashes <= 0 {
+		c.PoisonCrashes = 3
 	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 8
@@ -235,9 +269,10 @@ func (c Config) LogValue() slog.Value {
 		slog.String("plugin_dir", c.PluginDir), slog.Bool("plugin_watch", c.PluginDir != "" && !c.DisablePluginWatch),
 		slog.Any("plugins", c.Plugins), slog.Bool("allow_superuser", c.AllowSuperuser),
 		slog.Int("plugin_pool_size", c.PluginPoolSize),
-		slog.Int("concurrency", c.Concurrency), slog.Duration("reclaim_idle", c.ReclaimIdle),
+		slog.Int("concurrency", c.Concurrency), slog.Int64("max_entry_bytes_held", c.MaxEntryBytesHeld),
+		slog.Duration("reclaim_idle", c.ReclaimIdle),
 		slog.Duration("job_timeout", c.JobTimeout), slog.Int64("max_deliveries", c.MaxDeliveries),
-		slog.Int("max_attempts", c.MaxAttempts), slog.Bool("relay", !c.DisableRelay),
+		slog.Int("max_attempts", c.MaxAttempts), slog.Int("poison_crashes", c.PoisonCrashes), slog.Bool("relay", !c.DisableRelay),
 		slog.Bool("scheduler", !c.DisableScheduler), slog.String("admin_addr", c.AdminAddr),
 		slog.String("admin_token", maskSecret(c.AdminToken)), slog.String("admin_token_file", c.AdminTokenFile),
 		slog.Any("admin_allowed_hosts", c.AdminAllowedHosts),

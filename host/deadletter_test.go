@@ -2,7 +2,10 @@ package host_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 )
 
@@ -114,4 +118,44 @@ func requeue(t *testing.T, b *testBundle, id int64, kind string) {
 		_, err := deadletter.Requeue(context.Background(), tx, id, kind)
 		return err
 	}))
+}
+
+// A handler's 200 KiB error is stored whole once (capped at 64 KiB, the
+// cut noted) in the scheduled run and in last_error; the dead letter's
+// reason and history and every log line carry it cut short.
+func TestLargeErrorStoredOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := outbox.Add(ctx, tx, outbox.Message{Kind: "raw_job", Payload: json.RawMessage(`{}`)})
+		return err
+	}))
+	logs := &syncBuffer{}
+	cfg := b.config()
+	cfg.Plugins = append(cfg.Plugins, hosttest.Build(t, "./host/testdata/rawplugin"))
+	cfg.PluginEnv = append(cfg.PluginEnv, "RAW_MODE=bigerror")
+	cfg.MaxAttempts = 2
+	cfg.RetryBackoff = 10 * time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	hosttest.Start(t, cfg)
+
+	hosttest.Eventually(t, 30*time.Second, "the raw job dead-lettered after 2 attempts", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters WHERE kind = 'raw_job'`) == 1
+	})
+	var reason, lastErr, hist, scheduled string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT reason, last_error, history::text FROM dead_letters`).Scan(&reason, &lastErr, &hist))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT reason FROM scheduled_jobs`).Scan(&scheduled))
+	for what, s := range map[string]string{"last_error": lastErr, "scheduled run's reason": scheduled} {
+		require.True(t, strings.HasPrefix(s, "commit: big error: 0123"), "%s keeps the start", what)
+		require.LessOrEqual(t, len(s), 64<<10+100, "%s is capped", what)
+		require.Contains(t, s, "… (truncated; ", "%s notes the cut", what)
+	}
+	require.Contains(t, reason, "failed 2 attempts")
+	require.Less(t, len(hist), 2<<10, "the history carries the error cut short")
+	require.Contains(t, hist, "commit: big error: 0123")
+	for _, line := range strings.Split(logs.String(), "\n") {
+		require.Less(t, len(line), 4<<10, "log line cut short: %.200s", line)
+	}
+	require.Contains(t, logs.String(), "bytes)", "the logged error says how long it was")
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/schedule"
 	"github.com/usherhq/usher/host/stream"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
@@ -72,11 +73,24 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 		return "dead_letter", h.deadLetter(ctx, e, "max_deliveries",
 			fmt.Sprintf("delivered %d times (max %d) without finishing; the last runs crashed, hung or lost their host", e.Deliveries, h.cfg.MaxDeliveries), "")
 	}
+	crashes := h.crashes(ctx, e)
+	if crashes >= int64(h.cfg.PoisonCrashes) {
+		return "dead_letter", h.poison(ctx, e, crashes, nil)
+	}
+	defer func() {
+		if ack && crashes > 0 {
+			h.clearCrashes(ctx, e)
+		}
+	}()
 
 	ctx, span, traceparent := h.startSpan(ctx, e)
 	defer span.End()
 	jobCtx, cancel := context.WithTimeout(ctx, h.cfg.JobTimeout)
 	defer cancel()
+	if crashes > 0 {
+		// In flight during a crash before: alone, a crash now is its own.
+		jobCtx = pluginhost.Alone(jobCtx)
+	}
 	job := &usherv1.Job{Id: e.JobID, Kind: e.Kind, Payload: e.Payload, Attempt: int32(e.Attempt),
 		RequestId: e.RequestID, Trace: traceparent}
 	out := h.runner.Run(jobCtx, rt.plugin, rt.db, rt.guard, job)
@@ -109,7 +123,13 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 	case guard.Permanent:
 		return "dead_letter", h.deadLetter(ctx, e, "permanent", out.Reason, out.Reason)
 	default: // Abandoned
-		log.Warn("job did not finish; entry left pending for reclaim", "err", out.Err)
+		var crash *pluginhost.CrashError
+		if errors.As(out.Err, &crash) {
+			if n := h.chargeCrash(ctx, e); n >= int64(h.cfg.PoisonCrashes) {
+				return "dead_letter", h.poison(ctx, e, n, crash)
+			}
+		}
+		log.Warn("job did not finish; entry left pending for reclaim", "err", shortError(out.Reason))
 		return "", false
 	}
 }
@@ -128,6 +148,13 @@ const (
 // forged whatever else it holds, and nothing it claims (its job id, its
 // outbox id) is trusted.
 func (h *Host) refuse(e stream.Entry) (cause, reason string) {
+	if e.Cut {
+		// Only prefixes were read: nothing can verify it, and no relay
+		// of ours publishes an entry this large (outbox.Add refuses the
+		// payload), so it is handled as a forgery would be.
+		return causeForged, fmt.Sprintf("entry %s of %d bytes is over the %d-byte limit and cannot be verified: no relay of this cluster publishes one (%v)",
+			e.StreamID, e.Size, stream.MaxEntryBytes, e.Err)
+	}
 	if !e.Signed.Verify(h.key, e.Sig) {
 		why := "its signature does not match its fields"
 		if e.Sig == "" {
@@ -162,31 +189,36 @@ func (h *Host) retry(ctx context.Context, e stream.Entry, out guard.Outcome, log
 	defer cancel()
 	added, err := schedule.Add(wctx, h.pool, schedule.Run{
 		JobID: e.JobID, Attempt: e.Attempt + 1, Kind: e.Kind, Payload: e.Payload,
-		RequestID: e.RequestID, Trace: e.Trace, Reason: out.Reason, RunAt: time.Now().Add(out.RetryAfter),
+		RequestID: e.RequestID, Trace: e.Trace, Reason: storedError(out.Reason), RunAt: time.Now().Add(out.RetryAfter),
 	})
 	if err != nil {
 		log.Warn("could not schedule retry; entry left pending", "err", err)
 		return false
 	}
-	log.Info("job scheduled to run again", "in", out.RetryAfter, "reason", out.Reason, "already_scheduled", !added)
+	log.Info("job scheduled to run again", "in", out.RetryAfter, "reason", shortError(out.Reason), "already_scheduled", !added)
 	return true
 }
 
 // deadLetter records the entry in Postgres; only then may it be acked.
+// lastErr (reason when empty) is the full error, stored once in
+// last_error; the reason, the history and the log line carry it cut short.
+// An entry refused before any plugin saw it (e.Err) keeps its fields'
+// bytes as received in raw; its text columns hold them escaped.
 func (h *Host) deadLetter(ctx context.Context, e stream.Entry, cause, reason, lastErr string) bool {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if lastErr == "" {
 		lastErr = reason
 	}
+	reason = shortError(reason)
 	hist, _ := json.Marshal([]map[string]any{{
-		"at": time.Now().UTC(), "consumer": h.cfg.Consumer, "deliveries": e.Deliveries, "attempt": e.Attempt, "error": lastErr,
+		"at": time.Now().UTC(), "consumer": h.cfg.Consumer, "deliveries": e.Deliveries, "attempt": e.Attempt, "error": shortError(lastErr),
 	}})
-	jobID := e.JobID
+	jobID := deadletter.Text(e.JobID)
 	if jobID == "" {
 		jobID = "entry:" + e.StreamID
 	}
-	kind := e.Kind
+	kind := deadletter.Text(e.Kind)
 	if kind == "" {
 		kind = "(none)"
 	}
@@ -195,16 +227,32 @@ func (h *Host) deadLetter(ctx context.Context, e stream.Entry, cause, reason, la
 		// real job, and a requeue by kind must not pick it up.
 		jobID, kind = "forged:"+e.StreamID, deadletter.ForgedKind
 	}
+	var raw []deadletter.RawField
+	if e.Err != nil {
+		raw = make([]deadletter.RawField, 0, len(e.Fields))
+		for _, f := range e.Fields {
+			raw = append(raw, deadletter.RawField{Name: []byte(f.Name), Value: []byte(f.Value), NameBytes: f.NameLen, ValueBytes: f.ValueLen})
+		}
+	}
 	_, err := deadletter.Add(wctx, h.pool, deadletter.Letter{
 		JobID: jobID, Kind: kind, Payload: e.Payload, RequestID: e.RequestID, Trace: e.Trace,
-		Reason: reason, LastError: lastErr, Attempts: e.Attempt + 1, StreamID: e.StreamID, History: hist,
+		Reason: reason, LastError: storedError(lastErr), Attempts: e.Attempt + 1, StreamID: e.StreamID, History: hist, Raw: raw,
 	})
 	if err != nil {
 		h.log.Error("could not write dead letter; entry left pending", "stream_id", e.StreamID, "err", err)
 		return false
 	}
-	h.metrics.deadLetters.WithLabelValues(kind, cause).Inc()
-	h.metrics.jobs.WithLabelValues(kind, "dead_letter").Inc()
-	h.log.Warn("job dead-lettered", "job_id", jobID, "kind", kind, "stream_id", e.StreamID, "cause", cause, "reason", reason)
+	// A kind no plugin serves is whatever the entry said: one series
+	// for all of them, not one per hostile string.
+	label := "(unknown)"
+	h.mu.RLock()
+	if _, known := h.routes[e.Kind]; known {
+		label = e.Kind
+	}
+	h.mu.RUnlock()
+	h.metrics.deadLetters.WithLabelValues(label, cause).Inc()
+	h.metrics.jobs.WithLabelValues(label, "dead_letter").Inc()
+	h.log.Warn("job dead-lettered", "job_id", shortError(jobID), "kind", shortError(kind), "stream_id", e.StreamID,
+		"cause", cause, "reason", reason)
 	return true
 }

@@ -115,6 +115,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	h := &Host{adminToken: adminToken, cfg: cfg, log: cfg.Logger, pool: cfg.Pool, rdb: cfg.Redis, metrics: newMetrics(),
 		tracer: otel.Tracer("github.com/usherhq/usher/host"),
 		routes: map[string]route{}, plugins: map[string]*loaded{}}
+	h.metrics.entryBytes(func() int64 { held, _ := h.EntryBytes(); return held })
 	if h.pool == nil {
 		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 		if err != nil {
@@ -271,7 +272,7 @@ func (h *Host) loadManifest(ctx context.Context, p pluginhost.DirPlugin) error {
 
 func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhost.DirPlugin) error {
 	sup, err := pluginhost.NewSupervisor(ctx, pluginhost.SupervisorConfig{
-		Plugin: pcfg, CrashLoop: h.cfg.PluginCrashLoop, CrashWindow: h.cfg.PluginCrashWindow,
+		Plugin: pcfg, CrashLoop: h.cfg.PluginCrashLoop, CrashWindow: h.cfg.PluginCrashWindow, UnhealthyRetry: h.cfg.PluginUnhealthyRetry,
 		DrainTimeout: h.cfg.PluginDrainTimeout,
 		OnRestart: func(m pluginhost.Manifest, pid int) {
 			h.metrics.restarts.WithLabelValues(m.Name).Inc()
@@ -571,6 +572,19 @@ func (h *Host) reconcile(ctx context.Context, p pluginhost.DirPlugin, force bool
 	return res
 }
 
+// EntryBytes reports what the stream consumer holds of its byte budget
+// (Config.MaxEntryBytesHeld) now, and the most it has held; zeros before
+// Run.
+func (h *Host) EntryBytes() (held, peak int64) {
+	h.mu.RLock()
+	c := h.consumer
+	h.mu.RUnlock()
+	if c == nil {
+		return 0, 0
+	}
+	return c.BytesHeld(), c.PeakBytesHeld()
+}
+
 // Pool returns the host's Postgres pool.
 func (h *Host) Pool() *pgxpool.Pool { return h.pool }
 
@@ -581,14 +595,17 @@ func (h *Host) Redis() redis.UniversalClient { return h.rdb }
 // grace period (those that do not finish stay unacked and are reclaimed),
 // stops the plugins and returns.
 func (h *Host) Run(ctx context.Context) error {
-	var err error
-	h.consumer, err = stream.NewConsumer(stream.ConsumerConfig{
+	consumer, err := stream.NewConsumer(stream.ConsumerConfig{
 		Redis: h.rdb, Stream: h.cfg.Stream, Group: h.cfg.Group, Name: h.cfg.Consumer,
-		Concurrency: h.cfg.Concurrency, Dispatch: h.dispatch, ShutdownGrace: h.cfg.ShutdownGrace, Logger: h.log,
+		Concurrency: h.cfg.Concurrency, MaxBytes: h.cfg.MaxEntryBytesHeld, IdlePoll: h.cfg.IdlePoll,
+		Dispatch: h.dispatch, ShutdownGrace: h.cfg.ShutdownGrace, Logger: h.log,
 	})
 	if err != nil {
 		return err
 	}
+	h.mu.Lock()
+	h.consumer = consumer
+	h.mu.Unlock()
 	if err := stream.EnsureGroup(ctx, h.rdb, h.cfg.Stream, h.cfg.Group); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while starting: nothing was read, nothing to drain
@@ -597,13 +614,13 @@ func (h *Host) Run(ctx context.Context) error {
 	}
 	rec, err := reclaim.New(reclaim.Config{
 		Redis: h.rdb, Stream: h.cfg.Stream, Group: h.cfg.Group, Consumer: h.cfg.Consumer,
-		MinIdle: h.cfg.ReclaimIdle, Interval: h.cfg.ReclaimInterval, Submit: h.consumer.Submit,
+		MinIdle: h.cfg.ReclaimIdle, Interval: h.cfg.ReclaimInterval, Take: consumer.Take,
 		OnReclaimed: func(n int) { h.metrics.reclaimed.Add(float64(n)) }, Logger: h.log,
 	})
 	if err != nil {
 		return err
 	}
-	loops := map[string]func(context.Context) error{"consumer": h.consumer.Run, "reclaim": rec.Run}
+	loops := map[string]func(context.Context) error{"consumer": consumer.Run, "reclaim": rec.Run}
 	if !h.cfg.DisableRelay {
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
 			Pool: h.pool, Redis: h.rdb, Stream: h.cfg.Stream, Key: h.key, PollInterval: h.cfg.RelayPollInterval,

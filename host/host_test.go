@@ -19,8 +19,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/stream"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
@@ -215,7 +217,9 @@ func TestPluginKilledMidJob(t *testing.T) {
 }
 
 // Malformed entries are dead-lettered with a clear reason, acked only after,
-// and the other jobs flow.
+// and the other jobs flow. An entry whose fields are not text (invalid
+// UTF-8, a NUL byte) or that is oversized is dead-lettered with its bytes
+// kept as received, never redelivered for ever.
 func TestMalformedEntriesDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -224,32 +228,46 @@ func TestMalformedEntriesDeadLettered(t *testing.T) {
 	require.NoError(t, b.rdb.XGroupCreateMkStream(ctx, b.stream, "usher", "0").Err())
 	// Signed as a relay would: each is bad in another way than its origin.
 	key := hosttest.SigningKey(t, b.pool)
-	add := func(vals ...any) {
-		require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: hosttest.Signed(key, vals...)}).Err())
+	add := func(vals ...any) string {
+		id, err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: hosttest.Signed(key, vals...)}).Result()
+		require.NoError(t, err)
+		return id
 	}
-	add("kind", "update_sales_counter", "payload", `{"order_id":1}`)                                            // no identity
-	add("job_id", "x-1", "kind", "reticulate_splines", "payload", `{}`)                                         // unknown kind
-	add("job_id", "x-2", "kind", "update_sales_counter", "payload", `{"order_id":`)                             // not JSON
-	add("job_id", "x-3", "kind", "update_sales_counter", "payload", `{"order_id":"seven"}`)                     // does not decode
-	add("job_id", "x-4", "kind", "update_sales_counter", "payload", `{"pad":"`+strings.Repeat("a", 2<<20)+`"}`) // oversized
-	add("job_id", "x-5", "kind", "update_sales_counter", "payload", `{"order_id":999999}`)                      // no such order
-	hosttest.Start(t, b.config())
+	big := `{"pad":"` + strings.Repeat("a", 2<<20) + `"}`
+	add("kind", "update_sales_counter", "payload", `{"order_id":1}`)                        // no identity
+	add("job_id", "x-1", "kind", "reticulate_splines", "payload", `{}`)                     // unknown kind
+	add("job_id", "x-2", "kind", "update_sales_counter", "payload", `{"order_id":`)         // not JSON
+	add("job_id", "x-3", "kind", "update_sales_counter", "payload", `{"order_id":"seven"}`) // does not decode
+	oversized := add("job_id", "x-4", "kind", "update_sales_counter", "payload", big)
+	add("job_id", "x-5", "kind", "update_sales_counter", "payload", `{"order_id":999999}`) // no such order
+	// Not text, field by field: each is dead-lettered naming the field.
+	hostile := map[string]string{
+		add("job_id", "x-\xff6", "kind", "update_sales_counter", "payload", `{}`):                    `field job_id is not valid UTF-8`,
+		add("job_id", "x-7", "kind", "update\xfe", "payload", `{}`):                                  `field kind is not valid UTF-8`,
+		add("job_id", "x-8", "kind", "update_sales_counter", "payload", "{\"a\":\"\xc3\x28\"}"):      `field payload is not valid UTF-8`,
+		add("job_id", "x-9", "kind", "update_sales_counter", "payload", `{}`, "request_id", "r\xff"): `field request_id is not valid UTF-8`,
+		add("job_id", "x-10", "kind", "update_sales_counter", "payload", `{}`, "trace", "00-\xff"):   `field trace is not valid UTF-8`,
+		add("job_id", "x-11", "kind", "update_sales_counter", "payload", `{}`, "attempt", "1\xff"):   `field attempt is not valid UTF-8`,
+		add("job_id", "x-12", "kind", "update_sales_counter", "payload", `{}`, "outbox_id", "\xff1"): `field outbox_id is not valid UTF-8`,
+		add("job_id", "x-13", "kind", "update_sales_counter", "payload", `{}`, "na\xffme", "v"):      `field name "na\xffme" is not valid UTF-8`,
+		add("job_id", "x-\x0014", "kind", "update_sales_counter", "payload", `{}`):                   `field job_id holds a NUL byte`,
+	}
+	h := hosttest.Start(t, b.config())
 
-	hosttest.Eventually(t, 30*time.Second, "6 dead letters and 30 applied jobs", func() bool {
-		return hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`) == 6 &&
+	hosttest.Eventually(t, 30*time.Second, "15 dead letters and 30 applied jobs", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`) == 15 &&
 			hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`) == 30 &&
 			hosttest.Pending(t, b.rdb, b.stream, "usher") == 0
 	})
 	b.requireCounters(t, want)
-	reasons := map[string]string{}
-	rows, err := b.pool.Query(ctx, `SELECT job_id, reason FROM dead_letters`)
+	letters, err := deadletter.List(ctx, b.pool, "", 100)
 	require.NoError(t, err)
-	for rows.Next() {
-		var id, reason string
-		require.NoError(t, rows.Scan(&id, &reason))
-		reasons[id] = reason
+	reasons := map[string]string{}
+	byStream := map[string]deadletter.Letter{}
+	for _, l := range letters {
+		reasons[l.JobID] = l.Reason
+		byStream[l.StreamID] = l
 	}
-	require.NoError(t, rows.Err())
 	for id, r := range reasons {
 		if strings.HasPrefix(id, "entry:") {
 			require.Contains(t, r, "no job identity")
@@ -258,6 +276,42 @@ func TestMalformedEntriesDeadLettered(t *testing.T) {
 	require.Contains(t, reasons["x-1"], `unknown kind "reticulate_splines"`)
 	require.Contains(t, reasons["x-2"], "not valid JSON")
 	require.Contains(t, reasons["x-3"], "does not parse")
-	require.Contains(t, reasons["x-4"], "exceeds the")
 	require.Contains(t, reasons["x-5"], "order 999999 does not exist")
+
+	// The oversized entry was never read whole: its letter keeps a
+	// prefix of each field and says how long each was.
+	// Nothing can verify it, so it is filed as a forgery is: under no
+	// job's identity.
+	l := byStream[oversized]
+	require.Contains(t, l.Reason, "cannot be verified")
+	require.Contains(t, l.Reason, fmt.Sprintf("only the first %d bytes of each field", stream.KeptBytes))
+	require.Equal(t, deadletter.ForgedKind, l.Kind)
+	require.Equal(t, []byte(big[:stream.KeptBytes]), l.Payload)
+	var payload *deadletter.RawField
+	for i, f := range l.Raw {
+		if string(f.Name) == "payload" {
+			payload = &l.Raw[i]
+		}
+	}
+	require.NotNil(t, payload)
+	require.Equal(t, len(big), payload.ValueBytes)
+	require.Equal(t, []byte(big[:stream.KeptBytes]), payload.Value)
+
+	for id, reason := range hostile {
+		l, ok := byStream[id]
+		require.True(t, ok, "entry %s dead-lettered", id)
+		require.Contains(t, l.Reason, reason, "entry %s", id)
+		got, err := b.rdb.XRange(ctx, b.stream, id, id).Result()
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+		require.Len(t, l.Raw, len(got[0].Values), "entry %s: every field kept", id)
+		for _, f := range l.Raw {
+			require.Equal(t, got[0].Values[string(f.Name)], string(f.Value), "entry %s: field %q kept as received", id, f.Name)
+			require.Equal(t, len(f.Value), f.ValueBytes)
+		}
+	}
+	require.Contains(t, reasons, `"x-\xff6"`, "an identity that is not text is stored escaped")
+	require.Contains(t, reasons, `"x-\x0014"`, "as is one holding a NUL")
+	_, peak := h.EntryBytes()
+	require.LessOrEqual(t, peak, int64(64<<20))
 }

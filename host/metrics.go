@@ -47,3 +47,12 @@ func newMetrics() *metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// entryBytes registers usher_entry_bytes_held, what the consumer holds of
+// its byte budget (Config.MaxEntryBytesHeld).
+func (m *metrics) entryBytes(held func() int64) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "usher_entry_bytes_held",
+		Help: "Bytes of stream entries this host holds: room reserved for reads in progress plus the entries running.",
+	}, func() float64 { return float64(held()) }))
+}

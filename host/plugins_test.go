@@ -432,6 +432,7 @@ func TestUnhealthyPluginWaitsInStream(t *testing.T) {
 	cfg := b.dirConfig(d)
 	cfg.ReclaimIdle = 500 * time.Millisecond
 	cfg.PluginCrashLoop = 2
+	cfg.PluginUnhealthyRetry = time.Hour // this test's fix is the operator's reload
 	cfg.MaxDeliveries = 5
 	h := hosttest.Start(t, cfg)
 

@@ -69,6 +69,13 @@ DECLARE
     v_id bigint;
 BEGIN
     PERFORM usher_check_serves(p_from_kind);
+    -- outbox.Add's limits: an entry over the host's entry limit could
+    -- not be verified and would be dead-lettered as a forgery.
+    IF octet_length(p_payload::text) > 1032192 OR octet_length(p_kind) > 200
+       OR octet_length(p_request_id) > 2048 OR octet_length(p_trace) > 2048 THEN
+        RAISE EXCEPTION 'enqueue: a message over the outbox''s limits (payload 1032192 bytes, kind 200, request_id and trace 2048)'
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM plugin_kinds WHERE kind = p_kind AND db_role = session_user)
        AND NOT EXISTS (SELECT 1 FROM plugin_enqueues WHERE kind = p_kind AND db_role = session_user) THEN
         RAISE EXCEPTION 'role % may not enqueue kind % (not its own, and not in its manifest''s enqueues)', session_user, p_kind

@@ -41,6 +41,17 @@ func TestDeadLetterCommands(t *testing.T) {
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE job_id = '42'`), "back in the outbox with its identity")
 	require.Contains(t, host("inspect"), "outbox unpublished  1")
 
+	// A letter whose entry was not text shows its raw bytes quoted.
+	_, err = deadletter.Add(ctx, pool, deadletter.Letter{JobID: deadletter.Text("x-\xff"), Kind: "update_sales_counter", Payload: []byte(`{}`),
+		Reason: "malformed entry: field job_id is not valid UTF-8", Attempts: 1, StreamID: "2-0",
+		Raw: []deadletter.RawField{{Name: []byte("job_id"), Value: []byte("x-\xff"), NameBytes: 6, ValueBytes: 3}}})
+	require.NoError(t, err)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT id::text FROM dead_letters WHERE stream_id = '2-0'`).Scan(&id))
+	out = host("deadletters", "show", id)
+	require.Contains(t, out, `"job_id": "\"x-\\xff\""`)
+	require.Contains(t, out, `"field": "job_id"`)
+	require.Contains(t, out, `"value": "\"x-\\xff\""`)
+
 	bad := exec.Command(bin, "deadletters", "--database-url", url, "requeue", "nope")
 	msg, err := bad.CombinedOutput()
 	require.Error(t, err)

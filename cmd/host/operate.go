@@ -172,12 +172,16 @@ func cmdDeadLetters(ctx context.Context, args []string) error {
 		}
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{
-			"id": l.ID, "job_id": l.JobID, "kind": l.Kind, "payload": string(l.Payload),
+		out := map[string]any{
+			"id": l.ID, "job_id": l.JobID, "kind": l.Kind, "payload": showBytes(l.Payload, len(l.Payload)),
 			"request_id": l.RequestID, "trace": l.Trace, "reason": l.Reason, "last_error": l.LastError,
 			"attempts": l.Attempts, "stream_id": l.StreamID, "history": l.History,
 			"created_at": l.CreatedAt, "requeued_at": l.RequeuedAt,
-		})
+		}
+		if l.Raw != nil {
+			out["raw"] = showRaw(l.Raw)
+		}
+		return enc.Encode(out)
 	case "requeue":
 		var id int64
 		if *kind == "" {
@@ -199,6 +203,47 @@ func cmdDeadLetters(ctx context.Context, args []string) error {
 		fs.Usage()
 		return fmt.Errorf("unknown deadletters subcommand %q", rest[0])
 	}
+}
+
+// rawShown is one field of a letter's raw entry as `deadletters show`
+// prints it.
+type rawShown struct {
+	Field string `json:"field"`
+	Value string `json:"value"`
+	// Bytes is the value's full length; Cut says only a prefix of it was
+	// read (the entry was oversized) or is shown.
+	Bytes int  `json:"bytes"`
+	Cut   bool `json:"cut,omitempty"`
+}
+
+// showRawBytes bounds how much of a raw value show prints.
+const showRawBytes = 256
+
+func showRaw(fields []deadletter.RawField) []rawShown {
+	out := make([]rawShown, 0, len(fields))
+	for _, f := range fields {
+		out = append(out, rawShown{Field: showBytes(f.Name, f.NameBytes), Value: showBytes(truncBytes(f.Value, showRawBytes), f.ValueBytes),
+			Bytes: f.ValueBytes, Cut: f.ValueBytes > min(len(f.Value), showRawBytes)})
+	}
+	return out
+}
+
+func truncBytes(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[:n]
+	}
+	return b
+}
+
+// showBytes prints b as text when it is valid UTF-8 with no NUL byte, else
+// Go-quoted (a byte that is not UTF-8 reads \xff); full, its full length,
+// notes that b is a prefix.
+func showBytes(b []byte, full int) string {
+	s := deadletter.Text(string(b))
+	if full > len(b) {
+		s += fmt.Sprintf("… (%d of %d bytes)", len(b), full)
+	}
+	return s
 }
 
 func idArg(rest []string) (int64, error) {

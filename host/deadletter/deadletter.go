@@ -8,7 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -36,6 +39,30 @@ type Letter struct {
 	History    json.RawMessage
 	CreatedAt  time.Time
 	RequeuedAt *time.Time
+	// Raw holds the fields of an entry refused before any plugin saw it,
+	// bytes as received, in order (the text columns then hold Text of
+	// them); nil otherwise.
+	Raw []RawField
+}
+
+// RawField is one field of an entry as received. NameBytes and ValueBytes
+// are the full lengths: larger than len(Name), len(Value) when only a
+// prefix of an oversized entry was read.
+type RawField struct {
+	Name       []byte `json:"name"`
+	Value      []byte `json:"value"`
+	NameBytes  int    `json:"name_bytes"`
+	ValueBytes int    `json:"value_bytes"`
+}
+
+// Text is s as a text column (and a JSON string in jsonb) can hold it: s
+// itself when it is valid UTF-8 with no NUL byte, else its Go-quoted form,
+// in which a byte that is not UTF-8 reads \xff and NUL \x00.
+func Text(s string) string {
+	if utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
 }
 
 // Add records l. A second Add for the same stream entry (its ack was lost
@@ -48,25 +75,43 @@ func Add(ctx context.Context, q outbox.Querier, l Letter) (bool, error) {
 	if len(hist) == 0 {
 		hist = json.RawMessage("[]")
 	}
+	var raw *string
+	if l.Raw != nil {
+		b, err := json.Marshal(l.Raw)
+		if err != nil {
+			return false, fmt.Errorf("deadletter: raw fields: %w", err)
+		}
+		s := string(b)
+		raw = &s
+	}
+	// Every text column goes through Text: a letter that cannot be
+	// written leaves its entry pending, redelivered for ever.
 	tag, err := q.Exec(ctx, `
-		INSERT INTO dead_letters (job_id, kind, payload, request_id, trace, reason, last_error, attempts, stream_id, history)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb)
+		INSERT INTO dead_letters (job_id, kind, payload, request_id, trace, reason, last_error, attempts, stream_id, history, raw)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11::jsonb)
 		ON CONFLICT (stream_id) DO NOTHING`,
-		l.JobID, l.Kind, l.Payload, l.RequestID, l.Trace, l.Reason, l.LastError, l.Attempts, l.StreamID, string(hist))
+		Text(l.JobID), Text(l.Kind), l.Payload, Text(l.RequestID), Text(l.Trace), Text(l.Reason), Text(l.LastError),
+		l.Attempts, Text(l.StreamID), string(hist), raw)
 	if err != nil {
 		return false, fmt.Errorf("deadletter: add: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
 
-const columns = `id, job_id, kind, payload, request_id, trace, reason, last_error, attempts, stream_id, history::text, created_at, requeued_at`
+const columns = `id, job_id, kind, payload, request_id, trace, reason, last_error, attempts, stream_id, history::text, created_at, requeued_at, raw::text`
 
 func scan(r pgx.CollectableRow) (Letter, error) {
 	var l Letter
 	var hist string
+	var raw *string
 	err := r.Scan(&l.ID, &l.JobID, &l.Kind, &l.Payload, &l.RequestID, &l.Trace, &l.Reason, &l.LastError,
-		&l.Attempts, &l.StreamID, &hist, &l.CreatedAt, &l.RequeuedAt)
+		&l.Attempts, &l.StreamID, &hist, &l.CreatedAt, &l.RequeuedAt, &raw)
 	l.History = json.RawMessage(hist)
+	if err == nil && raw != nil {
+		if err := json.Unmarshal([]byte(*raw), &l.Raw); err != nil {
+			return l, fmt.Errorf("deadletter: raw fields of letter %d: %w", l.ID, err)
+		}
+	}
 	return l, err
 }
 

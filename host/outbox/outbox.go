@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/usherhq/usher/sdk/wire"
 )
 
 // Querier is what Add needs of a transaction: pgx.Tx satisfies it.
@@ -39,6 +41,15 @@ type Message struct {
 	Attempt int
 }
 
+// Limits of a message, so that its stream entry always fits the host's
+// entry limit (wire.MaxPayloadBytes for the whole entry): an entry over it
+// cannot be verified and is dead-lettered as a forgery would be.
+const (
+	MaxPayloadBytes = wire.MaxPayloadBytes - 16<<10
+	MaxKindBytes    = 200
+	MaxMetaBytes    = 2 << 10 // request_id, trace, job_id each
+)
+
 // Add inserts msgs into the outbox inside the caller's transaction and
 // returns their ids. The rows become visible to the relay when the caller
 // commits.
@@ -58,6 +69,14 @@ func Add(ctx context.Context, tx Querier, msgs ...Message) ([]int64, error) {
 		}
 		if !json.Valid(m.Payload) {
 			return nil, fmt.Errorf("outbox: %s payload is not valid JSON", m.Kind)
+		}
+		switch {
+		case len(m.Payload) > MaxPayloadBytes:
+			return nil, fmt.Errorf("outbox: %s payload of %d bytes is over the %d-byte limit", m.Kind, len(m.Payload), MaxPayloadBytes)
+		case len(m.Kind) > MaxKindBytes:
+			return nil, fmt.Errorf("outbox: kind of %d bytes is over the %d-byte limit", len(m.Kind), MaxKindBytes)
+		case len(m.RequestID) > MaxMetaBytes || len(m.Trace) > MaxMetaBytes || len(m.JobID) > MaxMetaBytes:
+			return nil, fmt.Errorf("outbox: %s request_id, trace or job_id is over the %d-byte limit", m.Kind, MaxMetaBytes)
 		}
 		kinds[i], payloads[i], reqs[i], traces[i], attempts[i] = m.Kind, string(m.Payload), m.RequestID, m.Trace, int32(m.Attempt)
 		if m.JobID != "" {

@@ -15,6 +15,10 @@ import (
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
+// maxProbation bounds how long a relapsing plugin stays unhealthy before
+// its next retry.
+const maxProbation = 10 * time.Minute
+
 // ErrUnavailable is returned by Invoke while the plugin is not running
 // (crashed and restarting, or marked unhealthy).
 var ErrUnavailable = errors.New("pluginhost: plugin is not running")
@@ -29,10 +33,15 @@ type SupervisorConfig struct {
 	// after each crash. Defaults 100ms and 10s.
 	MinBackoff, MaxBackoff time.Duration
 	// CrashLoop: this many crashes within CrashWindow marks the plugin
-	// unhealthy (its kinds stop being served until a reload). Defaults 5
-	// and 1 minute.
-	CrashLoop   int
-	CrashWindow time.Duration
+	// unhealthy: its kinds stop being served, and it is restarted on
+	// probation UnhealthyRetry later (healthy again unless it crashes once
+	// more within CrashWindow, which marks it unhealthy for twice as
+	// long, up to 10 minutes), or at once by a reload. A crash loop caused
+	// by one poison entry so ends once the host has dead-lettered the
+	// entry, with no operator. Defaults 5, 1 minute and 30s.
+	CrashLoop      int
+	CrashWindow    time.Duration
+	UnhealthyRetry time.Duration
 	// HangLimit: this many calls in a row that run out of time, with none
 	// answered in between, mean the process is wedged; it is killed and
 	// restarted like a crashed one. Default 3.
@@ -60,6 +69,9 @@ func (c *SupervisorConfig) setDefaults() {
 	if c.CrashWindow <= 0 {
 		c.CrashWindow = time.Minute
 	}
+	if c.UnhealthyRetry <= 0 {
+		c.UnhealthyRetry = 30 * time.Second
+	}
 	if c.HangLimit <= 0 {
 		c.HangLimit = 3
 	}
@@ -83,6 +95,14 @@ type tracked struct {
 	timeouts atomic.Int64
 	inflight sync.WaitGroup
 	calls    atomic.Int64
+	// killed: the supervisor killed the process itself (a hang, a swap's
+	// drain, Stop), so the calls it fails are not crashes of theirs.
+	killed atomic.Bool
+}
+
+func (t *tracked) kill() {
+	t.killed.Store(true)
+	t.Kill()
 }
 
 // Supervisor keeps one plugin running: it restarts a crashed process with
@@ -93,6 +113,9 @@ type Supervisor struct {
 
 	// swapMu serialises swaps.
 	swapMu sync.Mutex
+	// alone is held for reading by every call and for writing by a call
+	// that must run alone on the process (see Alone).
+	alone sync.RWMutex
 
 	mu  sync.Mutex
 	cur *tracked
@@ -104,6 +127,8 @@ type Supervisor struct {
 	restarts  int
 	nextStart time.Time
 	backoff   time.Duration
+	// probation is how long the next unhealthy mark lasts.
+	probation time.Duration
 	stopped   bool
 	role      string
 }
@@ -115,7 +140,8 @@ func NewSupervisor(ctx context.Context, cfg SupervisorConfig) (*Supervisor, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Supervisor{cfg: cfg, cur: &tracked{Instance: inst, started: time.Now()}, healthy: true, backoff: cfg.MinBackoff}, nil
+	return &Supervisor{cfg: cfg, cur: &tracked{Instance: inst, started: time.Now()}, healthy: true, backoff: cfg.MinBackoff,
+		probation: cfg.UnhealthyRetry}, nil
 }
 
 // Manifest returns the running version's manifest.
@@ -170,8 +196,51 @@ func (s *Supervisor) Restarts() int {
 	return s.restarts
 }
 
-// Invoke sends calls to the current version.
+// CrashError is Invoke's error when the plugin process died while the
+// call was in flight, without the supervisor killing it: the call's job may
+// be what crashed it. Alone says the call was the only one in flight, so
+// the crash is the job's own doing.
+type CrashError struct {
+	Plugin string
+	Pid    int
+	Alone  bool
+	Err    error
+}
+
+func (e *CrashError) Error() string {
+	how := "with other calls in flight"
+	if e.Alone {
+		how = "with no other call in flight"
+	}
+	return fmt.Sprintf("plugin %s (pid %d) crashed during the call, %s: %v", e.Plugin, e.Pid, how, e.Err)
+}
+
+func (e *CrashError) Unwrap() error { return e.Err }
+
+type aloneKey struct{}
+
+// Alone marks ctx so that Invoke runs its calls with no other call in
+// flight on the plugin's process (waiting for those in flight, holding
+// back new ones): a crash then is the job's own doing. The host runs an
+// entry that was in flight during a crash this way.
+func Alone(ctx context.Context) context.Context { return context.WithValue(ctx, aloneKey{}, true) }
+
+// crashSettle bounds how long a failed call waits to see whether the
+// process exited (go-plugin notices an exit shortly after the connection
+// breaks).
+const crashSettle = 2 * time.Second
+
+// Invoke sends calls to the current version. An error is a *CrashError
+// when the process died under the call.
 func (s *Supervisor) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error) {
+	alone, _ := ctx.Value(aloneKey{}).(bool)
+	if alone {
+		s.alone.Lock()
+		defer s.alone.Unlock()
+	} else {
+		s.alone.RLock()
+		defer s.alone.RUnlock()
+	}
 	s.mu.Lock()
 	t := s.cur
 	ok := s.healthy && !s.stopped && !t.Exited()
@@ -192,10 +261,25 @@ func (s *Supervisor) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*ushe
 		if n := t.timeouts.Add(1); n >= int64(s.cfg.HangLimit) {
 			s.cfg.Plugin.Logger.Error("plugin stopped answering; killing it so it is restarted",
 				"plugin", t.Manifest().Name, "pid", t.Pid(), "timeouts_in_a_row", n)
-			t.Kill()
+			t.kill()
 		}
+	case ctx.Err() == nil && crashed(t):
+		return nil, &CrashError{Plugin: t.Manifest().Name, Pid: t.Pid(), Alone: alone, Err: err}
 	}
 	return res, err
+}
+
+// crashed reports whether t's process exited by itself, waiting up to
+// crashSettle for the exit to be seen.
+func crashed(t *tracked) bool {
+	deadline := time.Now().Add(crashSettle)
+	for !t.Exited() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return !t.killed.Load()
 }
 
 // Run watches the process until ctx is done, then stops it.
@@ -215,7 +299,7 @@ func (s *Supervisor) Run(ctx context.Context) {
 
 func (s *Supervisor) check(ctx context.Context) {
 	s.mu.Lock()
-	if s.stopped || !s.healthy || !s.cur.Exited() {
+	if s.stopped || !s.cur.Exited() {
 		s.mu.Unlock()
 		return
 	}
@@ -231,16 +315,21 @@ func (s *Supervisor) check(ctx context.Context) {
 		}
 		s.crashes = recent
 		name, log := s.cur.Manifest().Name, s.cfg.Plugin.Logger
-		if len(recent) >= s.cfg.CrashLoop {
-			s.healthy = false
-			s.mu.Unlock()
-			log.Error("plugin is crash-looping; marked unhealthy, its kinds wait in the stream until it is reloaded",
-				"plugin", name, "crashes", len(recent), "window", s.cfg.CrashWindow)
-			return
-		}
 		if now.Sub(s.cur.started) >= s.cfg.CrashWindow {
 			// It ran stably: this crash is not part of a loop.
-			s.backoff = s.cfg.MinBackoff
+			s.backoff, s.probation = s.cfg.MinBackoff, s.cfg.UnhealthyRetry
+		}
+		if len(recent) >= s.cfg.CrashLoop {
+			// Unhealthy, not for ever: a loop caused by a poison entry
+			// ends once the host dead-letters it, and the retry on
+			// probation finds out without an operator.
+			s.healthy = false
+			s.nextStart = now.Add(s.probation)
+			log.Error("plugin is crash-looping; marked unhealthy, its kinds wait in the stream; restarting it on probation later, or at a reload",
+				"plugin", name, "crashes", len(recent), "window", s.cfg.CrashWindow, "retry_in", s.probation)
+			s.probation = min(s.probation*2, maxProbation)
+			s.mu.Unlock()
+			return
 		}
 		s.nextStart = now.Add(s.backoff)
 		s.cfg.Plugin.Logger.Warn("plugin exited; restarting", "plugin", name, "in", s.backoff)
@@ -276,7 +365,9 @@ func (s *Supervisor) check(ctx context.Context) {
 	s.gen++
 	s.nextStart = time.Time{}
 	s.restarts++
-	s.cfg.Plugin.Logger.Info("plugin restarted", "plugin", inst.Manifest().Name, "version", inst.Manifest().Version, "pid", inst.Pid())
+	s.cfg.Plugin.Logger.Info("plugin restarted", "plugin", inst.Manifest().Name, "version", inst.Manifest().Version, "pid", inst.Pid(),
+		"on_probation", !s.healthy)
+	s.healthy = true
 	if s.cfg.OnRestart != nil {
 		s.cfg.OnRestart(inst.Manifest(), inst.Pid())
 	}
@@ -342,7 +433,7 @@ func (s *Supervisor) Swap(ctx context.Context, cfg Config, admit func(Manifest) 
 	s.cur = &tracked{Instance: inst, started: time.Now()}
 	s.gen++
 	s.cfg.Plugin = cfg
-	s.healthy, s.crashes, s.nextStart, s.backoff = true, nil, time.Time{}, s.cfg.MinBackoff
+	s.healthy, s.crashes, s.nextStart, s.backoff, s.probation = true, nil, time.Time{}, s.cfg.MinBackoff, s.cfg.UnhealthyRetry
 	s.mu.Unlock()
 
 	start := time.Now()
@@ -358,7 +449,7 @@ func (s *Supervisor) Swap(ctx context.Context, cfg Config, admit func(Manifest) 
 		res.Drained = false
 	}
 	res.DrainTime = time.Since(start)
-	old.Kill()
+	old.kill()
 	return res, nil
 }
 
@@ -392,5 +483,5 @@ func (s *Supervisor) Stop() {
 	s.stopped = true
 	cur := s.cur
 	s.mu.Unlock()
-	cur.Kill()
+	cur.kill()
 }

@@ -32,8 +32,11 @@ type Config struct {
 	Interval time.Duration
 	// Count is how many entries one XAUTOCLAIM takes. Default 64.
 	Count int64
-	// Submit runs the claimed entries. Required.
-	Submit func(ctx context.Context, entries []stream.Entry)
+	// Take reserves room for up to max entries, calls read with how many
+	// fit, and runs what it returned: stream.Consumer.Take, so reclaimed
+	// entries count against the consumer's concurrency and byte budget
+	// before XAUTOCLAIM reads them. Required.
+	Take func(ctx context.Context, max int, read func(ctx context.Context, n int) ([]stream.Entry, error)) (int, error)
 	// OnReclaimed, when set, is told how many entries each scan took.
 	OnReclaimed func(n int)
 	// Logger defaults to slog.Default().
@@ -41,8 +44,8 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if c.Redis == nil || c.Stream == "" || c.Group == "" || c.Consumer == "" || c.Submit == nil {
-		return errors.New("reclaim: needs Redis, Stream, Group, Consumer and Submit")
+	if c.Redis == nil || c.Stream == "" || c.Group == "" || c.Consumer == "" || c.Take == nil {
+		return errors.New("reclaim: needs Redis, Stream, Group, Consumer and Take")
 	}
 	if c.MinIdle <= 0 {
 		c.MinIdle = 60 * time.Second
@@ -86,56 +89,62 @@ func (r *Reclaimer) Scan(ctx context.Context) (int, error) {
 	total := 0
 	start := "0-0"
 	for {
-		msgs, next, err := r.cfg.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-			Stream: r.cfg.Stream, Group: r.cfg.Group, Consumer: r.cfg.Consumer,
-			MinIdle: r.cfg.MinIdle, Start: start, Count: r.cfg.Count,
-		}).Result()
+		next := ""
+		n, err := r.cfg.Take(ctx, int(r.cfg.Count), func(ctx context.Context, n int) ([]stream.Entry, error) {
+			entries, nx, err := stream.AutoClaim(ctx, r.cfg.Redis, r.cfg.Stream, r.cfg.Group, r.cfg.Consumer, r.cfg.MinIdle, start, n)
+			if err != nil {
+				return nil, err
+			}
+			next = nx
+			if len(entries) == 0 {
+				return nil, nil
+			}
+			if err := r.withDeliveries(ctx, entries); err != nil {
+				// Claimed, and now pending under this consumer with
+				// no count read: they run with Deliveries 1 rather
+				// than wait a whole threshold again.
+				r.cfg.Logger.Warn("could not read the delivery counts of reclaimed entries", "stream", r.cfg.Stream, "err", err)
+			}
+			return entries, nil
+		})
 		if err != nil {
 			if strings.HasPrefix(err.Error(), "NOGROUP") {
 				return total, nil
 			}
 			return total, err
 		}
-		if len(msgs) > 0 {
-			entries, err := r.withDeliveries(ctx, msgs)
-			if err != nil {
-				return total, err
-			}
-			total += len(entries)
+		if n > 0 {
+			total += n
 			if r.cfg.OnReclaimed != nil {
-				r.cfg.OnReclaimed(len(entries))
+				r.cfg.OnReclaimed(n)
 			}
-			r.cfg.Logger.Info("reclaimed idle entries", "stream", r.cfg.Stream, "count", len(entries), "idle_over", r.cfg.MinIdle)
-			r.cfg.Submit(ctx, entries)
+			r.cfg.Logger.Info("reclaimed idle entries", "stream", r.cfg.Stream, "count", n, "idle_over", r.cfg.MinIdle)
 		}
-		if next == "0-0" || next == "" {
+		if next == "0-0" || next == "" || ctx.Err() != nil {
 			return total, nil
 		}
 		start = next
 	}
 }
 
-// withDeliveries decodes the claimed messages and attaches each one's
-// delivery count from XPENDING, which the dispatcher compares with its
-// maximum. XAUTOCLAIM itself has already counted this delivery.
-func (r *Reclaimer) withDeliveries(ctx context.Context, msgs []redis.XMessage) ([]stream.Entry, error) {
-	entries := make([]stream.Entry, 0, len(msgs))
+// withDeliveries attaches each claimed entry's delivery count from
+// XPENDING, which the dispatcher compares with its maximum. XAUTOCLAIM
+// itself has already counted this delivery.
+func (r *Reclaimer) withDeliveries(ctx context.Context, entries []stream.Entry) error {
 	pipe := r.cfg.Redis.Pipeline()
-	cmds := make([]*redis.XPendingExtCmd, len(msgs))
-	for i, m := range msgs {
+	cmds := make([]*redis.XPendingExtCmd, len(entries))
+	for i, e := range entries {
 		cmds[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: r.cfg.Stream, Group: r.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
+			Stream: r.cfg.Stream, Group: r.cfg.Group, Start: e.StreamID, End: e.StreamID, Count: 1,
 		})
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
+		return err
 	}
-	for i, m := range msgs {
-		e := stream.Decode(m)
+	for i := range entries {
 		if p, err := cmds[i].Result(); err == nil && len(p) == 1 {
-			e.Deliveries = p[0].RetryCount
+			entries[i].Deliveries = p[0].RetryCount
 		}
-		entries = append(entries, e)
 	}
-	return entries, nil
+	return nil
 }

@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/semaphore"
 )
 
 // Dispatcher runs one entry to completion and reports whether to ack it.
@@ -27,10 +29,17 @@ type ConsumerConfig struct {
 	Name string
 	// Concurrency bounds the entries in flight. Default 16.
 	Concurrency int
-	// Block is how long one XREADGROUP waits. Default 2s. It is never 0:
-	// go-redis sends BLOCK 0, "forever", for a zero Block, and a consumer
-	// blocked forever cannot notice shutdown.
-	Block time.Duration
+	// MaxBytes bounds the bytes of entries the consumer holds (read and
+	// not yet finished, its reclaimed entries included). Room for an
+	// entry, MaxEntryBytes, is reserved before it is read, so the bound
+	// holds for the replies Redis sends too; once read, an entry holds
+	// what it costs (Entry.Held) until it is finished. Default 64 MiB; at
+	// least MaxEntryBytes.
+	MaxBytes int64
+	// IdlePoll is the longest wait between two reads that found nothing
+	// (the wait starts at 5ms and doubles up to it). The read is a script,
+	// and Redis refuses BLOCK in scripts; see readScript. Default 200ms.
+	IdlePoll time.Duration
 	// Dispatch runs an entry. Required.
 	Dispatch Dispatcher
 	// ShutdownGrace is how long Run waits for in-flight entries after ctx is
@@ -47,8 +56,12 @@ func (c *ConsumerConfig) setDefaults() error {
 	if c.Concurrency <= 0 {
 		c.Concurrency = 16
 	}
-	if c.Block <= 0 {
-		c.Block = 2 * time.Second
+	if c.MaxBytes <= 0 {
+		c.MaxBytes = 64 << 20
+	}
+	c.MaxBytes = max(c.MaxBytes, MaxEntryBytes)
+	if c.IdlePoll <= 0 {
+		c.IdlePoll = 200 * time.Millisecond
 	}
 	if c.ShutdownGrace <= 0 {
 		c.ShutdownGrace = 10 * time.Second
@@ -60,12 +73,16 @@ func (c *ConsumerConfig) setDefaults() error {
 }
 
 // Consumer reads new entries with XREADGROUP and runs them through Dispatch,
-// at most Concurrency at a time. Reclaimed entries are submitted to the same
-// pool with Submit.
+// at most Concurrency at a time and holding at most MaxBytes of them.
+// Reclaimed entries go through the same pool with Take.
 type Consumer struct {
 	cfg   ConsumerConfig
 	slots chan struct{}
-	wg    sync.WaitGroup
+	// budget holds MaxBytes; held and peak are what is reserved of it now
+	// and at most so far.
+	budget     *semaphore.Weighted
+	held, peak atomic.Int64
+	wg         sync.WaitGroup
 	// workCtx outlives the read loop's ctx by ShutdownGrace, so in-flight
 	// handlers can commit and ack during shutdown.
 	workCtx    context.Context
@@ -84,7 +101,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	c := &Consumer{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency), running: map[string]bool{}}
+	c := &Consumer{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency), running: map[string]bool{},
+		budget: semaphore.NewWeighted(cfg.MaxBytes)}
 	c.workCtx, c.cancelWork = context.WithCancel(context.Background())
 	return c, nil
 }
@@ -111,31 +129,20 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	defer c.drain()
 	backoff := 100 * time.Millisecond
+	idle := 5 * time.Millisecond
 	for ctx.Err() == nil {
-		free := c.acquireSlots(ctx)
-		if free == 0 {
-			return nil
-		}
-		res, err := c.cfg.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{
-			Group: c.cfg.Group, Consumer: c.cfg.Name,
-			Streams: []string{c.cfg.Stream, ">"},
-			Count:   int64(free), Block: c.cfg.Block,
-		}).Result()
-		got := 0
-		if err == nil {
-			for _, s := range res {
-				for _, m := range s.Messages {
-					c.start(Decode(m))
-					got++
-				}
-			}
-			backoff = 100 * time.Millisecond
-		}
-		c.releaseSlots(free - got)
+		got, err := c.Take(ctx, c.cfg.Concurrency, func(ctx context.Context, n int) ([]Entry, error) {
+			return ReadNew(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group, c.cfg.Name, n)
+		})
 		switch {
-		case err == nil, errors.Is(err, redis.Nil):
 		case ctx.Err() != nil:
 			return nil
+		case err == nil && got > 0:
+			backoff, idle = 100*time.Millisecond, 5*time.Millisecond
+		case err == nil:
+			backoff = 100 * time.Millisecond
+			wait(ctx, idle)
+			idle = min(idle*2, c.cfg.IdlePoll)
 		default:
 			if strings.HasPrefix(err.Error(), "NOGROUP") {
 				// The stream was deleted (Redis restarted without
@@ -143,71 +150,118 @@ func (c *Consumer) Run(ctx context.Context) error {
 				_ = EnsureGroup(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
 			}
 			c.cfg.Logger.Warn("stream read failed; retrying", "stream", c.cfg.Stream, "err", err, "backoff", backoff)
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
+			wait(ctx, backoff)
 			backoff = min(backoff*2, 5*time.Second)
 		}
 	}
 	return nil
 }
 
-// Submit runs entries that another loop (the reclaimer) took for this
-// consumer, waiting for free slots. It returns when all are started, or
-// early when ctx is done (the rest stay pending under this consumer and
-// are reclaimed again).
-func (c *Consumer) Submit(ctx context.Context, entries []Entry) {
-	for _, e := range entries {
-		if c.isRunning(e.StreamID) {
-			continue
-		}
-		select {
-		case c.slots <- struct{}{}:
-			c.start(e)
-		case <-ctx.Done():
-			return
-		}
+func wait(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
 	}
 }
 
-// acquireSlots blocks for at least one free slot, then takes every free one.
-func (c *Consumer) acquireSlots(ctx context.Context) int {
+// Take reserves room for up to max entries, a slot and MaxEntryBytes of
+// the budget each (waiting for the first, taking more only while they are
+// free), calls read with how many fit, starts every entry read returns,
+// and gives back the room they do not use. The reader (ReadNew, AutoClaim)
+// returns at most that many entries, each costing at most MaxEntryBytes
+// (the read script cuts a larger one), so the bytes held never exceed
+// MaxBytes, replies in transit included. An entry already running here
+// (XAUTOCLAIM hands an entry back to the consumer still working on it) is
+// not started twice. Take returns how many entries read returned; it
+// returns at once, reading nothing, when ctx is done.
+func (c *Consumer) Take(ctx context.Context, max int, read func(ctx context.Context, n int) ([]Entry, error)) (int, error) {
+	n := c.reserve(ctx, max)
+	if n == 0 {
+		return 0, ctx.Err()
+	}
+	entries, err := read(ctx, n)
+	if len(entries) > n {
+		// A reader that ignored n: run what there is room for and
+		// leave the rest pending for the reclaimer.
+		c.cfg.Logger.Error("stream: reader returned more entries than asked for", "asked", n, "got", len(entries))
+		entries = entries[:n]
+	}
+	for _, e := range entries {
+		c.release(0, MaxEntryBytes-min(e.Held, MaxEntryBytes))
+		c.start(e)
+	}
+	c.release(n-len(entries), int64(n-len(entries))*MaxEntryBytes)
+	return len(entries), err
+}
+
+// reserve blocks for one entry's room, then takes up to max-1 more that
+// are free now; it returns how many it took (0 when ctx is done).
+func (c *Consumer) reserve(ctx context.Context, max int) int {
 	select {
 	case c.slots <- struct{}{}:
 	case <-ctx.Done():
 		return 0
 	}
+	if err := c.budget.Acquire(ctx, MaxEntryBytes); err != nil {
+		<-c.slots
+		return 0
+	}
+	c.hold(MaxEntryBytes)
 	n := 1
-	for n < cap(c.slots) {
+	for n < max {
 		select {
 		case c.slots <- struct{}{}:
-			n++
 		default:
 			return n
 		}
+		if !c.budget.TryAcquire(MaxEntryBytes) {
+			<-c.slots
+			return n
+		}
+		c.hold(MaxEntryBytes)
+		n++
 	}
 	return n
 }
 
-func (c *Consumer) releaseSlots(n int) {
-	for range n {
-		<-c.slots
+func (c *Consumer) hold(b int64) {
+	h := c.held.Add(b)
+	for {
+		p := c.peak.Load()
+		if h <= p || c.peak.CompareAndSwap(p, h) {
+			return
+		}
 	}
 }
 
-func (c *Consumer) isRunning(id string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.running[id]
+// release gives back slots and bytes.
+func (c *Consumer) release(slots int, bytes int64) {
+	for range slots {
+		<-c.slots
+	}
+	if bytes > 0 {
+		c.held.Add(-bytes)
+		c.budget.Release(bytes)
+	}
 }
 
-// start runs e in its own goroutine; the caller holds a slot for it.
+// BytesHeld is what the consumer holds of its byte budget now: the room
+// reserved for reads in progress plus what the entries running cost.
+func (c *Consumer) BytesHeld() int64 { return c.held.Load() }
+
+// PeakBytesHeld is the most BytesHeld has been.
+func (c *Consumer) PeakBytesHeld() int64 { return c.peak.Load() }
+
+// start runs e in its own goroutine; the caller holds a slot and e.Held
+// bytes for it, which it gives back when e is finished.
 func (c *Consumer) start(e Entry) {
+	held := min(e.Held, MaxEntryBytes)
 	c.mu.Lock()
 	if c.running[e.StreamID] {
 		c.mu.Unlock()
-		<-c.slots
+		c.release(1, held)
 		return
 	}
 	c.running[e.StreamID] = true
@@ -215,7 +269,7 @@ func (c *Consumer) start(e Entry) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		defer func() { <-c.slots }()
+		defer c.release(1, held)
 		defer func() {
 			c.mu.Lock()
 			delete(c.running, e.StreamID)

@@ -5,8 +5,12 @@
 package stream
 
 import (
+	"errors"
 	"fmt"
+	"sort"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
@@ -37,6 +41,15 @@ type Entry struct {
 	Signed outbox.Fields
 	Sig    string
 	Err    error
+	// Fields are the entry's fields in the order Redis holds them, bytes
+	// as received (set by the consumer's and reclaimer's reads).
+	Fields []Field
+	// Cut: the entry was over MaxEntryBytes and only prefixes of its
+	// fields were read (Err says so).
+	Cut bool
+	// Held is what the entry's fields cost the host's memory, in bytes:
+	// what it holds of the byte budget while it runs.
+	Held int64
 }
 
 // Decode turns a stream message into an Entry. It never fails: a missing or
@@ -56,6 +69,10 @@ func Decode(m redis.XMessage) Entry {
 	e.Payload = []byte(f.Payload)
 	e.RequestID = f.RequestID
 	e.Trace = f.Trace
+	if err := checkText(m.Values); err != nil {
+		e.Err = fmt.Errorf("entry %s: %w", m.ID, err)
+		return e
+	}
 	if s := f.OutboxID; s != "" {
 		id, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
@@ -79,4 +96,43 @@ func Decode(m redis.XMessage) Entry {
 		e.Err = fmt.Errorf("entry %s (job %s) has no kind", m.ID, e.JobID)
 	}
 	return e
+}
+
+// textFields are the fields whose values must be text: they are stored in
+// text columns and logged.
+var textFields = []string{outbox.FieldJobID, outbox.FieldKind, outbox.FieldRequestID, outbox.FieldTrace,
+	outbox.FieldAttempt, outbox.FieldOutboxID, outbox.FieldPayload}
+
+// checkText refuses what Postgres's text and jsonb cannot hold, and what
+// would be retried for ever if it were let through: a value or a field
+// name that is not valid UTF-8, or that holds a NUL byte. The error names
+// the field (escaped).
+func checkText(values map[string]any) error {
+	for _, k := range textFields {
+		s, _ := values[k].(string)
+		if err := textErr(s); err != nil {
+			return fmt.Errorf("field %s %w", k, err)
+		}
+	}
+	names := make([]string, 0, len(values))
+	for k := range values {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		if err := textErr(k); err != nil {
+			return fmt.Errorf("field name %s %w", strconv.Quote(k), err)
+		}
+	}
+	return nil
+}
+
+func textErr(s string) error {
+	switch {
+	case !utf8.ValidString(s):
+		return errors.New("is not valid UTF-8")
+	case strings.IndexByte(s, 0) >= 0:
+		return errors.New("holds a NUL byte")
+	}
+	return nil
 }

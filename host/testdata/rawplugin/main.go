@@ -16,6 +16,7 @@
 //	sql            the commit phase's conditional write is RAW_SQL
 //	whoami         check and commit each query current_user and
 //	               statement_timeout; the commit fails permanently with both
+//	bigerror       the commit fails (transient) with a 200 KiB error
 //
 // RAW_PROTOCOL (comma-separated, default wire.ProtocolVersion) lists the
 // protocol versions it advertises in its VersionedPlugins map. The name
@@ -158,6 +159,9 @@ func (s *server) phase(ctx context.Context, call *usherv1.Call) *usherv1.Result 
 			err = s.exec(ctx, call.GetHandle(), usherv1.Mode_MODE_QUERY, "SELECT 1")
 		case "sql":
 			err = s.exec(ctx, call.GetHandle(), usherv1.Mode_MODE_WRITE_IF, os.Getenv("RAW_SQL"))
+		case "bigerror":
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_ERROR,
+				Error: "big error: " + strings.Repeat("0123456789abcdef", 200<<10/16)}
 		case "whoami":
 			who, werr := s.whoami(ctx, call.GetHandle())
 			if werr != nil {

@@ -1,0 +1,161 @@
+package stream
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/sdk/wire"
+)
+
+// MaxEntryBytes is the largest entry (the sum of its field names and
+// values) the host runs; a larger one is dead-lettered. It is also what one
+// entry can cost the host's memory, and so the unit the byte budget is
+// reserved in.
+const MaxEntryBytes = wire.MaxPayloadBytes
+
+// KeptBytes and keptElems bound what crosses the wire of an entry over
+// MaxEntryBytes: the first KeptBytes of each of its first keptElems field
+// names and values (so at most 128 KiB), enough to tell in its dead letter
+// what it was.
+const (
+	KeptBytes = 2048
+	keptElems = 64
+)
+
+// readScript wraps XREADGROUP (ARGV[1] "read") or XAUTOCLAIM ("claim") so
+// that an oversized entry never crosses the wire: Redis measures each
+// entry (a string's length is O(1) in Lua), and one over ARGV[5] bytes is
+// replaced by the prefixes of its elements plus their full lengths. Without
+// it one XREADGROUP COUNT 16 of 16 MiB entries is 256 MiB the client reads
+// and parses before the host could check a size, whatever its budget says.
+//
+// The cost: Redis refuses BLOCK in a script, so the consumer polls (see
+// ConsumerConfig.IdlePoll) instead of blocking in XREADGROUP. An empty
+// read is one cheap EVALSHA; a busy consumer never waits.
+//
+// The reply is {next cursor, {{id, fields, size, lens}...}}: size is the
+// entry's full size, lens the full lengths of the kept elements when it was
+// cut (empty when not). XAUTOCLAIM before Redis 7 returns deleted entries
+// with nil fields; they come back with no fields.
+var readScript = redis.NewScript(`
+local entries, nextid
+if ARGV[1] == 'read' then
+  local r = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], '>')
+  if not r then return {'', {}} end
+  entries, nextid = r[1][2], ''
+else
+  local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[2], ARGV[3], ARGV[8], ARGV[9], 'COUNT', ARGV[4])
+  entries, nextid = r[2], r[1]
+end
+local limit, keep, maxe = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local out = {}
+for i, e in ipairs(entries) do
+  local f = e[2] or {}
+  local size = 0
+  for j = 1, #f do size = size + #f[j] end
+  local lens = {}
+  if size > limit then
+    local kept = {}
+    for j = 1, math.min(#f, maxe) do
+      lens[j] = #f[j]
+      kept[j] = string.sub(f[j], 1, keep)
+    end
+    f = kept
+  end
+  out[i] = {e[1], f, size, lens}
+end
+return {nextid, out}`)
+
+// Field is one field of an entry as Redis holds it, in order.
+type Field struct {
+	Name, Value string
+	// NameLen and ValueLen are the full lengths; larger than len(Name) or
+	// len(Value) when the entry was over MaxEntryBytes and only a prefix
+	// was read.
+	NameLen, ValueLen int
+}
+
+// read runs readScript and decodes what it returns.
+func read(ctx context.Context, rdb redis.UniversalClient, stream string, args ...any) ([]Entry, string, error) {
+	res, err := readScript.Run(ctx, rdb, []string{stream}, args...).Slice()
+	if err != nil {
+		return nil, "", err
+	}
+	if len(res) != 2 {
+		return nil, "", fmt.Errorf("stream: read script answered %d values", len(res))
+	}
+	next, _ := res[0].(string)
+	raw, _ := res[1].([]any)
+	entries := make([]Entry, 0, len(raw))
+	for _, r := range raw {
+		e, err := decodeReply(r)
+		if err != nil {
+			return nil, "", err
+		}
+		entries = append(entries, e)
+	}
+	return entries, next, nil
+}
+
+func decodeReply(r any) (Entry, error) {
+	parts, _ := r.([]any)
+	if len(parts) != 4 {
+		return Entry{}, fmt.Errorf("stream: read script answered an entry of %d parts", len(parts))
+	}
+	id, _ := parts[0].(string)
+	elems, _ := parts[1].([]any)
+	size, _ := parts[2].(int64)
+	lens, _ := parts[3].([]any)
+	m := redis.XMessage{ID: id, Values: make(map[string]any, len(elems)/2)}
+	fields := make([]Field, 0, len(elems)/2)
+	for i := 0; i+1 < len(elems); i += 2 {
+		name, _ := elems[i].(string)
+		value, _ := elems[i+1].(string)
+		f := Field{Name: name, Value: value, NameLen: len(name), ValueLen: len(value)}
+		if len(lens) > i+1 {
+			nl, _ := lens[i].(int64)
+			vl, _ := lens[i+1].(int64)
+			f.NameLen, f.ValueLen = int(nl), int(vl)
+		}
+		fields = append(fields, f)
+		if _, dup := m.Values[name]; !dup {
+			m.Values[name] = value
+		}
+	}
+	e := Decode(m)
+	e.Fields, e.Cut, e.Size = fields, len(lens) > 0, int(size)
+	e.Held = 0
+	for _, f := range fields {
+		e.Held += int64(len(f.Name) + len(f.Value))
+	}
+	if e.Cut {
+		// Whatever else Decode found in the prefixes (a rune cut in
+		// two, a JSON document cut short) is the cut's doing.
+		e.Err = fmt.Errorf("entry %s of %d bytes exceeds the %d-byte limit (only the first %d bytes of each field were read, and are kept in its dead letter)",
+			id, size, MaxEntryBytes, KeptBytes)
+	}
+	return e, nil
+}
+
+func readArgs(mode, group, consumer string, n int, minIdle time.Duration, start string) []any {
+	return []any{mode, group, consumer, n, MaxEntryBytes, KeptBytes, keptElems,
+		strconv.FormatInt(minIdle.Milliseconds(), 10), start}
+}
+
+// ReadNew reads up to n new entries for consumer with XREADGROUP, without
+// blocking, an oversized entry cut as readScript says.
+func ReadNew(ctx context.Context, rdb redis.UniversalClient, stream, group, consumer string, n int) ([]Entry, error) {
+	entries, _, err := read(ctx, rdb, stream, readArgs("read", group, consumer, n, 0, "")...)
+	return entries, err
+}
+
+// AutoClaim claims up to n entries idle past minIdle for consumer with
+// XAUTOCLAIM from start, an oversized entry cut as readScript says. It
+// returns the cursor to continue from ("0-0" at the end).
+func AutoClaim(ctx context.Context, rdb redis.UniversalClient, stream, group, consumer string, minIdle time.Duration, start string, n int) ([]Entry, string, error) {
+	return read(ctx, rdb, stream, readArgs("claim", group, consumer, n, minIdle, start)...)
+}
