@@ -73,9 +73,18 @@ type Config struct {
 	// (unless a manifest in PluginDir names the same plugin, which then
 	// replaces it). For tests and embedding applications.
 	Plugins []string
-	// PluginEnv is added to every plugin's environment (e.g. the mail
-	// provider's address).
+	// PluginEnv is every plugin's environment (e.g. the mail provider's
+	// address), besides the few variables a process needs (PATH, HOME,
+	// LANG, TZ, TMPDIR, ...: pluginhost.Environ). Nothing else of the
+	// host's environment reaches a plugin: not its database or Redis URL,
+	// its admin token, or PGPASSFILE.
 	PluginEnv []string
+	// PluginUser, when set, is the OS user plugin processes run as (the
+	// host must run as root to switch). Use it where plugins are untrusted:
+	// a plugin running as the host's own user can read whatever the host
+	// can, its passfile, admin token and signing key files included.
+	// Default: the host's user.
+	PluginUser string
 
 	// AllowSuperuser lets the host run on a superuser login. Default
 	// false: New refuses one, since plugins run untrusted code and a

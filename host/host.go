@@ -241,7 +241,7 @@ func (h *Host) Refusals() []Refusal {
 }
 
 func (h *Host) pluginConfig(path string) pluginhost.Config {
-	return pluginhost.Config{Path: path, Host: h.handles, Logger: h.log, Env: h.cfg.PluginEnv}
+	return pluginhost.Config{Path: path, Host: h.handles, Logger: h.log, Env: h.cfg.PluginEnv, User: h.cfg.PluginUser}
 }
 
 // LoadPlugin starts the plugin binary at path (no manifest, no checksum)

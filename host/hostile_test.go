@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -241,4 +242,46 @@ func TestHostilePlugin(t *testing.T) {
 		require.Len(t, h3.Plugins(), 1)
 		require.Contains(t, fmt.Sprint(h3.Refusals()), "declares kinds its manifest does not list: hostile_apply, hostile_state")
 	})
+}
+
+// A plugin sees none of the host's configuration: not its database or
+// Redis URL, its admin token or its passfile, whatever the host's own
+// environment holds. Run as another OS user (PluginUser, when the host is
+// root, as in CI), it cannot read the host's files either.
+//
+// Not parallel: the host's environment is the process's.
+func TestPluginSeesNoSecrets(t *testing.T) {
+	b := hostileSetup(t)
+	secret := filepath.Join(t.TempDir(), "admin-token")
+	require.NoError(t, os.WriteFile(secret, []byte("secret-token"), 0o600))
+	t.Setenv("USHER_ADMIN_TOKEN", "secret-token")
+	t.Setenv("PGPASSFILE", secret)
+	t.Setenv("DATABASE_URL", b.dbURL)
+	ids, probes := b.enqueue(t, []hostileCase{{"hostile_apply", "secrets", ""}})
+	cfg := b.config()
+	cfg.Plugins = append(cfg.Plugins, b.bin)
+	cfg.PluginEnv = append(cfg.PluginEnv, "HOSTILE_SECRET_FILES="+secret)
+	if os.Geteuid() == 0 {
+		// The binary where the other user can run it.
+		dir, err := os.MkdirTemp("", "usher-plugin-")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = os.RemoveAll(dir) })
+		require.NoError(t, os.Chmod(dir, 0o755))
+		bin, err := os.ReadFile(b.bin)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "hostile"), bin, 0o755))
+		cfg.Plugins = []string{b.counters, filepath.Join(dir, "hostile")}
+		cfg.PluginUser = "nobody"
+	} else {
+		t.Log("not root: the plugin runs as the host's user, so only the environment is checked")
+		cfg.PluginEnv = cfg.PluginEnv[:len(cfg.PluginEnv)-1]
+	}
+	hosttest.Start(t, cfg)
+	hosttest.Eventually(t, 60*time.Second, "both jobs finished", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM hostile_effects WHERE job_id = ANY($1)`, append(ids, probes...)) == 2 ||
+			hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`) > 0
+	})
+	var reason string
+	err := b.pool.QueryRow(context.Background(), `SELECT reason FROM dead_letters LIMIT 1`).Scan(&reason)
+	require.ErrorIs(t, err, pgx.ErrNoRows, "the plugin %s", reason)
 }

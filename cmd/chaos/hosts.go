@@ -102,8 +102,10 @@ func (h *hostSlot) spawn() (*proc, string, error) {
 		"--plugin-dir", c.cfg.pluginDir,
 		"--reclaim-idle", c.cfg.reclaimIdle.String(),
 		"--job-timeout", c.cfg.jobTimeout.String(),
-		"--admin-addr", admin)
-	// host run passes its own environment on to its plugins.
+		"--admin-addr", admin,
+		// Nothing else of the host's environment reaches its plugins.
+		"--plugin-env", "USHER_BLOB_DIR", "--plugin-env", "MAILPROVIDER_URL",
+		"--plugin-env", "TICKETS_CLAIM_LEASE", "--plugin-env", "USHER_FAULT_DIR")
 	cmd.Env = append(os.Environ(),
 		"DATABASE_URL="+c.dbURL,
 		"REDIS_URL="+c.redisURL,

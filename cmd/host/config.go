@@ -76,6 +76,24 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	cfg.AdminAllowedHosts = splitList(os.Getenv("USHER_ADMIN_ALLOWED_HOSTS"))
 	fs.DurationVar(&cfg.ReconcileAfter, "reconcile-after", envDuration("USHER_RECONCILE_AFTER", 15*time.Minute), "republish outbox rows published this long ago with no outcome (USHER_RECONCILE_AFTER)")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", envDuration("USHER_RECONCILE_INTERVAL", time.Minute), "how often to look for them (USHER_RECONCILE_INTERVAL)")
+	fs.Func("plugin-env", "NAME=VALUE for every plugin's environment, or NAME to pass the host's own NAME on (repeat for each); nothing else of the host's environment reaches a plugin",
+		func(v string) error {
+			name, _, set := strings.Cut(v, "=")
+			switch {
+			case name == "":
+				return errors.New("want NAME or NAME=VALUE")
+			case set:
+				cfg.PluginEnv = append(cfg.PluginEnv, v)
+			default:
+				val, ok := os.LookupEnv(name)
+				if !ok {
+					return fmt.Errorf("%s is not set in the host's environment", name)
+				}
+				cfg.PluginEnv = append(cfg.PluginEnv, name+"="+val)
+			}
+			return nil
+		})
+	fs.StringVar(&cfg.PluginUser, "plugin-user", env("USHER_PLUGIN_USER", ""), "OS user the plugins run as, so they cannot read the host's files (the host must run as root; USHER_PLUGIN_USER; default the host's user)")
 	fs.BoolVar(&cfg.AllowSuperuser, "allow-superuser", false, "run even when the database login is a superuser (refused by default: plugins run untrusted code)")
 	fs.IntVar(&cfg.PluginPoolSize, "plugin-pool-size", envInt("USHER_PLUGIN_POOL_SIZE", 0), "Postgres connections per plugin, each logged in as the plugin's role (USHER_PLUGIN_POOL_SIZE; default --concurrency)")
 	fs.BoolVar(&cfg.DisableRelay, "no-relay", false, "do not run the outbox relay in this process")

@@ -23,9 +23,12 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
@@ -106,8 +109,50 @@ type Config struct {
 	Logger *slog.Logger
 	// Stderr, when set, also receives the plugin's raw stderr.
 	Stderr io.Writer
-	// Env is added to the plugin's environment.
+	// Env is the plugin's environment besides the few variables it
+	// inherits from the host (Environ): nothing else of the host's
+	// environment (its database URL, tokens, passfile) reaches a plugin.
 	Env []string
+	// User, when set, is the OS user the plugin process runs as (the host
+	// must be root to switch): a plugin then cannot read the host's
+	// files, its passfile, token or signing key. Default: the host's user.
+	User string
+}
+
+// inherited are the variables of the host's environment a plugin gets: what
+// a process needs to run, none of the host's configuration or secrets.
+var inherited = []string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "GORACE", "GOCOVERDIR"}
+
+// Environ is the environment a plugin process starts with: the host's
+// variables listed in inherited (and LC_*), then env, then the host's pid
+// for the plugin's parent watch.
+func Environ(env []string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if slices.Contains(inherited, name) || strings.HasPrefix(name, "LC_") {
+			out = append(out, kv)
+		}
+	}
+	out = append(out, env...)
+	return append(out, wire.ParentPIDEnv+"="+strconv.Itoa(os.Getpid()))
+}
+
+// credential is the uid and gid of the OS user name.
+func credential(name string) (*syscall.Credential, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, fmt.Errorf("plugin user: %w", err)
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("plugin user %s: uid %q, gid %q are not numbers", name, u.Uid, u.Gid)
+	}
+	if os.Geteuid() != 0 && uint64(os.Geteuid()) != uid {
+		return nil, fmt.Errorf("plugin user %s: the host runs as uid %d and only root can start a process as another user", name, os.Geteuid())
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, nil
 }
 
 // Instance is one running plugin process.
@@ -129,7 +174,14 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 		cfg.Logger = slog.Default()
 	}
 	cmd := exec.Command(cfg.Path)
-	cmd.Env = append(append(os.Environ(), cfg.Env...), wire.ParentPIDEnv+"="+strconv.Itoa(os.Getpid()))
+	cmd.Env = Environ(cfg.Env)
+	if cfg.User != "" {
+		cred, err := credential(cfg.User)
+		if err != nil {
+			return nil, err
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	// The end of the plugin's stderr goes into the error of a plugin that
 	// exited at start: it usually said why there.
 	tail := &tailWriter{max: 1024}
@@ -145,6 +197,8 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 		HandshakeConfig:  wire.Handshake,
 		VersionedPlugins: protocols(cfg.Host),
 		Cmd:              cmd,
+		// cmd.Env is all a plugin gets of the host's environment.
+		SkipHostEnv:      true,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		SecureConfig:     secure,
 		AutoMTLS:         true,

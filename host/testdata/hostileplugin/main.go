@@ -160,6 +160,11 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			return ok
 		case "savepoint":
 			s.exec(h, plain, "SAVEPOINT hostile", "ROLLBACK TO SAVEPOINT hostile")
+		case "secrets":
+			// Whatever of the host's secrets it can see, it reports.
+			if found := secrets(); found != "" {
+				return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_PERMANENT, Error: "found the host's secrets: " + found}
+			}
 		case "stall":
 			s.exec(h, plain, "SET LOCAL statement_timeout = 0", "SELECT pg_sleep(600)")
 		default:
@@ -194,6 +199,28 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 		return ok
 	}
 	return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_PERMANENT, Error: fmt.Sprintf("unexpected phase %v", c.GetPhase())}
+}
+
+// secrets lists the host's configuration it finds in its environment and
+// the files named in HOSTILE_SECRET_FILES it can read.
+func secrets() string {
+	var found []string
+	for _, kv := range os.Environ() {
+		name, val, _ := strings.Cut(kv, "=")
+		if name == "DATABASE_URL" || name == "REDIS_URL" || name == "PGPASSFILE" || strings.HasPrefix(name, "USHER_ADMIN") ||
+			strings.Contains(val, "postgres://") || strings.Contains(val, "redis://") {
+			found = append(found, "env "+name)
+		}
+	}
+	for _, f := range strings.Split(os.Getenv("HOSTILE_SECRET_FILES"), ":") {
+		if f == "" {
+			continue
+		}
+		if _, err := os.ReadFile(f); err == nil {
+			found = append(found, "file "+f)
+		}
+	}
+	return strings.Join(found, ", ")
 }
 
 // query returns the first column of the first row, or the error's text.
