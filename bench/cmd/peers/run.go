@@ -119,20 +119,21 @@ func runOne(ctx context.Context, cfg config, rt string, inflight int, stderr io.
 	return r
 }
 
-// progress writes a line to stderr every second until the returned func is
-// called; on a terminal it rewrites one line.
+// progress writes a line to stderr until the returned func is called: on a
+// terminal it rewrites one line every second, elsewhere (a log, cmd/bench)
+// it adds a line every 5 seconds.
 func progress(stderr io.Writer, rt string, inflight int, m *meter) func() {
-	eol := "\n"
+	eol, every := "\n", 5*time.Second
 	if f, ok := stderr.(*os.File); ok {
 		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			eol = "\r"
+			eol, every = "\r", time.Second
 		}
 	}
 	stop := make(chan struct{})
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
-		t := time.NewTicker(time.Second)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
