@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -28,9 +29,13 @@ func (h *Host) dispatch(ctx context.Context, e stream.Entry) bool {
 	if !ack {
 		return false
 	}
-	if outcome == outcomeForged {
+	switch outcome {
+	case outcomeForged:
 		// The outbox row whose id a forged entry claims belongs to a real
 		// job: recording an outcome on it would let that job rest unrun.
+		return true
+	case outcomeRecorded:
+		// Written in the job's own transaction.
 		return true
 	}
 	// Record the outcome before the ack: a row with no outcome is
@@ -93,7 +98,7 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 	}
 	job := &usherv1.Job{Id: e.JobID, Kind: e.Kind, Payload: e.Payload, Attempt: int32(e.Attempt),
 		RequestId: e.RequestID, Trace: traceparent}
-	out := h.runner.Run(jobCtx, rt.plugin, rt.db, rt.guard, job)
+	out := h.runner.Run(jobCtx, rt.plugin, rt.db, rt.guard, job, e.OutboxID)
 	if out.Verdict != guard.Applied && out.Verdict != guard.Absorbed && errors.Is(jobCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
 		// The handler overran its deadline: its statements were cancelled
 		// and its transaction rolled back. Retry it like a transient
@@ -104,22 +109,31 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 	}
 	h.metrics.duration.WithLabelValues(e.Kind).Observe(time.Since(start).Seconds())
 	h.metrics.jobs.WithLabelValues(e.Kind, out.Verdict.String()).Inc()
-	log := h.log.With("job_id", e.JobID, "kind", e.Kind, "stream_id", e.StreamID, "attempt", e.Attempt,
-		"request_id", e.RequestID, "trace", traceparent)
+	// Built only on the paths that log: an applied job, the hot path,
+	// logs nothing at info.
+	jobLog := func() *slog.Logger {
+		return h.log.With("job_id", e.JobID, "kind", e.Kind, "stream_id", e.StreamID, "attempt", e.Attempt,
+			"request_id", e.RequestID, "trace", traceparent)
+	}
 
 	switch out.Verdict {
 	case guard.Applied:
-		log.Debug("job applied")
+		if h.log.Enabled(ctx, slog.LevelDebug) {
+			jobLog().Debug("job applied")
+		}
+		if out.Recorded {
+			return outcomeRecorded, true
+		}
 		return "applied", true
 	case guard.Absorbed:
-		log.Info("duplicate absorbed", "guard", guardName(rt.guard), "reason", out.Reason)
+		jobLog().Info("duplicate absorbed", "guard", guardName(rt.guard), "reason", out.Reason)
 		return "absorbed", true
 	case guard.Retry:
 		if out.Err != nil && e.Attempt+1 >= h.cfg.MaxAttempts {
 			return "dead_letter", h.deadLetter(ctx, e, "max_attempts",
 				fmt.Sprintf("failed %d attempts (max %d)", e.Attempt+1, h.cfg.MaxAttempts), out.Reason)
 		}
-		return "retry_scheduled", h.retry(ctx, e, out, log)
+		return "retry_scheduled", h.retry(ctx, e, out, jobLog())
 	case guard.Permanent:
 		return "dead_letter", h.deadLetter(ctx, e, "permanent", out.Reason, out.Reason)
 	default: // Abandoned
@@ -129,7 +143,7 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 				return "dead_letter", h.poison(ctx, e, n, crash)
 			}
 		}
-		log.Warn("job did not finish; entry left pending for reclaim", "err", shortError(out.Reason))
+		jobLog().Warn("job did not finish; entry left pending for reclaim", "err", shortError(out.Reason))
 		return "", false
 	}
 }
@@ -140,6 +154,9 @@ const (
 	causeBadInput = "bad_input"
 	causeForged   = "forged"
 	outcomeForged = "forged"
+	// outcomeRecorded: applied, the outcome already written in the job's
+	// own transaction.
+	outcomeRecorded = "applied (recorded)"
 )
 
 // refuse checks what can be checked before any plugin sees the entry and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -28,17 +29,43 @@ func hostError(err error) error {
 
 // jobLogger returns a logger whose records go to the host's log, tagged with
 // the job's identity, request_id and trace.
-func (h *hostClient) jobLogger(job *usherv1.Job) *slog.Logger {
-	return slog.New(&hostLogHandler{host: h, job: job})
+func (h *hostClient) jobLogger(job *usherv1.Job, batch *logBatch) *slog.Logger {
+	return slog.New(&hostLogHandler{host: h, job: job, batch: batch})
+}
+
+// logBatch collects one Invoke's records below warn level; they travel
+// back with its answer instead of a Host.Log call each.
+type logBatch struct {
+	min  slog.Level
+	mu   sync.Mutex
+	recs []*usherv1.LogRecord
+}
+
+func (b *logBatch) add(r *usherv1.LogRecord) {
+	b.mu.Lock()
+	b.recs = append(b.recs, r)
+	b.mu.Unlock()
+}
+
+func (b *logBatch) take() []*usherv1.LogRecord {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.recs
+	b.recs = nil
+	return r
 }
 
 type hostLogHandler struct {
 	host  *hostClient
 	job   *usherv1.Job
+	batch *logBatch
 	attrs []slog.Attr
 }
 
-func (l *hostLogHandler) Enabled(context.Context, slog.Level) bool { return true }
+// Enabled drops what the host would not log anyway.
+func (l *hostLogHandler) Enabled(_ context.Context, level slog.Level) bool {
+	return l.batch == nil || level >= l.batch.min
+}
 
 func (l *hostLogHandler) Handle(ctx context.Context, r slog.Record) error {
 	rec := &usherv1.LogRecord{
@@ -52,12 +79,16 @@ func (l *hostLogHandler) Handle(ctx context.Context, r slog.Record) error {
 		rec.Attrs[a.Key] = a.Value.String()
 		return true
 	})
+	if l.batch != nil && r.Level < slog.LevelWarn {
+		l.batch.add(rec)
+		return nil
+	}
 	_, err := l.host.c.Log(ctx, &usherv1.LogRequest{Records: []*usherv1.LogRecord{rec}})
 	return err
 }
 
 func (l *hostLogHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return &hostLogHandler{host: l.host, job: l.job, attrs: append(append([]slog.Attr{}, l.attrs...), attrs...)}
+	return &hostLogHandler{host: l.host, job: l.job, batch: l.batch, attrs: append(append([]slog.Attr{}, l.attrs...), attrs...)}
 }
 
 func (l *hostLogHandler) WithGroup(string) slog.Handler { return l }

@@ -113,7 +113,8 @@ func (s *pluginServer) Invoke(ctx context.Context, req *usherv1.InvokeRequest) (
 	if err != nil {
 		return nil, err
 	}
-	env := invokeEnv{host: host, logger: host.jobLogger}
+	logs := &logBatch{min: slog.Level(req.GetMinLogLevel())}
+	env := invokeEnv{host: host, logger: func(job *usherv1.Job) *slog.Logger { return host.jobLogger(job, logs) }}
 	results := make([]*usherv1.Result, len(req.GetCalls()))
 	var wg sync.WaitGroup
 	for i, call := range req.GetCalls() {
@@ -131,7 +132,7 @@ func (s *pluginServer) Invoke(ctx context.Context, req *usherv1.InvokeRequest) (
 		}()
 	}
 	wg.Wait()
-	return &usherv1.InvokeResponse{Results: results}, nil
+	return &usherv1.InvokeResponse{Results: results, Logs: logs.take()}, nil
 }
 
 // host returns the callback client for a broker id, dialling once: the host

@@ -60,9 +60,11 @@ type Outcome struct {
 	Reason     string
 	RetryAfter time.Duration
 	Err        error
+	// Recorded: the outbox row's outcome ('applied') was written in the
+	// job's own transaction, so the caller need not write it again.
+	Recorded bool
 }
 
-func applied() Outcome { return Outcome{Verdict: Applied} }
 func absorbed(reason string) Outcome {
 	return Outcome{Verdict: Absorbed, Reason: reason}
 }
@@ -110,18 +112,20 @@ func NewRunner(cfg Config) (*Runner, error) {
 
 // Run executes job's guard against the plugin behind inv, on the plugin's
 // database db. ctx's deadline is the job's: every statement, the plugin's
-// and the host's, is cancelled when it passes.
-func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, job *usherv1.Job) Outcome {
+// and the host's, is cancelled when it passes. outboxID, when not 0, is
+// the outbox row the job came from: an applied run records its outcome in
+// the job's own transaction (Outcome.Recorded).
+func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, job *usherv1.Job, outboxID int64) Outcome {
 	var out Outcome
 	switch {
 	case db.Pool == nil:
 		out = permanent(fmt.Errorf("kind %s: its plugin has no database pool of its own", job.GetKind()))
 	case g == usherv1.Guard_GUARD_STATE_FIRST:
-		out = r.stateFirst(ctx, inv, db, job)
+		out = r.stateFirst(ctx, inv, db, job, outboxID)
 	case g == usherv1.Guard_GUARD_CLAIM:
-		out = r.claim(ctx, inv, db, job)
+		out = r.claim(ctx, inv, db, job, outboxID)
 	case g == usherv1.Guard_GUARD_JOB_ID:
-		out = r.jobID(ctx, inv, db, job)
+		out = r.jobID(ctx, inv, db, job, outboxID)
 	default:
 		out = permanent(fmt.Errorf("kind %s has no guard", job.GetKind()))
 	}
@@ -190,7 +194,7 @@ func refused(job *usherv1.Job, h *handle) (Outcome, bool) {
 }
 
 // stateFirst: check → prepare → commit with a conditional write.
-func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv1.Job) Outcome {
+func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, outboxID int64) Outcome {
 	ro := r.cfg.Handles.issue(ctx, capReadOnly, job, db.Pool, nil, db.Role)
 	res, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_CHECK, Job: job, Handle: ro.id})
 	r.cfg.Handles.release(ro)
@@ -238,26 +242,31 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 			return permanent(fmt.Errorf("refused: %s job %s: the commit phase wrote although its conditional write lost; rolled back", job.GetKind(), job.GetId()))
 		}
 	}
+	if h.won && outboxID != 0 {
+		if _, err := tx.Exec(ctx, "SELECT "+r.cfg.Handles.fn("usher_applied")+"($1, $2)", outboxID, job.GetKind()); err != nil {
+			return abandoned(fmt.Errorf("record outcome: %w", err))
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return abandoned(fmt.Errorf("commit: %w", err))
 	}
 	if !h.won {
 		return absorbed("conditional write lost to another run")
 	}
-	return applied()
+	return Outcome{Verdict: Applied, Recorded: outboxID != 0}
 }
 
 // jobID: record the identity and apply in one transaction. The identity
 // is recorded by usher_record_job, which runs as the runtime's owner and
 // checks that the plugin's role serves the kind.
-func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job) Outcome {
+func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, outboxID int64) Outcome {
 	tx, err := db.Pool.Begin(ctx)
 	if err != nil {
 		return abandoned(fmt.Errorf("begin: %w", err))
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	var recorded bool
-	err = tx.QueryRow(ctx, "SELECT "+r.cfg.Handles.fn("usher_record_job")+"($1, $2)", job.GetId(), job.GetKind()).Scan(&recorded)
+	err = tx.QueryRow(ctx, "SELECT "+r.cfg.Handles.fn("usher_record_job")+"($1, $2, $3)", job.GetId(), job.GetKind(), outboxID).Scan(&recorded)
 	if err != nil {
 		if out := claimError(err); out != nil {
 			return *out
@@ -279,7 +288,7 @@ func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 	if err := tx.Commit(ctx); err != nil {
 		return abandoned(fmt.Errorf("commit: %w", err))
 	}
-	return applied()
+	return Outcome{Verdict: Applied, Recorded: outboxID != 0}
 }
 
 // claimSQL is a validated claim spec turned into SQL.
@@ -350,7 +359,7 @@ func identifier(s string) bool {
 }
 
 // claim: the host claims, the plugin sends, the host marks.
-func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job) Outcome {
+func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, outboxID int64) Outcome {
 	res, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_CLAIM, Job: job})
 	if !ok {
 		return out
@@ -417,12 +426,18 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 	// Send, then mark: a crash here leaves the claim to go stale and the
 	// resend to the provider's idempotency key.
 	if err := inTx(ctx, db, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, c.mark, c.keys...)
+		if _, err := tx.Exec(ctx, c.mark, c.keys...); err != nil {
+			return err
+		}
+		if outboxID == 0 {
+			return nil
+		}
+		_, err := tx.Exec(ctx, "SELECT "+r.cfg.Handles.fn("usher_applied")+"($1, $2)", outboxID, job.GetKind())
 		return err
 	}); err != nil {
 		return abandoned(fmt.Errorf("mark done: %w", err))
 	}
-	return applied()
+	return Outcome{Verdict: Applied, Recorded: outboxID != 0}
 }
 
 // claimError turns a claim statement that can never work (no such table or

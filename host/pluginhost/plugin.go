@@ -161,6 +161,20 @@ type Instance struct {
 	shim     *clientShim
 	manifest Manifest
 	pid      int
+	// host takes the log records a plugin ships with its answers, at
+	// minLevel and above (the host logger's least enabled level).
+	host     usherv1.HostServer
+	minLevel slog.Level
+}
+
+// leastLevel is the least slog level l logs.
+func leastLevel(l *slog.Logger) slog.Level {
+	for _, lv := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn} {
+		if l.Enabled(context.Background(), lv) {
+			return lv
+		}
+	}
+	return slog.LevelError
 }
 
 // Start launches the plugin, completes the handshake, reads the manifest and
@@ -273,7 +287,7 @@ func connect(ctx context.Context, client *plugin.Client, cfg Config) (*Instance,
 		return nil, fmt.Errorf("the binary reports plugin %q version %q, its manifest says %q version %q; refusing it",
 			manifest.Name, manifest.Version, cfg.Name, cfg.Version)
 	}
-	inst := &Instance{client: client, shim: shim, manifest: manifest}
+	inst := &Instance{client: client, shim: shim, manifest: manifest, host: cfg.Host, minLevel: leastLevel(cfg.Logger)}
 	if rc := client.ReattachConfig(); rc != nil {
 		inst.pid = rc.Pid
 	}
@@ -347,9 +361,13 @@ func (i *Instance) Kill() { i.client.Kill() }
 // Invoke sends a batch of phase calls to the plugin. An error means the
 // call itself failed (the process died, the connection broke, ctx ended).
 func (i *Instance) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error) {
-	res, err := i.shim.rpc.Invoke(ctx, &usherv1.InvokeRequest{HostBrokerId: i.shim.brokerID, Calls: calls})
+	res, err := i.shim.rpc.Invoke(ctx, &usherv1.InvokeRequest{HostBrokerId: i.shim.brokerID, Calls: calls,
+		MinLogLevel: int32(i.minLevel)})
 	if err != nil {
 		return nil, err
+	}
+	if logs := res.GetLogs(); len(logs) > 0 {
+		_, _ = i.host.Log(ctx, &usherv1.LogRequest{Records: logs})
 	}
 	// The caller checks the answer's shape: a wrong count is the plugin's
 	// garbage (a permanent failure), not a broken call.

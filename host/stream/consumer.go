@@ -94,7 +94,23 @@ type Consumer struct {
 	// waste a slot.
 	mu      sync.Mutex
 	running map[string]bool
+
+	// work feeds Concurrency long-lived workers (a goroutine per entry
+	// grows a fresh stack for every job); acks feeds the acker, which
+	// acks what the workers finished together in one XACK.
+	startWorkers sync.Once
+	work         chan Entry
+	acks         chan ackRequest
 }
+
+// ackRequest is one finished entry to ack; done gets the XACK's error.
+type ackRequest struct {
+	id   string
+	done chan error
+}
+
+// maxAckBatch bounds the ids of one XACK.
+const maxAckBatch = 256
 
 // NewConsumer validates cfg and fills its defaults.
 func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
@@ -102,7 +118,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		return nil, err
 	}
 	c := &Consumer{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency), running: map[string]bool{},
-		budget: semaphore.NewWeighted(cfg.MaxBytes)}
+		budget: semaphore.NewWeighted(cfg.MaxBytes),
+		work:   make(chan Entry, cfg.Concurrency), acks: make(chan ackRequest, cfg.Concurrency)}
 	c.workCtx, c.cancelWork = context.WithCancel(context.Background())
 	return c, nil
 }
@@ -254,8 +271,9 @@ func (c *Consumer) BytesHeld() int64 { return c.held.Load() }
 // PeakBytesHeld is the most BytesHeld has been.
 func (c *Consumer) PeakBytesHeld() int64 { return c.peak.Load() }
 
-// start runs e in its own goroutine; the caller holds a slot and e.Held
-// bytes for it, which it gives back when e is finished.
+// start hands e to a worker; the caller holds a slot and e.Held bytes for
+// it, which are given back when e is finished. There are as many workers
+// as slots, so a worker is always free for a slot's entry.
 func (c *Consumer) start(e Entry) {
 	held := min(e.Held, MaxEntryBytes)
 	c.mu.Lock()
@@ -266,28 +284,76 @@ func (c *Consumer) start(e Entry) {
 	}
 	c.running[e.StreamID] = true
 	c.mu.Unlock()
+	c.startWorkers.Do(func() {
+		for range c.cfg.Concurrency {
+			go c.worker()
+		}
+		go c.acker()
+	})
 	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		defer c.release(1, held)
-		defer func() {
-			c.mu.Lock()
-			delete(c.running, e.StreamID)
-			c.mu.Unlock()
-		}()
-		if !c.cfg.Dispatch(c.workCtx, e) {
+	c.work <- e
+}
+
+func (c *Consumer) worker() {
+	for {
+		select {
+		case e := <-c.work:
+			c.finish(e)
+		case <-c.workCtx.Done():
 			return
 		}
-		// Ack with a context that survives shutdown: the handler's
-		// transaction is committed, and an unacked entry would only be
-		// reclaimed and absorbed as a duplicate.
-		ackCtx, cancel := context.WithTimeout(context.WithoutCancel(c.workCtx), 5*time.Second)
-		defer cancel()
-		if err := c.cfg.Redis.XAck(ackCtx, c.cfg.Stream, c.cfg.Group, e.StreamID).Err(); err != nil {
-			c.cfg.Logger.Warn("ack failed; the entry will be reclaimed and absorbed by its guard",
-				"stream_id", e.StreamID, "job_id", e.JobID, "err", err)
-		}
+	}
+}
+
+// finish runs e and acks it when the dispatcher says so, then gives back
+// its slot and bytes.
+func (c *Consumer) finish(e Entry) {
+	defer c.wg.Done()
+	defer c.release(1, min(e.Held, MaxEntryBytes))
+	defer func() {
+		c.mu.Lock()
+		delete(c.running, e.StreamID)
+		c.mu.Unlock()
 	}()
+	if !c.cfg.Dispatch(c.workCtx, e) {
+		return
+	}
+	done := make(chan error, 1)
+	c.acks <- ackRequest{id: e.StreamID, done: done}
+	if err := <-done; err != nil {
+		c.cfg.Logger.Warn("ack failed; the entry will be reclaimed and absorbed by its guard",
+			"stream_id", e.StreamID, "job_id", e.JobID, "err", err)
+	}
+}
+
+// acker acks finished entries: the first waiting, and every other that is
+// waiting by then, in one XACK. No timer: under load the batches form by
+// themselves while the previous XACK is on the wire. It runs as long as
+// the process; an ack after shutdown still lets its entry rest.
+func (c *Consumer) acker() {
+	batch := make([]ackRequest, 0, maxAckBatch)
+	ids := make([]string, 0, maxAckBatch)
+	for first := range c.acks {
+		batch, ids = append(batch[:0], first), append(ids[:0], first.id)
+	more:
+		for len(batch) < maxAckBatch {
+			select {
+			case r := <-c.acks:
+				batch, ids = append(batch, r), append(ids, r.id)
+			default:
+				break more
+			}
+		}
+		// Ack with a context that survives shutdown: the handlers'
+		// transactions are committed, and an unacked entry would only
+		// be reclaimed and absorbed as a duplicate.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.workCtx), 5*time.Second)
+		err := c.cfg.Redis.XAck(ctx, c.cfg.Stream, c.cfg.Group, ids...).Err()
+		cancel()
+		for _, r := range batch {
+			r.done <- err
+		}
+	}
 }
 
 func (c *Consumer) drain() {

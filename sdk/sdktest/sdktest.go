@@ -199,7 +199,7 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 		}
 	case s.crash != nil:
 		inv := newInvoker(setup.Plugin, handles, s.crash)
-		out := runner.Run(ctx, inv, db, g, job)
+		out := runner.Run(ctx, inv, db, g, job, 0)
 		if !inv.crashed() {
 			return nil, g, fmt.Errorf("the crash point was never reached (the run ended %s: %s)", out.Verdict, out.Reason)
 		}
@@ -271,7 +271,7 @@ func runToEnd(ctx context.Context, pool *pgxpool.Pool, runner *guard.Runner, inv
 	for attempt := range 6 {
 		j := proto.Clone(job).(*usherv1.Job)
 		j.Attempt = int32(attempt)
-		out := runner.Run(ctx, inv, db, g, j)
+		out := runner.Run(ctx, inv, db, g, j, 0)
 		switch out.Verdict {
 		case guard.Applied, guard.Absorbed:
 			return out, nil

@@ -609,8 +609,10 @@ func (x *Call) GetIdempotencyKey() string {
 type InvokeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Broker id of the host's callback service for this plugin instance.
-	HostBrokerId  uint32  `protobuf:"varint,1,opt,name=host_broker_id,json=hostBrokerId,proto3" json:"host_broker_id,omitempty"`
-	Calls         []*Call `protobuf:"bytes,2,rep,name=calls,proto3" json:"calls,omitempty"`
+	HostBrokerId uint32  `protobuf:"varint,1,opt,name=host_broker_id,json=hostBrokerId,proto3" json:"host_broker_id,omitempty"`
+	Calls        []*Call `protobuf:"bytes,2,rep,name=calls,proto3" json:"calls,omitempty"`
+	// The least slog level the host logs: records below it need not be sent.
+	MinLogLevel   int32 `protobuf:"varint,3,opt,name=min_log_level,json=minLogLevel,proto3" json:"min_log_level,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -657,6 +659,13 @@ func (x *InvokeRequest) GetCalls() []*Call {
 		return x.Calls
 	}
 	return nil
+}
+
+func (x *InvokeRequest) GetMinLogLevel() int32 {
+	if x != nil {
+		return x.MinLogLevel
+	}
+	return 0
 }
 
 type ClaimSpec struct {
@@ -831,7 +840,11 @@ func (x *Result) GetClaim() *ClaimSpec {
 type InvokeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One result per call, in order.
-	Results       []*Result `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	Results []*Result `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// Log records the calls made below slog's warn level, shipped with the
+	// answer instead of a Host.Log call each. Warnings and errors go through
+	// Host.Log at once, so a plugin that crashes has said them.
+	Logs          []*LogRecord `protobuf:"bytes,2,rep,name=logs,proto3" json:"logs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -869,6 +882,13 @@ func (*InvokeResponse) Descriptor() ([]byte, []int) {
 func (x *InvokeResponse) GetResults() []*Result {
 	if x != nil {
 		return x.Results
+	}
+	return nil
+}
+
+func (x *InvokeResponse) GetLogs() []*LogRecord {
+	if x != nil {
+		return x.Logs
 	}
 	return nil
 }
@@ -1646,10 +1666,11 @@ const file_usher_proto_rawDesc = "" +
 	"\x03job\x18\x02 \x01(\v2\r.usher.v1.JobR\x03job\x12\x16\n" +
 	"\x06handle\x18\x03 \x01(\tR\x06handle\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\fR\x05state\x12'\n" +
-	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\"[\n" +
+	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\"\x7f\n" +
 	"\rInvokeRequest\x12$\n" +
 	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\x12$\n" +
-	"\x05calls\x18\x02 \x03(\v2\x0e.usher.v1.CallR\x05calls\"\xed\x01\n" +
+	"\x05calls\x18\x02 \x03(\v2\x0e.usher.v1.CallR\x05calls\x12\"\n" +
+	"\rmin_log_level\x18\x03 \x01(\x05R\vminLogLevel\"\xed\x01\n" +
 	"\tClaimSpec\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x1f\n" +
 	"\vkey_columns\x18\x02 \x03(\tR\n" +
@@ -1666,9 +1687,10 @@ const file_usher_proto_rawDesc = "" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12$\n" +
 	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\fR\x05state\x12)\n" +
-	"\x05claim\x18\x05 \x01(\v2\x13.usher.v1.ClaimSpecR\x05claim\"<\n" +
+	"\x05claim\x18\x05 \x01(\v2\x13.usher.v1.ClaimSpecR\x05claim\"e\n" +
 	"\x0eInvokeResponse\x12*\n" +
-	"\aresults\x18\x01 \x03(\v2\x10.usher.v1.ResultR\aresults\"\xbf\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x10.usher.v1.ResultR\aresults\x12'\n" +
+	"\x04logs\x18\x02 \x03(\v2\x13.usher.v1.LogRecordR\x04logs\"\xbf\x01\n" +
 	"\x05Value\x12\x14\n" +
 	"\x04null\x18\x01 \x01(\bH\x00R\x04null\x12\x12\n" +
 	"\x03int\x18\x02 \x01(\x03H\x00R\x03int\x12\x16\n" +
@@ -1808,30 +1830,31 @@ var file_usher_proto_depIdxs = []int32{
 	2,  // 6: usher.v1.Result.outcome:type_name -> usher.v1.Outcome
 	10, // 7: usher.v1.Result.claim:type_name -> usher.v1.ClaimSpec
 	11, // 8: usher.v1.InvokeResponse.results:type_name -> usher.v1.Result
-	3,  // 9: usher.v1.Statement.mode:type_name -> usher.v1.Mode
-	13, // 10: usher.v1.Statement.args:type_name -> usher.v1.Value
-	13, // 11: usher.v1.Row.values:type_name -> usher.v1.Value
-	15, // 12: usher.v1.StatementResult.rows:type_name -> usher.v1.Row
-	14, // 13: usher.v1.ExecRequest.statements:type_name -> usher.v1.Statement
-	16, // 14: usher.v1.ExecResponse.results:type_name -> usher.v1.StatementResult
-	19, // 15: usher.v1.EnqueueRequest.messages:type_name -> usher.v1.OutboxMessage
-	25, // 16: usher.v1.LogRecord.attrs:type_name -> usher.v1.LogRecord.AttrsEntry
-	22, // 17: usher.v1.LogRequest.records:type_name -> usher.v1.LogRecord
-	5,  // 18: usher.v1.Plugin.Manifest:input_type -> usher.v1.ManifestRequest
-	9,  // 19: usher.v1.Plugin.Invoke:input_type -> usher.v1.InvokeRequest
-	17, // 20: usher.v1.Host.Exec:input_type -> usher.v1.ExecRequest
-	20, // 21: usher.v1.Host.Enqueue:input_type -> usher.v1.EnqueueRequest
-	23, // 22: usher.v1.Host.Log:input_type -> usher.v1.LogRequest
-	6,  // 23: usher.v1.Plugin.Manifest:output_type -> usher.v1.ManifestResponse
-	12, // 24: usher.v1.Plugin.Invoke:output_type -> usher.v1.InvokeResponse
-	18, // 25: usher.v1.Host.Exec:output_type -> usher.v1.ExecResponse
-	21, // 26: usher.v1.Host.Enqueue:output_type -> usher.v1.EnqueueResponse
-	24, // 27: usher.v1.Host.Log:output_type -> usher.v1.LogResponse
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	22, // 9: usher.v1.InvokeResponse.logs:type_name -> usher.v1.LogRecord
+	3,  // 10: usher.v1.Statement.mode:type_name -> usher.v1.Mode
+	13, // 11: usher.v1.Statement.args:type_name -> usher.v1.Value
+	13, // 12: usher.v1.Row.values:type_name -> usher.v1.Value
+	15, // 13: usher.v1.StatementResult.rows:type_name -> usher.v1.Row
+	14, // 14: usher.v1.ExecRequest.statements:type_name -> usher.v1.Statement
+	16, // 15: usher.v1.ExecResponse.results:type_name -> usher.v1.StatementResult
+	19, // 16: usher.v1.EnqueueRequest.messages:type_name -> usher.v1.OutboxMessage
+	25, // 17: usher.v1.LogRecord.attrs:type_name -> usher.v1.LogRecord.AttrsEntry
+	22, // 18: usher.v1.LogRequest.records:type_name -> usher.v1.LogRecord
+	5,  // 19: usher.v1.Plugin.Manifest:input_type -> usher.v1.ManifestRequest
+	9,  // 20: usher.v1.Plugin.Invoke:input_type -> usher.v1.InvokeRequest
+	17, // 21: usher.v1.Host.Exec:input_type -> usher.v1.ExecRequest
+	20, // 22: usher.v1.Host.Enqueue:input_type -> usher.v1.EnqueueRequest
+	23, // 23: usher.v1.Host.Log:input_type -> usher.v1.LogRequest
+	6,  // 24: usher.v1.Plugin.Manifest:output_type -> usher.v1.ManifestResponse
+	12, // 25: usher.v1.Plugin.Invoke:output_type -> usher.v1.InvokeResponse
+	18, // 26: usher.v1.Host.Exec:output_type -> usher.v1.ExecResponse
+	21, // 27: usher.v1.Host.Enqueue:output_type -> usher.v1.EnqueueResponse
+	24, // 28: usher.v1.Host.Log:output_type -> usher.v1.LogResponse
+	24, // [24:29] is the sub-list for method output_type
+	19, // [19:24] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_usher_proto_init() }
