@@ -65,7 +65,7 @@ type handle struct {
 	// mu serialises statements on tx: a pgx connection is not safe for
 	// concurrent use, and a plugin may call back from several goroutines.
 	mu      sync.Mutex
-	tx      pgx.Tx
+	tx      txConn
 	wroteIf bool
 	won     bool
 	// baseline is rowWrites when the commit transaction began.
@@ -118,7 +118,7 @@ var _ usherv1.HostServer = (*Handles)(nil)
 // fn is the runtime function name, schema-qualified and quoted.
 func (hs *Handles) fn(name string) string { return pgx.Identifier{hs.schema, name}.Sanitize() }
 
-func (hs *Handles) issue(ctx context.Context, c capability, job *usherv1.Job, db *pgxpool.Pool, tx pgx.Tx, role string) *handle {
+func (hs *Handles) issue(ctx context.Context, c capability, job *usherv1.Job, db *pgxpool.Pool, tx txConn, role string) *handle {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	h := &handle{id: hex.EncodeToString(b[:]), cap: c, job: job, ctx: ctx, db: db, tx: tx, role: role}
@@ -260,7 +260,7 @@ func (hs *Handles) execReadOnly(ctx context.Context, h *handle, stmts []*usherv1
 // wrote asks the database whether tx has written anything (or taken a row
 // lock): only then does it assign the transaction an id. For a read-only
 // phase, where nothing may even try.
-func wrote(ctx context.Context, tx pgx.Tx) (bool, error) {
+func wrote(ctx context.Context, tx txConn) (bool, error) {
 	var w bool
 	err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL`).Scan(&w)
 	return w, err
@@ -273,12 +273,14 @@ func wrote(ctx context.Context, tx pgx.Tx) (bool, error) {
 // began is what the transaction wrote. Unlike an assigned transaction id,
 // a conditional write that lost a race (it waited on the row's lock, then
 // found it no longer matching) adds nothing.
-func rowWrites(ctx context.Context, tx pgx.Tx) (int64, error) {
+func rowWrites(ctx context.Context, tx txConn) (int64, error) {
 	var n int64
-	err := tx.QueryRow(ctx, `SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint
-		FROM pg_catalog.pg_stat_xact_all_tables`).Scan(&n)
+	err := tx.QueryRow(ctx, rowWritesSQL).Scan(&n)
 	return n, err
 }
+
+const rowWritesSQL = `SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint
+	FROM pg_catalog.pg_stat_xact_all_tables`
 
 func (hs *Handles) execInTx(ctx context.Context, h *handle, st *usherv1.Statement) (*usherv1.StatementResult, error) {
 	switch st.GetMode() {
@@ -318,7 +320,7 @@ func (hs *Handles) execInTx(ctx context.Context, h *handle, st *usherv1.Statemen
 	}
 }
 
-func (hs *Handles) runPlugin(ctx context.Context, h *handle, tx pgx.Tx, st *usherv1.Statement) (*usherv1.StatementResult, error) {
+func (hs *Handles) runPlugin(ctx context.Context, h *handle, tx txConn, st *usherv1.Statement) (*usherv1.StatementResult, error) {
 	res, _, err := hs.run(ctx, h, tx, st)
 	return res, err
 }
@@ -330,7 +332,7 @@ var transactionControl = map[string]bool{"BEGIN": true, "START TRANSACTION": tru
 
 // run runs one plugin statement in tx, then checks with the connection that
 // tx is still the transaction the host opened.
-func (hs *Handles) run(ctx context.Context, h *handle, tx pgx.Tx, st *usherv1.Statement) (*usherv1.StatementResult, pgconn.CommandTag, error) {
+func (hs *Handles) run(ctx context.Context, h *handle, tx txConn, st *usherv1.Statement) (*usherv1.StatementResult, pgconn.CommandTag, error) {
 	res, tag, err := runStatement(ctx, tx, st)
 	switch ts := tx.Conn().PgConn().TxStatus(); {
 	case ts != 'T' && ts != 'E':

@@ -211,15 +211,13 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 	if !ok {
 		return out
 	}
-	tx, err := db.Pool.Begin(ctx)
+	// The transaction's row count so far, in the round trip of its BEGIN.
+	var baseline int64
+	tx, err := beginWith(ctx, db.Pool, func(row pgx.Row) error { return row.Scan(&baseline) }, rowWritesSQL)
 	if err != nil {
-		return abandoned(fmt.Errorf("begin: %w", err))
+		return abandoned(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	baseline, err := rowWrites(ctx, tx)
-	if err != nil {
-		return abandoned(fmt.Errorf("commit: %w", err))
-	}
 	h := r.cfg.Handles.issue(ctx, capCommit, job, db.Pool, tx, db.Role)
 	h.baseline = baseline
 	_, out, ok = r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_COMMIT, Job: job, Handle: h.id, State: res.GetState()})
@@ -260,19 +258,17 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 // is recorded by usher_record_job, which runs as the runtime's owner and
 // checks that the plugin's role serves the kind.
 func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, outboxID int64) Outcome {
-	tx, err := db.Pool.Begin(ctx)
-	if err != nil {
-		return abandoned(fmt.Errorf("begin: %w", err))
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	// BEGIN and the identity's record in one round trip.
 	var recorded bool
-	err = tx.QueryRow(ctx, "SELECT "+r.cfg.Handles.fn("usher_record_job")+"($1, $2, $3)", job.GetId(), job.GetKind(), outboxID).Scan(&recorded)
+	tx, err := beginWith(ctx, db.Pool, func(row pgx.Row) error { return row.Scan(&recorded) },
+		"SELECT "+r.cfg.Handles.fn("usher_record_job")+"($1, $2, $3)", job.GetId(), job.GetKind(), outboxID)
 	if err != nil {
 		if out := claimError(err); out != nil {
 			return *out
 		}
 		return abandoned(fmt.Errorf("record job id: %w", err))
 	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
 	if !recorded {
 		return absorbed("job id already recorded")
 	}

@@ -28,6 +28,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgpassfile"
@@ -251,6 +252,9 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) { return true, nil }
 	logger := c.Logger
 	cfg.AfterRelease = func(conn *pgx.Conn) bool {
+		if _, done := reset.LoadAndDelete(conn); done {
+			return true
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := conn.PgConn().Exec(ctx, "DISCARD ALL").Close(); err != nil {
@@ -290,3 +294,12 @@ func passfilePassword(host string, port uint16, database, role string) string {
 	}
 	return pf.FindPassword(host, fmt.Sprint(port), database, role)
 }
+
+// reset holds the connections whose session was reset in the same round
+// trip as their transaction's commit (MarkReset): going back to their
+// pool, they need no second DISCARD ALL.
+var reset sync.Map
+
+// MarkReset records that conn was just reset with DISCARD ALL and nothing
+// ran on it since: its pool's AfterRelease skips the reset once.
+func MarkReset(conn *pgx.Conn) { reset.Store(conn, true) }

@@ -1,0 +1,137 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/usherhq/usher/host/sandbox"
+)
+
+// txConn is what a handle runs statements on: a job's transaction.
+type txConn interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Conn() *pgx.Conn
+}
+
+var (
+	_ txConn = (*jobTx)(nil)
+	_ txConn = pgx.Tx(nil)
+)
+
+// jobTx is a job's transaction on a connection of the plugin's pool, with
+// two round trips fewer than pgx.Tx: it begins in the same round trip as
+// its first statement (the host's), and commits in the same round trip as
+// the connection's reset (DISCARD ALL, which then need not run when the
+// connection goes back to its pool).
+type jobTx struct {
+	conn *pgxpool.Conn
+	done bool
+}
+
+// beginWith acquires a connection and sends BEGIN and the statement sql in
+// one round trip; scan receives the statement's one row.
+func beginWith(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Row) error, sql string, args ...any) (*jobTx, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(sql, args...)
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	if err == nil {
+		err = scan(br.QueryRow())
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	tx := &jobTx{conn: conn}
+	if err != nil {
+		tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return tx, nil
+}
+
+func (t *jobTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.conn.Query(ctx, sql, args...)
+}
+
+func (t *jobTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.conn.QueryRow(ctx, sql, args...)
+}
+
+func (t *jobTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.conn.Exec(ctx, sql, args...)
+}
+
+func (t *jobTx) Conn() *pgx.Conn { return t.conn.Conn() }
+
+// Commit commits and resets the connection in one round trip, then gives
+// it back to its pool.
+func (t *jobTx) Commit(ctx context.Context) error {
+	if t.done {
+		return errors.New("guard: transaction already ended")
+	}
+	t.done = true
+	defer t.conn.Release()
+	pc := t.conn.Conn().PgConn()
+	if pc.TxStatus() != 'T' {
+		// Failed ('E'), or ended by something else ('I'): no commit.
+		_ = pc.Exec(ctx, "ROLLBACK").Close()
+		return errors.New("commit: the transaction had failed or was no longer open; rolled back")
+	}
+	p := pc.StartPipeline(ctx)
+	p.SendQueryParams("COMMIT", nil, nil, nil, nil)
+	p.SendPipelineSync()
+	// Its own Sync: DISCARD ALL cannot run inside a transaction block.
+	p.SendQueryParams("DISCARD ALL", nil, nil, nil, nil)
+	p.SendPipelineSync()
+	err := p.Flush()
+	var commitErr, resetErr error
+	for step := 0; err == nil && step < 4; step++ {
+		var res any
+		res, err = p.GetResults()
+		if rr, ok := res.(*pgconn.ResultReader); ok {
+			_, rerr := rr.Close()
+			if step == 0 {
+				commitErr = rerr
+			} else {
+				resetErr = rerr
+			}
+		}
+	}
+	if cerr := p.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("commit: %w", err)
+	case commitErr != nil:
+		return fmt.Errorf("commit: %w", commitErr)
+	case resetErr == nil:
+		sandbox.MarkReset(t.conn.Conn())
+	}
+	return nil
+}
+
+// Rollback rolls back and gives the connection back to its pool, which
+// resets it. It is safe to call after Commit.
+func (t *jobTx) Rollback(ctx context.Context) {
+	if t.done {
+		return
+	}
+	t.done = true
+	if t.conn.Conn().PgConn().TxStatus() != 'I' {
+		_ = t.conn.Conn().PgConn().Exec(ctx, "ROLLBACK").Close()
+	}
+	t.conn.Release()
+}
