@@ -118,8 +118,8 @@ type runningHost struct {
 	h           *host.Host
 	stream      string
 	concurrency int
-	cancel context.CancelFunc
-	done   chan error
+	cancel      context.CancelFunc
+	done        chan error
 }
 
 // startHost builds a host with Concurrency = inflight on the owner's login
