@@ -172,6 +172,13 @@ func (p *progress) print() {
 		return
 	}
 	el := time.Since(p.since)
+	if p.total == 0 {
+		// A phase that counts nothing (or reports its own progress).
+		if int(el.Seconds())%10 == 0 {
+			fmt.Fprintf(p.w, "bench: %s (%s)\n", p.name, el.Round(time.Second))
+		}
+		return
+	}
 	fmt.Fprintf(p.w, "bench: %s: %d/%d (%.0f/s, %s)\n", p.name, p.done, p.total, float64(p.done)/el.Seconds(), el.Round(time.Second))
 }
 

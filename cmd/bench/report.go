@@ -64,6 +64,9 @@ type latencyResult struct {
 	Inflight      int     `json:"inflight"`
 	Rate          int     `json:"rate"`            // offered jobs/s asked for
 	OfferedPerSec float64 `json:"offered_per_sec"` // what the producer achieved
+	// AppliedPerSec is jobs over first commit to last outcome: below
+	// OfferedPerSec, the host fell behind and latency includes a backlog.
+	AppliedPerSec float64 `json:"applied_per_sec"`
 	Seconds       int     `json:"seconds"`
 	Jobs          int     `json:"jobs"`
 	P50Ms         float64 `json:"p50_ms"`
@@ -115,8 +118,8 @@ func (r *results) printTable(w io.Writer) {
 	}
 	_ = tw.Flush()
 	if l := r.Latency; l != nil {
-		fmt.Fprintf(w, "\nlatency (outbox commit -> outcome recorded), %d jobs/s offered (%.0f achieved) for %ds, inflight %d:\n",
-			l.Rate, l.OfferedPerSec, l.Seconds, l.Inflight)
+		fmt.Fprintf(w, "\nlatency (outbox commit -> outcome recorded), %d jobs/s offered (%.0f achieved, %.0f applied) for %ds, inflight %d:\n",
+			l.Rate, l.OfferedPerSec, l.AppliedPerSec, l.Seconds, l.Inflight)
 		fmt.Fprintf(w, "  p50 %.1f ms  p95 %.1f ms  p99 %.1f ms  max %.1f ms  mean %.1f ms  lost %d  doubled %d\n",
 			l.P50Ms, l.P95Ms, l.P99Ms, l.MaxMs, l.MeanMs, l.Lost+l.LostJobs, l.Doubled+l.DoubledJobs)
 	}

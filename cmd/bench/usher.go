@@ -313,9 +313,10 @@ func latency(ctx context.Context, cfg config, db *database, rh *runningHost, rdb
 	if err != nil {
 		return res, nil, err
 	}
-	// Producers enough to keep up with the rate even when a commit takes a
-	// few milliseconds; each has its own connection.
-	producers := min(64, max(4, cfg.Rate/50))
+	// Producers enough to keep up with the rate when a commit takes up to
+	// ~10ms, few enough to leave the server's connection slots to the host
+	// (its plugin pool alone holds one per job in flight).
+	producers := min(16, max(2, cfg.Rate/100))
 	pc, err := pgxpool.ParseConfig(db.ownerURL)
 	if err != nil {
 		return res, nil, err
@@ -390,6 +391,10 @@ pace:
 	}
 	if len(ms) != total {
 		return res, nil, fmt.Errorf("latency: %d of %d outbox rows have an outcome", len(ms), total)
+	}
+	if err := db.pool.QueryRow(ctx, `SELECT count(*) / nullif(extract(epoch FROM max(done_at) - min(created_at)), 0)::float8
+		FROM outbox WHERE id = ANY($1)`, ids).Scan(&res.AppliedPerSec); err != nil {
+		return res, nil, err
 	}
 	slices.Sort(ms)
 	res.P50Ms, res.P95Ms, res.P99Ms, res.MaxMs = quantile(ms, 0.50), quantile(ms, 0.95), quantile(ms, 0.99), ms[len(ms)-1]
