@@ -13,6 +13,7 @@ all: build
 build: plugins
 	$(GO) build -o $(BIN)/host ./cmd/host
 	$(GO) build -o $(BIN)/mailprovider ./cmd/mailprovider
+	$(GO) build -o $(BIN)/bench ./cmd/bench
 
 # Each plugin is a binary plus its manifest (name, version, SHA-256), which
 # the host verifies before starting it. A host watching $(PLUGINS) hot-swaps
@@ -56,8 +57,19 @@ chaos-short: services build
 test: services
 	$(GO) test -race -count=1 -p 2 -timeout 20m ./...
 
-bench: services
-	$(GO) test -run '^$$' -bench . -benchtime 2000x -count 1 ./host/...
+# Issue 9's benchmark, then the Go benchmarks. bin/bench runs the counter
+# workload through an in-process host and the counters plugin: throughput
+# at each in-flight level, latency at a fixed offered rate, CPU and peak
+# RSS of host and plugin, lost/doubled, and the peers (bench/cmd/peers:
+# River, asynq, bare Postgres) on the same workload; a table on stdout,
+# JSON and PNG plots in bench-results/. Exits non-zero if usher lost or
+# doubled anything. BENCH_FLAGS passes more flags (bin/bench -h);
+# BENCH_TIME is the Go benchmarks' -benchtime.
+BENCH_FLAGS ?=
+BENCH_TIME  ?= 2000x
+bench: services build
+	$(BIN)/bench --plugin-dir $(PLUGINS) --json bench-results/bench.json $(BENCH_FLAGS)
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCH_TIME) -count 1 ./host/...
 
 generate:
 	cd proto/usher/v1 && $(GO) generate ./...

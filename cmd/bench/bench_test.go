@@ -1,0 +1,152 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/hosttest"
+)
+
+func TestFlagsAreStrict(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--no-such-flag"},
+		{"extra"},
+		{"--jobs", "10", "extra", "--peers=false"}, // a flag after an argument is misplaced
+		{"--inflight", "4,x"},
+		{"--inflight", "4,4"},
+		{"--jobs", "0"},
+		{"--rate", "0"},
+		{"--timeout", "0s"},
+	} {
+		_, err := parseConfig(args, io.Discard)
+		require.Error(t, err, "%q", args)
+	}
+	cfg, err := parseConfig(nil, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, []int{16, 64}, cfg.Inflight)
+	require.Equal(t, 20000, cfg.Jobs)
+	require.Equal(t, filepath.Join("bench-results", "host.log"), cfg.Log)
+}
+
+// readmeBench returns the README's Benchmarks commands.
+func readmeBench(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "README.md"))
+	require.NoError(t, err)
+	_, after, ok := strings.Cut(string(b), "## Benchmarks")
+	require.True(t, ok, "README has no Benchmarks section")
+	_, after, ok = strings.Cut(after, "```sh\n")
+	require.True(t, ok)
+	block, _, ok := strings.Cut(after, "```")
+	require.True(t, ok)
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(block), "\n") {
+		l, _, _ = strings.Cut(l, "  #") // the README's comment
+		lines = append(lines, strings.TrimSpace(l))
+	}
+	return lines
+}
+
+// services are the test's Postgres and Redis (USHER_TEST_*), appended to a
+// README command line: the last occurrence of a flag wins.
+func services() string {
+	return " --admin-url " + hosttest.DatabaseURL() + " --redis-url " + hosttest.RedisURL()
+}
+
+// The README's quick command, run as written by sh in a directory laid out
+// as `make build` leaves the repository (bin/bench, bin/plugins with the
+// counters plugin and its manifest); then its JSON and plots are checked.
+func TestREADMEQuickRun(t *testing.T) {
+	t.Parallel()
+	lines := readmeBench(t)
+	require.Len(t, lines, 2)
+	quick := lines[1]
+	require.True(t, strings.HasPrefix(quick, "bin/bench "), quick)
+
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "bin", "plugins")
+	require.NoError(t, os.MkdirAll(plugins, 0o755))
+	bin := filepath.Join(plugins, "counters")
+	b, err := os.ReadFile(hosttest.Build(t, "./plugins/counters"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bin, b, 0o755))
+	out, err := exec.Command(hosttest.Build(t, "./cmd/host"), "plugins", "manifest", bin,
+		"--name", "counters", "--version", "1.0.0", "--kind", "update_sales_counter", "--write").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NoError(t, os.Symlink(hosttest.Build(t, "./cmd/bench"), filepath.Join(dir, "bin", "bench")))
+
+	cmd := exec.Command("sh", "-c", quick+services())
+	cmd.Dir = dir
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "bench: inflight 4: throughput") // the progress lines
+
+	checkResults(t, filepath.Join(dir, "bench-results"), 4)
+}
+
+// checkResults reads dir's bench.json: nothing lost or doubled, a
+// throughput per level, a latency run, and the plots written.
+func checkResults(t *testing.T, dir string, inflight int) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "bench.json"))
+	require.NoError(t, err)
+	var r map[string]any
+	require.NoError(t, json.Unmarshal(b, &r), "%s", b)
+	require.EqualValues(t, 0, r["lost"])
+	require.EqualValues(t, 0, r["doubled"])
+	require.Nil(t, r["errors"])
+	usher := r["usher"].([]any)
+	require.Len(t, usher, 1)
+	u := usher[0].(map[string]any)
+	require.EqualValues(t, inflight, u["inflight"])
+	require.Greater(t, u["jobs_per_sec"], 0.0)
+	require.Greater(t, u["cpu_seconds"], 0.0)
+	require.Greater(t, u["host_peak_rss_bytes"], 0.0)
+	plugins := u["plugins"].([]any)
+	require.Len(t, plugins, 1)
+	require.Equal(t, "counters", plugins[0].(map[string]any)["name"])
+	require.Greater(t, plugins[0].(map[string]any)["peak_rss_bytes"], 0.0)
+	lat := r["latency"].(map[string]any)
+	for _, k := range []string{"p50_ms", "p95_ms", "p99_ms", "max_ms"} {
+		require.Greater(t, lat[k], 0.0, k)
+	}
+	require.LessOrEqual(t, lat["p50_ms"], lat["p99_ms"])
+	require.LessOrEqual(t, lat["p99_ms"], lat["max_ms"])
+	for _, f := range []string{"throughput.png", "latency.png"} {
+		st, err := os.Stat(filepath.Join(dir, f))
+		require.NoError(t, err)
+		require.Greater(t, st.Size(), int64(1000), f)
+	}
+}
+
+// The README's `make bench`, as written, in the repository, on a small run:
+// BENCH_FLAGS and BENCH_TIME come from the environment (the Makefile takes
+// them with ?=). Skipped with -short: it builds everything and runs the
+// host's Go benchmarks too.
+func TestREADMEMakeBench(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the repository and runs every Go benchmark")
+	}
+	t.Parallel()
+	lines := readmeBench(t)
+	require.Equal(t, "make bench", lines[0])
+	results := t.TempDir()
+	cmd := exec.Command("sh", "-c", lines[0])
+	cmd.Dir = hosttest.ModuleRoot(t)
+	cmd.Env = append(os.Environ(),
+		"BENCH_FLAGS=--jobs 300 --inflight 4 --rate 100 --rate-seconds 2 --warmup 100 --peers=false --plots "+results+
+			" --json "+filepath.Join(results, "bench.json")+services(),
+		"BENCH_TIME=5x")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "BenchmarkCountersEndToEnd")
+	checkResults(t, results, 4)
+}

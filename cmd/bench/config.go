@@ -1,0 +1,146 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// config is every knob of a run; flags fill it, and it is printed to stderr
+// at start with passwords masked.
+type config struct {
+	// AdminURL is a superuser's (or CREATEROLE and CREATEDB) URL: the run's
+	// database is created and dropped through it, and sandbox.Setup runs on
+	// it. Default postgres://postgres@127.0.0.1:5432/test?sslmode=disable.
+	AdminURL string
+	// RedisURL is the host's Redis (and the peers' asynq). Default
+	// redis://127.0.0.1:6379/0.
+	RedisURL string
+	// Owner is the runtime's owner role the host logs in as (no password:
+	// trust or certificate authentication). Default usher.
+	Owner string
+	// PluginDir holds the counters plugin and its manifest (make plugins).
+	// Default bin/plugins.
+	PluginDir string
+	// Jobs per throughput run. Default 20,000.
+	Jobs int
+	// Events the orders spread over. Default 100.
+	Events int
+	// Warmup jobs run through each host before any clock. Default 500.
+	Warmup int
+	// Inflight lists the jobs-in-flight levels (host Concurrency). Default 16,64.
+	Inflight []int
+	// HostPoolSize is the host's own pool size (pool_max_conns); 0 keeps
+	// pgx's default, as `host run` does. Default 0.
+	HostPoolSize int
+	// Rate is the latency run's offered load in jobs/s. Default 1000.
+	Rate int
+	// RateSeconds is how long the latency run offers it. Default 10.
+	RateSeconds int
+	// Peers runs bench/cmd/peers on the same workload. Default true.
+	Peers bool
+	// BenchDir is the bench module, where peers runs. Default bench.
+	BenchDir string
+	// JSON is the file the results are written to as JSON. Default none.
+	JSON string
+	// Plots is the directory the PNG plots go to. Default bench-results.
+	Plots string
+	// Log is the host's log file (level warn). Default <plots>/host.log.
+	Log string
+	// Timeout bounds the whole command. Default 15m.
+	Timeout time.Duration
+}
+
+func parseConfig(args []string, stderr io.Writer) (config, error) {
+	var cfg config
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.AdminURL, "admin-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "administrator's Postgres URL: creates and drops the run's database, runs sandbox.Setup")
+	fs.StringVar(&cfg.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL")
+	fs.StringVar(&cfg.Owner, "owner", "usher", "the runtime's owner role, the host's login")
+	fs.StringVar(&cfg.PluginDir, "plugin-dir", "bin/plugins", "directory with the counters plugin and its manifest (make plugins)")
+	fs.IntVar(&cfg.Jobs, "jobs", 20000, "counter jobs per throughput run")
+	fs.IntVar(&cfg.Events, "events", 100, "events the orders spread over")
+	fs.IntVar(&cfg.Warmup, "warmup", 500, "jobs run through each host before any clock")
+	inflight := fs.String("inflight", "16,64", "comma-separated jobs-in-flight levels (the host's Concurrency)")
+	fs.IntVar(&cfg.HostPoolSize, "host-pool-size", 0, "the host's own Postgres pool size; 0 keeps pgx's default, as host run does")
+	fs.IntVar(&cfg.Rate, "rate", 1000, "latency run: offered jobs per second")
+	fs.IntVar(&cfg.RateSeconds, "rate-seconds", 10, "latency run: seconds of offered load")
+	fs.BoolVar(&cfg.Peers, "peers", true, "run bench/cmd/peers on the same workload and print usher's ratio to each")
+	fs.StringVar(&cfg.BenchDir, "bench-dir", "bench", "the bench module's directory (where go run ./cmd/peers runs)")
+	fs.StringVar(&cfg.JSON, "json", "", "write the results as JSON to this file")
+	fs.StringVar(&cfg.Plots, "plots", "bench-results", "directory for the PNG plots")
+	fs.StringVar(&cfg.Log, "log", "", "the host's log file, level warn (default <plots>/host.log)")
+	fs.DurationVar(&cfg.Timeout, "timeout", 15*time.Minute, "hard bound on the whole command")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments: %q (flags go before any argument, and bench takes none)", fs.Args())
+	}
+	for _, s := range strings.Split(*inflight, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			return cfg, fmt.Errorf("--inflight: %q is not a positive integer", s)
+		}
+		if slices.Contains(cfg.Inflight, n) {
+			return cfg, fmt.Errorf("--inflight: %d given twice", n)
+		}
+		cfg.Inflight = append(cfg.Inflight, n)
+	}
+	if cfg.Log == "" {
+		cfg.Log = filepath.Join(cfg.Plots, "host.log")
+	}
+	switch {
+	case cfg.Jobs < 1:
+		return cfg, errors.New("--jobs must be at least 1")
+	case cfg.Events < 1:
+		return cfg, errors.New("--events must be at least 1")
+	case cfg.Warmup < 0:
+		return cfg, errors.New("--warmup must not be negative")
+	case cfg.HostPoolSize < 0:
+		return cfg, errors.New("--host-pool-size must not be negative")
+	case cfg.Rate < 1:
+		return cfg, errors.New("--rate must be at least 1")
+	case cfg.RateSeconds < 1:
+		return cfg, errors.New("--rate-seconds must be at least 1")
+	case cfg.Timeout <= 0:
+		return cfg, errors.New("--timeout must be positive")
+	case cfg.Owner == "":
+		return cfg, errors.New("--owner must not be empty")
+	case cfg.Plots == "":
+		return cfg, errors.New("--plots must not be empty")
+	}
+	if _, err := url.Parse(cfg.AdminURL); err != nil {
+		return cfg, fmt.Errorf("--admin-url: %w", err)
+	}
+	return cfg, nil
+}
+
+// String prints the config with the URLs' passwords masked.
+func (c config) String() string {
+	return fmt.Sprintf("admin-url=%s redis-url=%s owner=%s plugin-dir=%s jobs=%d events=%d warmup=%d inflight=%v host-pool-size=%d rate=%d rate-seconds=%d peers=%t bench-dir=%s json=%q plots=%s log=%s timeout=%s",
+		maskURL(c.AdminURL), maskURL(c.RedisURL), c.Owner, c.PluginDir, c.Jobs, c.Events, c.Warmup, c.Inflight, c.HostPoolSize,
+		c.Rate, c.RateSeconds, c.Peers, c.BenchDir, c.JSON, c.Plots, c.Log, c.Timeout)
+}
+
+func maskURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}
+
+// largest is the level the latency run uses.
+func (c config) largest() int { return slices.Max(c.Inflight) }

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/usherhq/usher/host"
+)
+
+// clockTick is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on every
+// Linux architecture Go supports.
+const clockTick = 100
+
+// sample is what a process has used so far: this process (the host) and
+// each plugin process.
+type sample struct {
+	hostCPU time.Duration
+	plugins map[string]procSample
+}
+
+type procSample struct {
+	pid      int
+	cpu      time.Duration
+	restarts int
+}
+
+// takeSample reads CPU time so far and resets the peak RSS (VmHWM) of this
+// process and every plugin, so the next sample's peak is the window's.
+func takeSample(h *host.Host) sample {
+	s := sample{hostCPU: selfCPU(), plugins: map[string]procSample{}}
+	resetPeak("self")
+	for _, p := range h.Plugins() {
+		cpu, _ := procCPU(p.Pid)
+		resetPeak(strconv.Itoa(p.Pid))
+		s.plugins[p.Name] = procSample{pid: p.Pid, cpu: cpu, restarts: p.Restarts}
+	}
+	return s
+}
+
+// usage fills r's CPU and peak RSS from two samples around its window.
+func (r *levelResult) usage(before, after sample) {
+	r.HostCPUSeconds = (after.hostCPU - before.hostCPU).Seconds()
+	r.HostPeakRSSBytes, _ = peakRSS("self")
+	r.CPUSeconds = r.HostCPUSeconds
+	for name, a := range after.plugins {
+		b, ok := before.plugins[name]
+		pr := procResult{Name: name, Pid: a.pid}
+		pr.PeakRSSBytes, _ = peakRSS(strconv.Itoa(a.pid))
+		if ok && b.pid == a.pid {
+			pr.CPUSeconds = (a.cpu - b.cpu).Seconds()
+		} else {
+			// Restarted during the window: only the new process's time is known.
+			pr.CPUSeconds = a.cpu.Seconds()
+			r.Notes = append(r.Notes, fmt.Sprintf("plugin %s restarted during the run (%d restarts)", name, a.restarts))
+		}
+		r.CPUSeconds += pr.CPUSeconds
+		r.Plugins = append(r.Plugins, pr)
+	}
+	slices.SortFunc(r.Plugins, func(a, b procResult) int { return strings.Compare(a.Name, b.Name) })
+}
+
+// selfCPU is this process's user+system CPU so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// procCPU is process pid's user+system CPU so far (/proc/<pid>/stat fields
+// 14 and 15, after the command name, which may hold spaces).
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: bad utime/stime", pid)
+	}
+	return time.Duration(ut+st) * time.Second / clockTick, nil
+}
+
+// peakRSS is /proc/<pid>/status's VmHWM in bytes: the peak resident set
+// since the process started or since resetPeak.
+func peakRSS(pid string) (int64, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("/proc/%s/status: no VmHWM", pid)
+}
+
+// resetPeak resets VmHWM to the current RSS (Linux 4.0+). When it cannot,
+// the peak reported is the process's peak since it started.
+func resetPeak(pid string) {
+	_ = os.WriteFile("/proc/"+pid+"/clear_refs", []byte("5"), 0)
+}
+
+// progress prints one line a second to stderr: the phase, how far it got.
+type progress struct {
+	mu    sync.Mutex
+	w     io.Writer
+	name  string
+	done  int64
+	total int64
+	since time.Time
+	stop  chan struct{}
+	wg    sync.WaitGroup
+}
+
+func newProgress(w io.Writer) *progress {
+	p := &progress{w: w, stop: make(chan struct{}), since: time.Now()}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-t.C:
+				p.print()
+			}
+		}
+	}()
+	return p
+}
+
+func (p *progress) phase(name string, total int64) {
+	p.mu.Lock()
+	p.name, p.done, p.total, p.since = name, 0, total, time.Now()
+	p.mu.Unlock()
+	fmt.Fprintf(p.w, "bench: %s\n", name)
+}
+
+func (p *progress) set(done int64) {
+	p.mu.Lock()
+	p.done = done
+	p.mu.Unlock()
+}
+
+func (p *progress) print() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.name == "" {
+		return
+	}
+	el := time.Since(p.since)
+	if p.total == 0 {
+		// A phase that counts nothing (or reports its own progress).
+		if int(el.Seconds())%10 == 0 {
+			fmt.Fprintf(p.w, "bench: %s (%s)\n", p.name, el.Round(time.Second))
+		}
+		return
+	}
+	fmt.Fprintf(p.w, "bench: %s: %d/%d (%.0f/s, %s)\n", p.name, p.done, p.total, float64(p.done)/el.Seconds(), el.Round(time.Second))
+}
+
+func (p *progress) close() {
+	close(p.stop)
+	p.wg.Wait()
+}

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/host"
+)
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseConfig(args, stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "bench: %s\n", cfg)
+	ctx, cancel := context.WithTimeoutCause(ctx, cfg.Timeout, fmt.Errorf("--timeout %s reached", cfg.Timeout))
+	defer cancel()
+	if err := os.MkdirAll(cfg.Plots, 0o755); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(cfg.Log), 0o755); err != nil {
+		return err
+	}
+	logf, err := os.Create(cfg.Log)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	logger := slog.New(slog.NewJSONHandler(logf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+	res := &results{Date: time.Now().UTC().Format(time.RFC3339), Command: strings.Join(append([]string{"bin/bench"}, args...), " "),
+		Jobs: cfg.Jobs, Events: cfg.Events, Warmup: cfg.Warmup}
+	p := newProgress(stderr)
+	ms, err := measureUsher(ctx, cfg, res, logger, p)
+	if err != nil {
+		res.Errors = append(res.Errors, "usher: "+err.Error())
+	}
+	if cfg.Peers && err == nil {
+		p.phase("peers (go run ./cmd/peers in "+cfg.BenchDir+")", 0)
+		res.Peers, err = runPeers(ctx, cfg, stderr)
+		if err != nil {
+			res.Errors = append(res.Errors, err.Error())
+		}
+		res.Ratios = ratios(res.Usher, res.Peers)
+	}
+	p.close()
+	res.tally()
+	res.Plots, err = writePlots(cfg.Plots, res, ms)
+	if err != nil {
+		res.Errors = append(res.Errors, err.Error())
+	}
+	res.printTable(stdout)
+	if cfg.JSON != "" {
+		b, err := json.MarshalIndent(res, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(cfg.JSON, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	var errs []error
+	if res.Lost != 0 || res.Doubled != 0 {
+		errs = append(errs, fmt.Errorf("usher lost %d and doubled %d (seats and jobs): see the table", res.Lost, res.Doubled))
+	}
+	for _, e := range res.Errors {
+		errs = append(errs, errors.New(e))
+	}
+	return errors.Join(errs...)
+}
+
+// measureUsher runs the throughput levels and the latency run in a fresh
+// database and returns the latency run's per-job milliseconds. The database
+// and the stream keys are removed whatever happens.
+func measureUsher(ctx context.Context, cfg config, res *results, logger *slog.Logger, p *progress) (ms []float64, err error) {
+	opt, err := host.RedisOptions(cfg.RedisURL, "")
+	if err != nil {
+		return nil, err
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	pluginDir, err := os.MkdirTemp("", "usher-bench-plugins-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(pluginDir)
+	if err := stageCounters(cfg.PluginDir, pluginDir); err != nil {
+		return nil, err
+	}
+	p.phase("database: create, setup, migrate", 0)
+	db, err := createDatabase(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	var streams []string
+	defer func() {
+		cleanup := context.WithoutCancel(ctx)
+		if e := deleteStreams(cleanup, rdb, streams); e != nil {
+			err = errors.Join(err, fmt.Errorf("delete stream keys: %w", e))
+		}
+		if e := db.drop(cleanup); e != nil {
+			err = errors.Join(err, fmt.Errorf("drop database %s: %w", db.name, e))
+		}
+	}()
+	for _, level := range cfg.Inflight {
+		p.phase(fmt.Sprintf("inflight %d: starting the host", level), 0)
+		rh, err := startHost(ctx, cfg, db, pluginDir, level, logger)
+		if err != nil {
+			return nil, err
+		}
+		streams = append(streams, rh.stream)
+		lr, err := throughput(ctx, cfg, db, rh, rdb, p)
+		if err == nil {
+			res.Usher = append(res.Usher, lr)
+			if level == cfg.largest() {
+				var lat latencyResult
+				lat, ms, err = latency(ctx, cfg, db, rh, rdb, p)
+				if err == nil {
+					res.Latency = &lat
+				}
+			}
+		}
+		if stopErr := rh.stop(); stopErr != nil {
+			err = errors.Join(err, fmt.Errorf("host (inflight %d): %w", level, stopErr))
+		}
+		if err != nil {
+			return ms, fmt.Errorf("inflight %d: %w", level, err)
+		}
+	}
+	res.Absorbed, err = absorbedDuplicates(ctx, db.pool)
+	return ms, err
+}

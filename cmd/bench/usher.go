@@ -1,0 +1,510 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/migrations"
+	"github.com/usherhq/usher/plugins/stagedoor/orders"
+)
+
+// group is the consumer group of every bench host (each on a stream of its own).
+const group = "usher-bench"
+
+// pollEvery is how often completion is polled: the clock's resolution.
+const pollEvery = 10 * time.Millisecond
+
+func suffix() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// database is the run's own database: created by the administrator, used by
+// the owner, dropped at the end.
+type database struct {
+	rootURL  string // the administrator on the database it connects to (--admin-url)
+	adminURL string // the administrator on the run's database
+	ownerURL string // the owner on the run's database
+	name     string
+	pool     *pgxpool.Pool // the owner's, for seeding, producing and polling
+}
+
+// createDatabase creates a fresh database, sets up the owner and the
+// counters plugin's roles on it (sandbox.Setup, as `host setup` does) and
+// migrates it as the owner.
+func createDatabase(ctx context.Context, cfg config) (*database, error) {
+	admin, err := pgx.Connect(ctx, cfg.AdminURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect as the administrator: %w", err)
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	db := &database{rootURL: cfg.AdminURL, name: "usher_bench_" + suffix()}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db.name}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create database %s: %w", db.name, err)
+	}
+	u, err := url.Parse(cfg.AdminURL)
+	if err != nil {
+		return nil, err
+	}
+	u.Path = "/" + db.name
+	db.adminURL = u.String()
+	u.User = url.User(cfg.Owner)
+	db.ownerURL = u.String()
+	if err := db.setup(ctx, cfg.Owner); err != nil {
+		_ = db.drop(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return db, nil
+}
+
+func (db *database) setup(ctx context.Context, owner string) error {
+	conn, err := pgx.Connect(ctx, db.adminURL)
+	if err != nil {
+		return fmt.Errorf("connect as the administrator to %s: %w", db.name, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := sandbox.Setup(ctx, conn, sandbox.SetupConfig{Owner: owner, Plugins: []string{"counters"}}); err != nil {
+		return err
+	}
+	pc, err := pgxpool.ParseConfig(db.ownerURL)
+	if err != nil {
+		return err
+	}
+	pc.MaxConns = 4
+	if db.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+		return fmt.Errorf("connect as %s: %w", owner, err)
+	}
+	return migrations.Up(ctx, db.pool)
+}
+
+// drop closes the owner's pool and drops the database.
+func (db *database) drop(ctx context.Context) error {
+	if db.pool != nil {
+		db.pool.Close()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, db.rootURL)
+	if err != nil {
+		return err
+	}
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db.name}.Sanitize()+" WITH (FORCE)")
+	return err
+}
+
+// runningHost is one in-process host serving its own stream.
+type runningHost struct {
+	h           *host.Host
+	stream      string
+	concurrency int
+	cancel      context.CancelFunc
+	done        chan error
+}
+
+// startHost builds a host with Concurrency = inflight on the owner's login
+// and runs it until stop.
+func startHost(ctx context.Context, cfg config, db *database, pluginDir string, inflight int, logger *slog.Logger) (*runningHost, error) {
+	dbURL := db.ownerURL
+	if cfg.HostPoolSize > 0 {
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			return nil, err
+		}
+		q := u.Query()
+		q.Set("pool_max_conns", strconv.Itoa(cfg.HostPoolSize))
+		u.RawQuery = q.Encode()
+		dbURL = u.String()
+	}
+	id := suffix()
+	stream := "usher:bench:{" + id + "}"
+	h, err := host.New(ctx, host.Config{
+		DatabaseURL: dbURL, RedisURL: cfg.RedisURL,
+		Stream: stream, Group: group, Consumer: "bench-" + id,
+		PluginDir: pluginDir, DisablePluginWatch: true,
+		Concurrency: inflight, Logger: logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start host: %w", err)
+	}
+	if !slices.Contains(h.Kinds(), "update_sales_counter") {
+		h.Close()
+		return nil, fmt.Errorf("no plugin in %s serves update_sales_counter (run make plugins); refused: %+v", cfg.PluginDir, h.Refusals())
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	r := &runningHost{h: h, stream: stream, concurrency: inflight, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- h.Run(runCtx) }()
+	return r, nil
+}
+
+func (r *runningHost) stop() error {
+	r.cancel()
+	err := <-r.done
+	r.h.Close()
+	return err
+}
+
+// The peers' workload (bench/cmd/peers/workload.go's seed): order g goes to
+// an event and gets 1..6 seats by a fixed hash of g, so every runtime sees
+// the same orders.
+func workloadOrder(g int64, events []int64) orders.Order {
+	return orders.Order{
+		EventID: events[((g*2654435761)%1000003)%int64(len(events))],
+		Buyer:   "bench", Email: "bench@example.com",
+		Seats: int(1 + ((g*40503)%65521)%6),
+	}
+}
+
+func createEvents(ctx context.Context, pool *pgxpool.Pool, label string, n int) ([]int64, error) {
+	evs := make([]int64, 0, n)
+	for i := range n {
+		id, err := orders.CreateEvent(ctx, pool, fmt.Sprintf("bench %s %d", label, i+1), "bench")
+		if err != nil {
+			return nil, fmt.Errorf("create event: %w", err)
+		}
+		evs = append(evs, id)
+	}
+	return evs, nil
+}
+
+// placeAll places n orders over events, each with its counter job's outbox
+// row, in one transaction; beforeCommit runs just before it commits.
+func placeAll(ctx context.Context, pool *pgxpool.Pool, events []int64, n int, p *progress, beforeCommit func()) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	for g := int64(1); g <= int64(n); g++ {
+		if _, err := orders.PlaceTx(ctx, tx, workloadOrder(g, events), orders.Jobs{Counter: true}); err != nil {
+			return err
+		}
+		p.set(g)
+	}
+	if beforeCommit != nil {
+		beforeCommit()
+	}
+	return tx.Commit(ctx)
+}
+
+// waiter tells when the jobs committed so far are all applied and acked.
+type waiter struct {
+	pool   *pgxpool.Pool
+	rdb    redis.UniversalClient
+	stream string
+}
+
+// processed is the number of jobs recorded as done (guard 4's
+// processed_jobs: one row per job applied).
+func (w waiter) processed(ctx context.Context) (int64, error) {
+	var n int64
+	err := w.pool.QueryRow(ctx, `SELECT count(*) FROM processed_jobs`).Scan(&n)
+	return n, err
+}
+
+// wait polls until processed_jobs holds want rows and the stream has no
+// pending entry, and returns when it saw that. A dead letter ends it with
+// an error: that job will never be processed.
+func (w waiter) wait(ctx context.Context, want, base int64, p *progress) (time.Time, error) {
+	t := time.NewTicker(pollEvery)
+	defer t.Stop()
+	for {
+		n, err := w.processed(ctx)
+		if err != nil {
+			return time.Time{}, err
+		}
+		p.set(n - base)
+		if n >= want {
+			pend, err := w.rdb.XPending(ctx, w.stream, group).Result()
+			if err != nil {
+				return time.Time{}, fmt.Errorf("xpending: %w", err)
+			}
+			if pend.Count == 0 {
+				return time.Now(), nil
+			}
+		}
+		var dead int64
+		if err := w.pool.QueryRow(ctx, `SELECT count(*) FROM dead_letters`).Scan(&dead); err != nil {
+			return time.Time{}, err
+		}
+		if dead > 0 {
+			return time.Time{}, fmt.Errorf("%d jobs dead-lettered (see the host's log)", dead)
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("%d of %d jobs processed: %w", n-base, want-base, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// throughput warms the host, then times cfg.Jobs jobs committed at once.
+func throughput(ctx context.Context, cfg config, db *database, rh *runningHost, rdb redis.UniversalClient, p *progress) (levelResult, error) {
+	res := levelResult{Inflight: rh.concurrency, Jobs: cfg.Jobs}
+	w := waiter{pool: db.pool, rdb: rdb, stream: rh.stream}
+	evs, err := createEvents(ctx, db.pool, fmt.Sprintf("inflight %d", res.Inflight), cfg.Events)
+	if err != nil {
+		return res, err
+	}
+	base, err := w.processed(ctx)
+	if err != nil {
+		return res, err
+	}
+	if cfg.Warmup > 0 {
+		p.phase(fmt.Sprintf("inflight %d: warm-up", res.Inflight), int64(cfg.Warmup))
+		if err := placeAll(ctx, db.pool, evs, cfg.Warmup, p, nil); err != nil {
+			return res, fmt.Errorf("warm-up: %w", err)
+		}
+		if _, err := w.wait(ctx, base+int64(cfg.Warmup), base, p); err != nil {
+			return res, fmt.Errorf("warm-up: %w", err)
+		}
+		base += int64(cfg.Warmup)
+	}
+	p.phase(fmt.Sprintf("inflight %d: committing %d jobs", res.Inflight, cfg.Jobs), int64(cfg.Jobs))
+	var before sample
+	if err := placeAll(ctx, db.pool, evs, cfg.Jobs, p, func() { before = takeSample(rh.h) }); err != nil {
+		return res, fmt.Errorf("commit the jobs: %w", err)
+	}
+	start := time.Now()
+	p.phase(fmt.Sprintf("inflight %d: throughput", res.Inflight), int64(cfg.Jobs))
+	end, err := w.wait(ctx, base+int64(cfg.Jobs), base, p)
+	after := takeSample(rh.h)
+	if err != nil {
+		return res, err
+	}
+	res.Seconds = end.Sub(start).Seconds()
+	res.JobsPerSec = float64(cfg.Jobs) / res.Seconds
+	res.usage(before, after)
+	res.check, err = verify(ctx, db.pool, evs)
+	return res, err
+}
+
+// latency offers cfg.Rate jobs/s for cfg.RateSeconds, one order and outbox
+// row per transaction, and reads each job's outbox commit → outcome time.
+func latency(ctx context.Context, cfg config, db *database, rh *runningHost, rdb redis.UniversalClient, p *progress) (latencyResult, []float64, error) {
+	total := cfg.Rate * cfg.RateSeconds
+	res := latencyResult{Inflight: rh.concurrency, Rate: cfg.Rate, Seconds: cfg.RateSeconds, Jobs: total}
+	w := waiter{pool: db.pool, rdb: rdb, stream: rh.stream}
+	evs, err := createEvents(ctx, db.pool, "latency", cfg.Events)
+	if err != nil {
+		return res, nil, err
+	}
+	base, err := w.processed(ctx)
+	if err != nil {
+		return res, nil, err
+	}
+	// Producers enough to keep up with the rate when a commit takes up to
+	// ~10ms, few enough to leave the server's connection slots to the host
+	// (its plugin pool alone holds one per job in flight).
+	producers := min(16, max(2, cfg.Rate/100))
+	pc, err := pgxpool.ParseConfig(db.ownerURL)
+	if err != nil {
+		return res, nil, err
+	}
+	pc.MaxConns = int32(producers)
+	ppool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return res, nil, err
+	}
+	defer ppool.Close()
+
+	p.phase(fmt.Sprintf("latency: offering %d jobs/s for %ds", cfg.Rate, cfg.RateSeconds), int64(total))
+	pctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	due := make(chan int64)
+	var (
+		mu      sync.Mutex
+		ids     []int64
+		wg      sync.WaitGroup
+		placed  int64
+		lastEnd time.Time
+	)
+	for range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for g := range due {
+				pl, err := orders.Place(pctx, ppool, workloadOrder(g, evs), orders.Jobs{Counter: true})
+				if err != nil {
+					cancel(fmt.Errorf("place order: %w", err))
+					return
+				}
+				mu.Lock()
+				ids = append(ids, pl.OutboxIDs...)
+				placed++
+				lastEnd = time.Now()
+				p.set(placed)
+				mu.Unlock()
+			}
+		}()
+	}
+	start := time.Now()
+	interval := time.Second / time.Duration(cfg.Rate)
+pace:
+	for i := range int64(total) {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		select {
+		case due <- i + 1:
+		case <-pctx.Done():
+			break pace
+		}
+	}
+	close(due)
+	wg.Wait()
+	if err := context.Cause(pctx); err != nil {
+		return res, nil, err
+	}
+	res.OfferedPerSec = float64(total) / lastEnd.Sub(start).Seconds()
+	p.phase("latency: draining", int64(total))
+	if _, err := w.wait(ctx, base+int64(total), base, p); err != nil {
+		return res, nil, err
+	}
+	rows, err := db.pool.Query(ctx, `SELECT extract(epoch FROM done_at - created_at)::float8 * 1000 FROM outbox WHERE id = ANY($1) AND done_at IS NOT NULL`, ids)
+	if err != nil {
+		return res, nil, err
+	}
+	ms, err := pgx.CollectRows(rows, pgx.RowTo[float64])
+	if err != nil {
+		return res, nil, err
+	}
+	if len(ms) != total {
+		return res, nil, fmt.Errorf("latency: %d of %d outbox rows have an outcome", len(ms), total)
+	}
+	if err := db.pool.QueryRow(ctx, `SELECT count(*) / nullif(extract(epoch FROM max(done_at) - min(created_at)), 0)::float8
+		FROM outbox WHERE id = ANY($1)`, ids).Scan(&res.AppliedPerSec); err != nil {
+		return res, nil, err
+	}
+	slices.Sort(ms)
+	res.P50Ms, res.P95Ms, res.P99Ms, res.MaxMs = quantile(ms, 0.50), quantile(ms, 0.95), quantile(ms, 0.99), ms[len(ms)-1]
+	var sum float64
+	for _, v := range ms {
+		sum += v
+	}
+	res.MeanMs = sum / float64(len(ms))
+	res.check, err = verify(ctx, db.pool, evs)
+	return res, ms, err
+}
+
+// quantile of sorted xs by the nearest-rank method.
+func quantile(xs []float64, q float64) float64 {
+	i := int(q*float64(len(xs))+0.999999) - 1
+	return xs[min(max(i, 0), len(xs)-1)]
+}
+
+// check is what verify finds: seats (per event) and jobs (per order) lost
+// or doubled.
+type check struct {
+	Lost        int64 `json:"lost"`         // seats missing from the events' counters
+	Doubled     int64 `json:"doubled"`      // seats counted more than once
+	LostJobs    int64 `json:"lost_jobs"`    // orders with no counter_applies row
+	DoubledJobs int64 `json:"doubled_jobs"` // orders with more than one
+}
+
+// verify compares every event's seats_sold with the sum of its orders'
+// seats, and counts counter_applies rows per order.
+func verify(ctx context.Context, pool *pgxpool.Pool, events []int64) (check, error) {
+	var c check
+	if err := pool.QueryRow(ctx, `
+SELECT coalesce(sum(greatest(coalesce(x.expected, 0) - e.seats_sold, 0)), 0)::bigint,
+       coalesce(sum(greatest(e.seats_sold - coalesce(x.expected, 0), 0)), 0)::bigint
+FROM events e
+LEFT JOIN (SELECT event_id, sum(seats) AS expected FROM orders GROUP BY event_id) x ON x.event_id = e.id
+WHERE e.id = ANY($1)`, events).Scan(&c.Lost, &c.Doubled); err != nil {
+		return c, fmt.Errorf("verify seats: %w", err)
+	}
+	if err := pool.QueryRow(ctx, `
+SELECT count(*) FILTER (WHERE n = 0), count(*) FILTER (WHERE n > 1)
+FROM (SELECT o.id, count(a.order_id) AS n FROM orders o LEFT JOIN counter_applies a ON a.order_id = o.id
+      WHERE o.event_id = ANY($1) GROUP BY o.id) s`, events).Scan(&c.LostJobs, &c.DoubledJobs); err != nil {
+		return c, fmt.Errorf("verify jobs: %w", err)
+	}
+	return c, nil
+}
+
+// absorbed reads the duplicates each guard absorbed.
+func absorbedDuplicates(ctx context.Context, pool *pgxpool.Pool) ([]absorbed, error) {
+	rows, err := pool.Query(ctx, `SELECT guard, kind, reason, count FROM absorbed_duplicates ORDER BY guard, kind, reason`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[absorbed])
+}
+
+// deleteStreams removes the hosts' stream keys and the keys kept beside
+// them ({stream}:crashes:<id>).
+func deleteStreams(ctx context.Context, rdb redis.UniversalClient, streams []string) error {
+	var errs []error
+	for _, s := range streams {
+		keys := []string{s}
+		iter := rdb.Scan(ctx, 0, s+":*", 1000).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		errs = append(errs, iter.Err(), rdb.Del(ctx, keys...).Err())
+	}
+	return errors.Join(errs...)
+}
+
+// stageCounters makes a plugin directory holding only the counters plugin
+// of cfg.PluginDir (its manifest, verbatim, and its binary), so the host
+// starts no other plugin whose role happens to exist: the numbers are the
+// counters plugin's alone. The host still verifies the manifest's SHA-256.
+func stageCounters(pluginDir, into string) error {
+	const manifest = "counters.plugin.json"
+	b, err := os.ReadFile(filepath.Join(pluginDir, manifest))
+	if err != nil {
+		return fmt.Errorf("the counters plugin's manifest (run make plugins): %w", err)
+	}
+	var m struct {
+		Binary string `json:"binary"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("%s: %w", manifest, err)
+	}
+	if m.Binary == "" || m.Binary != filepath.Base(m.Binary) {
+		return fmt.Errorf("%s: binary %q is not a file name", manifest, m.Binary)
+	}
+	if err := os.WriteFile(filepath.Join(into, manifest), b, 0o644); err != nil {
+		return err
+	}
+	return copyFile(filepath.Join(pluginDir, m.Binary), filepath.Join(into, m.Binary))
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
