@@ -48,13 +48,14 @@ $$;
 
 -- +goose StatementBegin
 -- The outcome 'applied' of an outbox row of a kind the caller serves, in
--- the caller's transaction (the state-first commit, the claim's mark).
+-- the job's own transaction, sent with its COMMIT: the effects and the
+-- outcome commit together, and done_at is the clock just before.
 CREATE FUNCTION usher_applied(p_outbox_id bigint, p_kind text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     PERFORM usher_check_serves(p_kind);
     IF p_outbox_id IS NOT NULL AND p_outbox_id > 0 THEN
-        UPDATE outbox SET done_at = now(), outcome = 'applied'
+        UPDATE outbox SET done_at = clock_timestamp(), outcome = 'applied'
             WHERE id = p_outbox_id AND kind = p_kind AND done_at IS NULL;
     END IF;
 END
@@ -63,20 +64,14 @@ $$;
 
 -- +goose StatementBegin
 -- Guard 4: true when this run recorded the identity (it applies), false
--- when it was recorded before (a duplicate). Recording it also records
--- the outbox row's outcome, 'applied', in the same transaction: the job's
--- effects, its identity and its outcome commit together or not at all.
-CREATE FUNCTION usher_record_job(p_job_id text, p_kind text, p_outbox_id bigint) RETURNS boolean
+-- when it was recorded before (a duplicate).
+CREATE FUNCTION usher_record_job(p_job_id text, p_kind text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     PERFORM usher_check_serves(p_kind);
     INSERT INTO processed_jobs (job_id, kind) VALUES (p_job_id, p_kind)
         ON CONFLICT (kind, job_id) DO NOTHING;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    PERFORM usher_applied(p_outbox_id, p_kind);
-    RETURN true;
+    RETURN FOUND;
 END
 $$;
 -- +goose StatementEnd
@@ -118,7 +113,7 @@ DO $$
 DECLARE
     f text;
 BEGIN
-    FOREACH f IN ARRAY ARRAY['usher_check_serves(text)', 'usher_applied(bigint, text)', 'usher_record_job(text, text, bigint)',
+    FOREACH f IN ARRAY ARRAY['usher_check_serves(text)', 'usher_applied(bigint, text)', 'usher_record_job(text, text)',
                              'usher_enqueue(text, text, jsonb, text, text)'] LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
@@ -129,7 +124,7 @@ $$;
 
 -- +goose Down
 DROP FUNCTION usher_enqueue(text, text, jsonb, text, text);
-DROP FUNCTION usher_record_job(text, text, bigint);
+DROP FUNCTION usher_record_job(text, text);
 DROP FUNCTION usher_applied(bigint, text);
 DROP FUNCTION usher_check_serves(text);
 ALTER TABLE outbox DROP COLUMN enqueued_by;

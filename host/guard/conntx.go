@@ -76,8 +76,10 @@ func (t *jobTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comma
 func (t *jobTx) Conn() *pgx.Conn { return t.conn.Conn() }
 
 // Commit commits and resets the connection in one round trip, then gives
-// it back to its pool.
-func (t *jobTx) Commit(ctx context.Context) error {
+// it back to its pool. last, when set, is a statement run in the
+// transaction just before its COMMIT, in the same round trip (its
+// arguments in text form); its failure rolls everything back.
+func (t *jobTx) Commit(ctx context.Context, last ...lastStatement) error {
 	if t.done {
 		return errors.New("guard: transaction already ended")
 	}
@@ -90,24 +92,51 @@ func (t *jobTx) Commit(ctx context.Context) error {
 		return errors.New("commit: the transaction had failed or was no longer open; rolled back")
 	}
 	p := pc.StartPipeline(ctx)
+	for _, l := range last {
+		p.SendQueryParams(l.sql, l.args, nil, nil, nil)
+	}
 	p.SendQueryParams("COMMIT", nil, nil, nil, nil)
 	p.SendPipelineSync()
 	// Its own Sync: DISCARD ALL cannot run inside a transaction block.
 	p.SendQueryParams("DISCARD ALL", nil, nil, nil, nil)
 	p.SendPipelineSync()
 	err := p.Flush()
+	// The results up to the first sync are last's and COMMIT's; after it,
+	// DISCARD ALL's. After an error the server skips to the next sync.
 	var commitErr, resetErr error
-	for step := 0; err == nil && step < 4; step++ {
+	syncs, committed := 0, false
+	for i := 0; err == nil && syncs < 2 && i < 16; i++ {
 		var res any
 		res, err = p.GetResults()
-		if rr, ok := res.(*pgconn.ResultReader); ok {
-			_, rerr := rr.Close()
-			if step == 0 {
+		var pgErr *pgconn.PgError
+		switch r := res.(type) {
+		case *pgconn.PipelineSync:
+			syncs++
+		case *pgconn.ResultReader:
+			tag, rerr := r.Close()
+			switch {
+			case syncs == 0 && rerr != nil && commitErr == nil:
 				commitErr = rerr
-			} else {
+			case syncs == 0 && tag.String() == "COMMIT":
+				committed = true
+			case syncs == 1 && rerr != nil:
 				resetErr = rerr
 			}
+		case nil:
+			if errors.As(err, &pgErr) {
+				if syncs == 0 && commitErr == nil {
+					commitErr = err
+				} else if syncs == 1 {
+					resetErr = err
+				}
+				err = nil
+			} else if err == nil {
+				i = 16 // no more results
+			}
 		}
+	}
+	if err == nil && commitErr == nil && !committed {
+		commitErr = errors.New("the transaction was rolled back")
 	}
 	if cerr := p.Close(); err == nil {
 		err = cerr
@@ -116,6 +145,11 @@ func (t *jobTx) Commit(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("commit: %w", err)
 	case commitErr != nil:
+		// A failed statement left the block aborted: end it, so the
+		// connection goes back clean (its pool resets it).
+		if pc.TxStatus() != 'I' {
+			_ = pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close()
+		}
 		return fmt.Errorf("commit: %w", commitErr)
 	case resetErr == nil:
 		sandbox.MarkReset(t.conn.Conn())
@@ -134,4 +168,10 @@ func (t *jobTx) Rollback(ctx context.Context) {
 		_ = t.conn.Conn().PgConn().Exec(ctx, "ROLLBACK").Close()
 	}
 	t.conn.Release()
+}
+
+// lastStatement is a statement Commit sends before COMMIT.
+type lastStatement struct {
+	sql  string
+	args [][]byte
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -240,12 +241,11 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 			return permanent(fmt.Errorf("refused: %s job %s: the commit phase wrote although its conditional write lost; rolled back", job.GetKind(), job.GetId()))
 		}
 	}
-	if h.won && outboxID != 0 {
-		if _, err := tx.Exec(ctx, "SELECT "+r.cfg.Handles.fn("usher_applied")+"($1, $2)", outboxID, job.GetKind()); err != nil {
-			return abandoned(fmt.Errorf("record outcome: %w", err))
-		}
+	var last []lastStatement
+	if h.won {
+		last = r.outcome(job, outboxID)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.Commit(ctx, last...); err != nil {
 		return abandoned(fmt.Errorf("commit: %w", err))
 	}
 	if !h.won {
@@ -261,7 +261,7 @@ func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 	// BEGIN and the identity's record in one round trip.
 	var recorded bool
 	tx, err := beginWith(ctx, db.Pool, func(row pgx.Row) error { return row.Scan(&recorded) },
-		"SELECT "+r.cfg.Handles.fn("usher_record_job")+"($1, $2, $3)", job.GetId(), job.GetKind(), outboxID)
+		"SELECT "+r.cfg.Handles.fn("usher_record_job")+"($1, $2)", job.GetId(), job.GetKind())
 	if err != nil {
 		if out := claimError(err); out != nil {
 			return *out
@@ -281,10 +281,21 @@ func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 	if !ok {
 		return out
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.Commit(ctx, r.outcome(job, outboxID)...); err != nil {
 		return abandoned(fmt.Errorf("commit: %w", err))
 	}
 	return Outcome{Verdict: Applied, Recorded: outboxID != 0}
+}
+
+// outcome is the statement that records an applied job's outbox outcome
+// in its own transaction, sent with the COMMIT; none for a job with no
+// outbox row (outboxID 0).
+func (r *Runner) outcome(job *usherv1.Job, outboxID int64) []lastStatement {
+	if outboxID == 0 {
+		return nil
+	}
+	return []lastStatement{{sql: "SELECT " + r.cfg.Handles.fn("usher_applied") + "($1, $2)",
+		args: [][]byte{[]byte(strconv.FormatInt(outboxID, 10)), []byte(job.GetKind())}}}
 }
 
 // claimSQL is a validated claim spec turned into SQL.

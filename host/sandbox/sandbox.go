@@ -64,7 +64,7 @@ var RuntimeTables = []string{"outbox", "processed_jobs", "scheduled_jobs", "dead
 
 // functions are the runtime's SECURITY DEFINER functions a plugin role may
 // call (through the host, or by itself: each checks the caller).
-var functions = []string{"usher_check_serves(text)", "usher_applied(bigint, text)", "usher_record_job(text, text, bigint)",
+var functions = []string{"usher_check_serves(text)", "usher_applied(bigint, text)", "usher_record_job(text, text)",
 	"usher_enqueue(text, text, jsonb, text, text)"}
 
 // CheckHostLogin refuses a host whose database login is a superuser, unless

@@ -127,7 +127,7 @@ var attacks = map[string][]string{
 	"copy-program":    {"COPY (SELECT 1) TO PROGRAM 'touch /tmp/usher-hostile-was-here'"},
 	"read-outbox":     {"SELECT * FROM outbox"},
 	"other-table":     {"UPDATE events SET seats_sold = seats_sold + 1000"},
-	"record-other":    {"SELECT usher_record_job('999999', 'update_sales_counter', NULL)"},
+	"record-other":    {"SELECT usher_record_job('999999', 'update_sales_counter')"},
 	"enqueue-other":   {"SELECT usher_enqueue('hostile_apply', 'update_sales_counter', '{\"order_id\": 1}', '', '')"},
 	"pin-kind":        {"INSERT INTO plugin_kinds (kind, plugin, db_role) VALUES ('stolen', 'hostile', 'usher_plugin_hostile')"},
 	"alter-role":      {"ALTER ROLE usher_plugin_hostile SUPERUSER"},

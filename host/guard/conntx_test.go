@@ -1,0 +1,60 @@
+package guard_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/guard"
+	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/sandbox"
+)
+
+// A job's transaction begins with its first statement and commits with its
+// last one and the connection's reset, each in one round trip; a last
+// statement that fails rolls everything back and leaves the connection
+// clean for the next job.
+func TestJobTx(t *testing.T) {
+	t.Parallel()
+	owner, _ := hosttest.DB(t)
+	ctx := context.Background()
+	_, err := owner.Exec(ctx, `CREATE TABLE jobtx (n int); GRANT SELECT, INSERT ON jobtx TO usher_plugin_raw`)
+	require.NoError(t, err)
+	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: owner.Config(), Role: "usher_plugin_raw", Size: 1})
+	require.NoError(t, err)
+	defer pool.Close()
+
+	begin := func() *guard.JobTx {
+		var one int
+		tx, err := guard.BeginWith(ctx, pool, func(r pgx.Row) error { return r.Scan(&one) }, "SELECT 1")
+		require.NoError(t, err)
+		require.Equal(t, 1, one)
+		require.EqualValues(t, 'T', tx.Conn().PgConn().TxStatus())
+		return tx
+	}
+	count := func() int64 { return hosttest.Count(t, owner, `SELECT count(*) FROM jobtx`) }
+
+	tx := begin()
+	_, err = tx.Exec(ctx, `INSERT INTO jobtx VALUES (1)`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SET application_name = 'left behind'`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx, guard.Last("INSERT INTO jobtx VALUES ($1)", "2")))
+	require.EqualValues(t, 2, count())
+
+	tx = begin()
+	var app string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('application_name')`).Scan(&app))
+	require.NotEqual(t, "left behind", app, "the commit's reset ran")
+	_, err = tx.Exec(ctx, `INSERT INTO jobtx VALUES (3)`)
+	require.NoError(t, err)
+	err = tx.Commit(ctx, guard.Last("SELECT 1/0"))
+	require.ErrorContains(t, err, "division by zero")
+	require.EqualValues(t, 2, count(), "a failed last statement rolls the job back")
+
+	tx = begin() // the one connection came back usable
+	tx.Rollback(ctx)
+	tx.Rollback(ctx)
+}
