@@ -1,5 +1,7 @@
 package guard
 
+import usherv1 "github.com/usherhq/usher/proto/usher/v1"
+
 // For the external tests (package guard_test, which may import hosttest).
 
 type JobTx = jobTx
@@ -13,4 +15,14 @@ func Last(sql string, args ...string) lastStatement {
 		l.args = append(l.args, []byte(a))
 	}
 	return l
+}
+
+// ClaimStatement is the one-statement claim the host builds from spec, and
+// its arguments (the key's values, then the lease in seconds).
+func ClaimStatement(spec *usherv1.ClaimSpec) (string, []any, error) {
+	c, err := buildClaim(spec)
+	if err != nil {
+		return "", nil, err
+	}
+	return c.claim, append(append([]any{}, c.keys...), c.lease.Seconds()), nil
 }
