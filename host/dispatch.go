@@ -72,6 +72,7 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 		// restart: park gives the delivery back so the wait does not
 		// count towards MaxDeliveries.
 		h.park(ctx, e, rt)
+		h.redispatchWhenReady(e, rt)
 		return "", false
 	}
 	if e.Deliveries > h.cfg.MaxDeliveries {
@@ -142,6 +143,16 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 			if n := h.chargeCrash(ctx, e); n >= int64(h.cfg.PoisonCrashes) {
 				return "dead_letter", h.poison(ctx, e, n, crash)
 			}
+			// Its plugin is restarted: run it again then, here.
+			h.redispatchWhenReady(e, rt)
+			jobLog().Warn("job interrupted by its plugin's crash; it runs again when the plugin is back", "err", shortError(out.Reason))
+			return "", false
+		}
+		if errors.Is(out.Err, pluginhost.ErrUnavailable) {
+			// Started as its plugin died: run it again when it is back.
+			h.redispatchWhenReady(e, rt)
+			jobLog().Info("job found its plugin not running; it runs again when the plugin is back")
+			return "", false
 		}
 		jobLog().Warn("job did not finish; entry left pending for reclaim", "err", shortError(out.Reason))
 		return "", false

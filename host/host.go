@@ -80,6 +80,10 @@ type Host struct {
 	mu      sync.RWMutex
 	routes  map[string]route
 	plugins map[string]*loaded
+	// runCtx is Run's context while it runs (entries run again after a
+	// plugin's restart under it); redispatching holds their stream ids.
+	runCtx        context.Context
+	redispatching sync.Map
 	// pluginCtx and pluginWG are set while Run runs: a plugin loaded then
 	// is supervised under them.
 	pluginCtx context.Context
@@ -651,6 +655,7 @@ func (h *Host) Run(ctx context.Context) error {
 	pluginCtx, stopPlugins := context.WithCancel(context.WithoutCancel(ctx))
 	var pwg sync.WaitGroup
 	h.mu.Lock()
+	h.runCtx = ctx
 	h.pluginCtx, h.pluginWG = pluginCtx, &pwg
 	for _, l := range h.plugins {
 		pwg.Add(1)
@@ -685,6 +690,7 @@ func (h *Host) Run(ctx context.Context) error {
 	// watcher has stopped loading plugins; only now may the plugins stop.
 	stopPlugins()
 	h.mu.Lock()
+	h.runCtx = nil
 	h.pluginCtx, h.pluginWG = nil, nil
 	h.mu.Unlock()
 	pwg.Wait()

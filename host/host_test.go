@@ -216,6 +216,30 @@ func TestPluginKilledMidJob(t *testing.T) {
 	require.GreaterOrEqual(t, h.Plugins()[0].Restarts, 1)
 }
 
+// With the production reclaim threshold (60 s), the job a plugin's kill -9
+// interrupted runs again on the same host as soon as the plugin is back,
+// not when the reclaimer would take it. (The bound is a third of the
+// threshold: it proves which path ran, not how fast.)
+func TestInterruptedJobRunsWhenPluginIsBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	want := b.placeOrders(t, 20, 2)
+	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", Once: true})
+	cfg := b.config()
+	cfg.ReclaimIdle = 60 * time.Second
+	h := hosttest.Start(t, cfg)
+
+	b.held(t, "counter.apply", jobID)
+	pid := h.Plugins()[0].Pid
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	hosttest.Eventually(t, 20*time.Second, "every job applied, the interrupted one included, before the reclaimer could run", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM processed_jobs`) == 20 && hosttest.Pending(t, b.rdb, b.stream, "usher") == 0
+	})
+	b.requireCounters(t, want)
+	require.EqualValues(t, 20, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`))
+	require.NotEqual(t, pid, h.Plugins()[0].Pid, "the plugin was restarted")
+}
+
 // Malformed entries are dead-lettered with a clear reason, acked only after,
 // and the other jobs flow. An entry whose fields are not text (invalid
 // UTF-8, a NUL byte) or that is oversized is dead-lettered with its bytes
