@@ -95,6 +95,10 @@ type Host struct {
 
 	// refusals are the plugins that could not load at New.
 	refusals []Refusal
+	// refusedManifests holds, per plugin, the manifest a load or swap last
+	// refused and why: the watcher does not try it again until it
+	// changes (an operator's Reload does).
+	refusedManifests map[string]refusedManifest
 
 	// reloadMu serialises reloads (the watcher's and the admin API's).
 	reloadMu sync.Mutex
@@ -217,6 +221,12 @@ func (h *Host) loadPlugins(ctx context.Context) error {
 	for _, p := range scan.Plugins {
 		if err := h.loadManifest(ctx, p); err != nil {
 			h.refusePlugin(p.ManifestPath, err)
+			h.mu.Lock()
+			if h.refusedManifests == nil {
+				h.refusedManifests = map[string]refusedManifest{}
+			}
+			h.refusedManifests[p.Manifest.Name] = refusedManifest{p: p, reason: err.Error()}
+			h.mu.Unlock()
 		}
 	}
 	return nil
@@ -465,6 +475,8 @@ type ReloadResult struct {
 	Drained   bool          `json:"drained,omitempty"`
 	DrainTime time.Duration `json:"drain_time_ns,omitempty"`
 	Error     string        `json:"error,omitempty"`
+	// Again: refused before for the same manifest, and not tried again.
+	Again bool `json:"again,omitempty"`
 }
 
 // Reload re-reads PluginDir's manifests (only the one naming plugin name,
@@ -513,7 +525,10 @@ func (h *Host) reload(ctx context.Context, name string, force bool) ([]ReloadRes
 			continue
 		}
 		r := h.reconcile(ctx, p, force)
-		if r.Action == "refused" {
+		switch {
+		case r.Action == "refused" && r.Again:
+			h.log.Debug("plugin manifest refused before; not tried again", "plugin", r.Plugin, "to", r.To)
+		case r.Action == "refused":
 			h.log.Error("plugin reload refused; the running version, if any, keeps serving",
 				"plugin", r.Plugin, "to", r.To, "err", r.Error)
 		}
@@ -536,10 +551,43 @@ func problemList(ps []error) string {
 	return " (skipped: " + strings.Join(s, "; ") + ")"
 }
 
-// reconcile makes the running plugin match its manifest p.
+// refusedManifest is a manifest a load or swap refused, and why.
+type refusedManifest struct {
+	p      pluginhost.DirPlugin
+	reason string
+}
+
+// reconcile makes the running plugin match its manifest p. A manifest
+// refused before is refused again, without a new attempt, unless force (an
+// operator's Reload): an answer once given does not change behind the
+// operator's back.
 func (h *Host) reconcile(ctx context.Context, p pluginhost.DirPlugin, force bool) ReloadResult {
+	res := h.reconcileOnce(ctx, p, force)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.refusedManifests == nil {
+		h.refusedManifests = map[string]refusedManifest{}
+	}
+	if res.Action == "refused" {
+		if r, ok := h.refusedManifests[res.Plugin]; !ok || !r.p.Same(p) || force {
+			h.refusedManifests[res.Plugin] = refusedManifest{p: p, reason: res.Error}
+		}
+	} else {
+		delete(h.refusedManifests, res.Plugin)
+	}
+	return res
+}
+
+func (h *Host) reconcileOnce(ctx context.Context, p pluginhost.DirPlugin, force bool) ReloadResult {
 	name := p.Manifest.Name
 	res := ReloadResult{Plugin: name, To: p.Manifest.Version}
+	h.mu.RLock()
+	r, refused := h.refusedManifests[name]
+	h.mu.RUnlock()
+	if refused && !force && r.p.Same(p) {
+		res.Action, res.Error, res.Again = "refused", r.reason+" (refused before; not tried again until the manifest changes or `plugins reload` asks)", true
+		return res
+	}
 	h.mu.RLock()
 	l := h.plugins[name]
 	var cur pluginhost.Manifest

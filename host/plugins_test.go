@@ -36,6 +36,9 @@ func newPluginDir(t *testing.T) *pluginDir {
 
 // kindsOf is what the plugin built as bin serves.
 func kindsOf(bin string) []string {
+	if strings.Contains(filepath.Base(bin), "hostileplugin") {
+		return []string{"hostile_apply", "hostile_state"}
+	}
 	if strings.Contains(filepath.Base(bin), "rawplugin") {
 		return []string{"raw_job"}
 	}
@@ -533,4 +536,57 @@ func TestPluginDirWatched(t *testing.T) {
 	resp := do(http.MethodGet, "/plugins/reload")
 	resp.Body.Close()
 	require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+}
+
+// A manifest refused once is not tried again behind the operator's back:
+// the watcher, reloading the directory for another plugin's new manifest,
+// leaves it refused although what refused it (a missing role) was fixed
+// meanwhile; the operator's reload of that plugin loads it.
+func TestRefusedManifestStaysRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// A name of this run's own: roles are the cluster's, and this one is
+	// created half-way.
+	name := "latecomer" + hosttest.Suffix()
+	role := host.PluginRole(name)
+	t.Cleanup(func() {
+		admin, err := pgx.Connect(context.Background(), hosttest.AdminURL(t, b.dbURL))
+		if err != nil {
+			return
+		}
+		defer admin.Close(context.Background())
+		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+	})
+	d := newPluginDir(t)
+	d.install(b.counters, "counters", "counters", "1.0.0")
+	d.install(hosttest.Build(t, "./host/testdata/rawplugin", "main.name="+name), name, name, "0.0.1")
+	cfg := b.dirConfig(d)
+	cfg.DisablePluginWatch = false
+	cfg.PluginPollInterval = 200 * time.Millisecond
+	h := hosttest.Start(t, cfg)
+	require.Len(t, h.Refusals(), 1)
+	require.Contains(t, h.Refusals()[0].Error, "no Postgres role "+role)
+
+	hosttest.EnsureRoles(t, name)
+	_, err := b.pool.Exec(context.Background(), `GRANT SELECT (id, seats_sold), UPDATE (seats_sold) ON events TO `+role)
+	require.NoError(t, err)
+	d.install(hosttest.Build(t, "./host/testdata/hostileplugin"), "hostile", "hostile", "6.6.6")
+	hosttest.Eventually(t, 30*time.Second, "the watcher loaded the new plugin", func() bool {
+		for _, p := range h.Plugins() {
+			if p.Name == "hostile" {
+				return true
+			}
+		}
+		return false
+	})
+	for _, p := range h.Plugins() {
+		require.NotEqual(t, name, p.Name, "the watcher tried the refused manifest again")
+	}
+
+	res, err := h.Reload(context.Background(), name)
+	require.NoError(t, err)
+	require.Len(t, res, 1)
+	require.Equal(t, "loaded", res[0].Action, res[0].Error)
+	require.Equal(t, role, pluginStatus(t, h, name).DBRole)
 }
