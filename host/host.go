@@ -99,6 +99,8 @@ type Host struct {
 	// refused and why: the watcher does not try it again until it
 	// changes (an operator's Reload does).
 	refusedManifests map[string]refusedManifest
+	// dirProblems are the plugin directory's problems last logged.
+	dirProblems map[string]bool
 
 	// reloadMu serialises reloads (the watcher's and the admin API's).
 	reloadMu sync.Mutex
@@ -215,9 +217,7 @@ func (h *Host) loadPlugins(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("host: %w", err)
 	}
-	for _, p := range scan.Problems {
-		h.log.Warn("plugin directory: skipped", "dir", h.cfg.PluginDir, "problem", p.Error())
-	}
+	h.logProblems(scan.Problems)
 	for _, p := range scan.Plugins {
 		if err := h.loadManifest(ctx, p); err != nil {
 			h.refusePlugin(p.ManifestPath, err)
@@ -230,6 +230,23 @@ func (h *Host) loadPlugins(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// logProblems logs what the plugin directory's scan skipped, each problem
+// once until it goes away: a binary left without a manifest is not logged
+// again at every re-read.
+func (h *Host) logProblems(problems []error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	seen := map[string]bool{}
+	for _, p := range problems {
+		msg := p.Error()
+		seen[msg] = true
+		if !h.dirProblems[msg] {
+			h.log.Warn("plugin directory: skipped", "dir", h.cfg.PluginDir, "problem", msg)
+		}
+	}
+	h.dirProblems = seen
 }
 
 // Refusal is a plugin that could not load when the host started.
@@ -516,9 +533,7 @@ func (h *Host) reload(ctx context.Context, name string, force bool) ([]ReloadRes
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
-	for _, p := range scan.Problems {
-		h.log.Warn("plugin directory: skipped", "dir", h.cfg.PluginDir, "problem", p.Error())
-	}
+	h.logProblems(scan.Problems)
 	var out []ReloadResult
 	for _, p := range scan.Plugins {
 		if name != "" && p.Manifest.Name != name {

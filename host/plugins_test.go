@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -589,4 +590,23 @@ func TestRefusedManifestStaysRefused(t *testing.T) {
 	require.Len(t, res, 1)
 	require.Equal(t, "loaded", res[0].Action, res[0].Error)
 	require.Equal(t, role, pluginStatus(t, h, name).DBRole)
+}
+
+// A binary left in the plugin directory without a manifest is logged once,
+// not again at every re-read of the directory.
+func TestDirProblemLoggedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	d := newPluginDir(t)
+	d.install(b.counters, "counters", "counters", "1.0.0")
+	d.copy(b.counters, "stray")
+	var logs syncBuffer
+	cfg := b.dirConfig(d)
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	h := hosttest.Start(t, cfg)
+	for range 3 {
+		_, err := h.Reload(context.Background(), "")
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "plugin directory: skipped"), logs.String())
 }

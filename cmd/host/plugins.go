@@ -220,12 +220,12 @@ func pluginsReload(ctx context.Context, args []string) error {
 	for _, r := range out.Results {
 		switch r.Action {
 		case "swapped":
-			drained := "drained"
+			drained := fmt.Sprintf("old version's calls finished in %s", roundDuration(r.DrainTime))
 			if !r.Drained {
-				drained = "drain timed out; overrunning jobs are left to reclaim"
+				drained = fmt.Sprintf("old version stopped after the %s drain limit; the jobs it still ran stay pending and run again", roundDuration(r.DrainTime))
 			}
-			fmt.Printf("%s: swapped %s -> %s (new version up in %s, %s in %s)\n", r.Plugin, r.From, r.To,
-				r.StartTime.Round(time.Millisecond), drained, r.DrainTime.Round(time.Millisecond))
+			fmt.Printf("%s: swapped %s -> %s (new version up in %s, %s)\n", r.Plugin, r.From, r.To,
+				roundDuration(r.StartTime), drained)
 		case "loaded":
 			fmt.Printf("%s: loaded %s\n", r.Plugin, r.To)
 		case "unchanged":
@@ -289,4 +289,17 @@ func (l *listFlag) Set(v string) error {
 	}
 	*l = append(*l, v)
 	return nil
+}
+
+// roundDuration prints d to a precision that says something: a drain of
+// 40 µs is "40µs", not "0s"; one of 30.0014 s is "30s".
+func roundDuration(d time.Duration) string {
+	switch {
+	case d < time.Millisecond:
+		return d.Round(time.Microsecond).String()
+	case d < time.Second:
+		return d.Round(100 * time.Microsecond).String()
+	default:
+		return d.Round(100 * time.Millisecond).String()
+	}
 }
