@@ -82,8 +82,9 @@ type Host struct {
 	plugins map[string]*loaded
 	// runCtx is Run's context while it runs (entries run again after a
 	// plugin's restart under it); redispatching holds their stream ids.
-	runCtx        context.Context
-	redispatching sync.Map
+	runCtx            context.Context
+	redispatching     sync.Map
+	redispatchWaiting atomic.Int64
 	// pluginCtx and pluginWG are set while Run runs: a plugin loaded then
 	// is supervised under them.
 	pluginCtx context.Context
@@ -364,6 +365,9 @@ func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhos
 			return guard.DB{}, err
 		}
 		enqueues = file.Manifest.Enqueues
+	}
+	if err := sandbox.CheckPluginName(m.Name); err != nil {
+		return guard.DB{}, err
 	}
 	role := sandbox.PluginRole(m.Name)
 	if err := sandbox.CheckPluginRole(ctx, h.pool, m.Name, role); err != nil {

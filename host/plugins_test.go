@@ -276,6 +276,10 @@ func TestManifestRefusedAtLoad(t *testing.T) {
 			cfg.PluginEnv = append(cfg.PluginEnv, "RAW_PROTOCOL=7")
 			return nil
 		}, []string{"the plugin speaks host-plugin protocol 7, this host speaks protocol 1"}},
+		{"a name that takes another plugin's role", func(t *testing.T, b *testBundle, d *pluginDir, cfg *host.Config) []string {
+			d.install(raw(t, "main.name=Counters"), "Counters", "Counters", "0.0.1")
+			return nil
+		}, []string{`plugin name "Counters" is refused`}},
 		{"no role", func(t *testing.T, b *testBundle, d *pluginDir, cfg *host.Config) []string {
 			d.install(raw(t, "main.name=stranger"), "stranger", "stranger", "0.0.1")
 			return nil

@@ -32,11 +32,20 @@ func (h *Host) redispatchWhenReady(e stream.Entry, rt route) {
 	if ctx == nil || c == nil {
 		return
 	}
+	// Only for a restart, not a plugin marked unhealthy (its entries wait
+	// in the stream, not in this host's memory), and at most Concurrency
+	// entries at once: each waiting one holds its entry outside the byte
+	// budget. The rest wait for the reclaimer.
+	if !rt.plugin.Healthy() || h.redispatchWaiting.Load() >= int64(h.cfg.Concurrency) {
+		return
+	}
 	if _, dup := h.redispatching.LoadOrStore(e.StreamID, true); dup {
 		return
 	}
+	h.redispatchWaiting.Add(1)
 	go func() {
 		defer h.redispatching.Delete(e.StreamID)
+		defer h.redispatchWaiting.Add(-1)
 		deadline := time.Now().Add(h.cfg.ReclaimIdle)
 		// A first pause: the run that left it has to end before it runs
 		// again here (the consumer refuses an entry still running).

@@ -105,6 +105,55 @@ END
 $$;
 -- +goose StatementEnd
 
+-- The commit gate. A job's transaction on a plugin's connection is the
+-- host's to end: the host opens a gate in it (a row holding the hash of a
+-- key only the host knows), and a deferred constraint trigger refuses to
+-- commit while the row is there. Only the host, sending the key with its
+-- COMMIT, closes it: a COMMIT sent by the plugin (or COMMIT AND CHAIN, or
+-- SET CONSTRAINTS ALL IMMEDIATE) fails, and everything the transaction did
+-- is rolled back. Rows live only inside their transaction.
+CREATE UNLOGGED TABLE tx_gates (
+    txid       xid8  PRIMARY KEY DEFAULT pg_current_xact_id(),
+    token_hash bytea NOT NULL
+);
+
+-- +goose StatementBegin
+CREATE FUNCTION usher_gate_held() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM tx_gates WHERE txid = NEW.txid) THEN
+        RAISE EXCEPTION 'only the host commits a job''s transaction: the plugin''s commit is refused and everything it did is rolled back'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+CREATE CONSTRAINT TRIGGER tx_gate_held AFTER INSERT ON tx_gates
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION usher_gate_held();
+
+-- +goose StatementBegin
+CREATE FUNCTION usher_gate_open(p_token_hash bytea) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    INSERT INTO tx_gates (token_hash) VALUES (p_token_hash);
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION usher_gate_close(p_token bytea) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    DELETE FROM tx_gates WHERE txid = pg_current_xact_id() AND token_hash = sha256(p_token);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the commit gate of this transaction does not open with that key'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+
 -- +goose StatementBegin
 -- Pin every function's search_path to this schema, pg_temp last (a
 -- temporary table can never shadow a runtime table), and let only roles
@@ -114,6 +163,7 @@ DECLARE
     f text;
 BEGIN
     FOREACH f IN ARRAY ARRAY['usher_check_serves(text)', 'usher_applied(bigint, text)', 'usher_record_job(text, text)',
+                             'usher_gate_held()', 'usher_gate_open(bytea)', 'usher_gate_close(bytea)',
                              'usher_enqueue(text, text, jsonb, text, text)'] LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
@@ -123,6 +173,10 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
+DROP TABLE tx_gates;
+DROP FUNCTION usher_gate_close(bytea);
+DROP FUNCTION usher_gate_open(bytea);
+DROP FUNCTION usher_gate_held();
 DROP FUNCTION usher_enqueue(text, text, jsonb, text, text);
 DROP FUNCTION usher_record_job(text, text);
 DROP FUNCTION usher_applied(bigint, text);

@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"google.golang.org/protobuf/proto"
+
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
@@ -36,15 +38,28 @@ func (h *hostClient) jobLogger(job *usherv1.Job, batch *logBatch) *slog.Logger {
 // logBatch collects one Invoke's records below warn level; they travel
 // back with its answer instead of a Host.Log call each.
 type logBatch struct {
-	min  slog.Level
-	mu   sync.Mutex
-	recs []*usherv1.LogRecord
+	min   slog.Level
+	mu    sync.Mutex
+	recs  []*usherv1.LogRecord
+	bytes int
 }
 
-func (b *logBatch) add(r *usherv1.LogRecord) {
+// maxBatchedLogBytes bounds the records one answer carries: past it, a
+// record goes through Host.Log at once, so a chatty call cannot grow its
+// answer past the message limit.
+const maxBatchedLogBytes = 1 << 20
+
+// add keeps r for the answer, or reports that the batch is full.
+func (b *logBatch) add(r *usherv1.LogRecord) bool {
+	n := proto.Size(r)
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.bytes+n > maxBatchedLogBytes {
+		return false
+	}
+	b.bytes += n
 	b.recs = append(b.recs, r)
-	b.mu.Unlock()
+	return true
 }
 
 func (b *logBatch) take() []*usherv1.LogRecord {
@@ -79,8 +94,7 @@ func (l *hostLogHandler) Handle(ctx context.Context, r slog.Record) error {
 		rec.Attrs[a.Key] = a.Value.String()
 		return true
 	})
-	if l.batch != nil && r.Level < slog.LevelWarn {
-		l.batch.add(rec)
+	if l.batch != nil && r.Level < slog.LevelWarn && l.batch.add(rec) {
 		return nil
 	}
 	_, err := l.host.c.Log(ctx, &usherv1.LogRequest{Records: []*usherv1.LogRecord{rec}})

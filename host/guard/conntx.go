@@ -2,6 +2,9 @@ package guard
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -33,27 +36,42 @@ var (
 type jobTx struct {
 	conn *pgxpool.Conn
 	done bool
+	// gate is the schema-qualified usher_gate_close and key the secret
+	// that closes this transaction's commit gate (see beginWith).
+	gate, key string
 }
 
-// beginWith acquires a connection and sends BEGIN and the statement sql in
-// one round trip; scan receives the statement's one row.
-func beginWith(ctx context.Context, pool *pgxpool.Pool, scan func(pgx.Row) error, sql string, args ...any) (*jobTx, error) {
+// beginWith acquires a connection and sends BEGIN, the opening of the
+// transaction's commit gate, and the statement sql in one round trip; scan
+// receives the statement's one row. The gate (usher_gate_open, schema the
+// runtime's) holds the hash of a random key: until Commit closes it with
+// the key, which only this process knows, a COMMIT the plugin sends fails
+// and rolls everything back.
+func beginWith(ctx context.Context, pool *pgxpool.Pool, schema string, scan func(pgx.Row) error, sql string, args ...any) (*jobTx, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
+	var k [16]byte
+	_, _ = rand.Read(k[:])
+	key := hex.EncodeToString(k[:])
+	sum := sha256.Sum256([]byte(key))
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	b.Queue("SELECT "+pgx.Identifier{schema, "usher_gate_open"}.Sanitize()+"($1)", sum[:])
 	b.Queue(sql, args...)
 	br := conn.SendBatch(ctx, b)
 	_, err = br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
 	if err == nil {
 		err = scan(br.QueryRow())
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	tx := &jobTx{conn: conn}
+	tx := &jobTx{conn: conn, gate: pgx.Identifier{schema, "usher_gate_close"}.Sanitize(), key: key}
 	if err != nil {
 		tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
@@ -91,6 +109,11 @@ func (t *jobTx) Commit(ctx context.Context, last ...lastStatement) error {
 		_ = pc.Exec(ctx, "ROLLBACK").Close()
 		return errors.New("commit: the transaction had failed or was no longer open; rolled back")
 	}
+	// Holdable cursors run their query at COMMIT: none of the plugin's
+	// may run after the host's checks. Then the host's last statements,
+	// and the gate's key.
+	last = append(append([]lastStatement{{sql: "CLOSE ALL"}}, last...),
+		lastStatement{sql: "SELECT " + t.gate + "($1)", args: [][]byte{[]byte(t.key)}})
 	p := pc.StartPipeline(ctx)
 	for _, l := range last {
 		p.SendQueryParams(l.sql, l.args, nil, nil, nil)
@@ -142,6 +165,11 @@ func (t *jobTx) Commit(ctx context.Context, last ...lastStatement) error {
 		err = cerr
 	}
 	switch {
+	case committed && (err != nil || resetErr != nil):
+		// Committed; only the reset or its reading failed: the
+		// connection is not marked reset, so its pool resets it again
+		// (or destroys it).
+		return nil
 	case err != nil:
 		return fmt.Errorf("commit: %w", err)
 	case commitErr != nil:

@@ -22,13 +22,14 @@ func TestJobTx(t *testing.T) {
 	ctx := context.Background()
 	_, err := owner.Exec(ctx, `CREATE TABLE jobtx (n int); GRANT SELECT, INSERT ON jobtx TO usher_plugin_raw`)
 	require.NoError(t, err)
+	require.NoError(t, sandbox.Prepare(ctx, owner, "raw", "usher_plugin_raw", []string{"raw_job"}, nil))
 	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: owner.Config(), Role: "usher_plugin_raw", Size: 1})
 	require.NoError(t, err)
 	defer pool.Close()
 
 	begin := func() *guard.JobTx {
 		var one int
-		tx, err := guard.BeginWith(ctx, pool, func(r pgx.Row) error { return r.Scan(&one) }, "SELECT 1")
+		tx, err := guard.BeginWith(ctx, pool, "public", func(r pgx.Row) error { return r.Scan(&one) }, "SELECT 1")
 		require.NoError(t, err)
 		require.Equal(t, 1, one)
 		require.EqualValues(t, 'T', tx.Conn().PgConn().TxStatus())
@@ -53,6 +54,16 @@ func TestJobTx(t *testing.T) {
 	err = tx.Commit(ctx, guard.Last("SELECT 1/0"))
 	require.ErrorContains(t, err, "division by zero")
 	require.EqualValues(t, 2, count(), "a failed last statement rolls the job back")
+
+	// A COMMIT sent through the transaction (as a plugin would) meets the
+	// commit gate: refused, and everything before it is rolled back.
+	tx = begin()
+	_, err = tx.Exec(ctx, `INSERT INTO jobtx VALUES (4)`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `COMMIT`)
+	require.ErrorContains(t, err, "only the host commits a job's transaction")
+	tx.Rollback(ctx)
+	require.EqualValues(t, 2, count(), "the plugin's COMMIT committed nothing")
 
 	tx = begin() // the one connection came back usable
 	tx.Rollback(ctx)

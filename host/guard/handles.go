@@ -279,7 +279,9 @@ func rowWrites(ctx context.Context, tx txConn) (int64, error) {
 	return n, err
 }
 
-const rowWritesSQL = `SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint
+// Every function and operator qualified: a plugin's search_path (SET, or
+// ALTER ROLE ... SET) must not reach the host's own check.
+const rowWritesSQL = `SELECT coalesce(pg_catalog.sum(n_tup_ins OPERATOR(pg_catalog.+) n_tup_upd OPERATOR(pg_catalog.+) n_tup_del), 0)::pg_catalog.int8
 	FROM pg_catalog.pg_stat_xact_all_tables`
 
 func (hs *Handles) execInTx(ctx context.Context, h *handle, st *usherv1.Statement) (*usherv1.StatementResult, error) {

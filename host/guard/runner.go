@@ -214,7 +214,7 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 	}
 	// The transaction's row count so far, in the round trip of its BEGIN.
 	var baseline int64
-	tx, err := beginWith(ctx, db.Pool, func(row pgx.Row) error { return row.Scan(&baseline) }, rowWritesSQL)
+	tx, err := beginWith(ctx, db.Pool, r.cfg.Handles.schema, func(row pgx.Row) error { return row.Scan(&baseline) }, rowWritesSQL)
 	if err != nil {
 		return abandoned(err)
 	}
@@ -233,23 +233,19 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 		return permanent(fmt.Errorf("commit of %s job %s made no conditional write: state first must end with WriteIf", job.GetKind(), job.GetId()))
 	}
 	if !h.won {
-		// A lost conditional write leaves nothing to commit; the database
-		// says whether something was written anyway.
+		// A lost conditional write leaves nothing to commit: the
+		// transaction is rolled back (whatever it held, a holdable
+		// cursor's query included, never runs). The database says
+		// whether the plugin wrote anyway.
 		if n, err := rowWrites(ctx, tx); err != nil {
 			return abandoned(fmt.Errorf("commit: %w", err))
 		} else if n > h.baseline {
 			return permanent(fmt.Errorf("refused: %s job %s: the commit phase wrote although its conditional write lost; rolled back", job.GetKind(), job.GetId()))
 		}
-	}
-	var last []lastStatement
-	if h.won {
-		last = r.outcome(job, outboxID)
-	}
-	if err := tx.Commit(ctx, last...); err != nil {
-		return abandoned(fmt.Errorf("commit: %w", err))
-	}
-	if !h.won {
 		return absorbed("conditional write lost to another run")
+	}
+	if err := tx.Commit(ctx, r.outcome(job, outboxID)...); err != nil {
+		return abandoned(fmt.Errorf("commit: %w", err))
 	}
 	return Outcome{Verdict: Applied, Recorded: outboxID != 0}
 }
@@ -260,7 +256,7 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, outboxID int64) Outcome {
 	// BEGIN and the identity's record in one round trip.
 	var recorded bool
-	tx, err := beginWith(ctx, db.Pool, func(row pgx.Row) error { return row.Scan(&recorded) },
+	tx, err := beginWith(ctx, db.Pool, r.cfg.Handles.schema, func(row pgx.Row) error { return row.Scan(&recorded) },
 		"SELECT "+r.cfg.Handles.fn("usher_record_job")+"($1, $2)", job.GetId(), job.GetKind())
 	if err != nil {
 		if out := claimError(err); out != nil {

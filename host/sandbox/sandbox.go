@@ -57,14 +57,31 @@ func PluginRole(name string) string {
 	return s
 }
 
+// CheckPluginName refuses a plugin name that is not already the form its
+// role takes (lower-case letters, digits and _, starting with a letter, at
+// most 50 bytes): then no two names share a role, and no plugin can name
+// itself into another's ("Tickets" into usher_plugin_tickets).
+func CheckPluginName(name string) error {
+	ok := len(name) > 0 && len(name) <= 63-len(RolePrefix) && name[0] >= 'a' && name[0] <= 'z'
+	for _, c := range name {
+		ok = ok && (c == '_' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9')
+	}
+	if !ok {
+		return fmt.Errorf("plugin name %q is refused: a plugin's name is lower-case letters, digits and _, starts with a letter and has at most %d bytes (it names the Postgres role %s<name>)",
+			name, 63-len(RolePrefix), RolePrefix)
+	}
+	return nil
+}
+
 // RuntimeTables are the runtime's own tables: no plugin role may hold any
 // privilege on them.
 var RuntimeTables = []string{"outbox", "processed_jobs", "scheduled_jobs", "dead_letters",
-	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets"}
+	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets", "tx_gates"}
 
 // functions are the runtime's SECURITY DEFINER functions a plugin role may
 // call (through the host, or by itself: each checks the caller).
 var functions = []string{"usher_check_serves(text)", "usher_applied(bigint, text)", "usher_record_job(text, text)",
+	"usher_gate_open(bytea)", "usher_gate_close(bytea)",
 	"usher_enqueue(text, text, jsonb, text, text)"}
 
 // CheckHostLogin refuses a host whose database login is a superuser, unless
@@ -147,10 +164,14 @@ func CheckPluginRole(ctx context.Context, pool *pgxpool.Pool, plugin, role strin
 // call the runtime's functions. Several hosts may prepare the same plugin at
 // once.
 func Prepare(ctx context.Context, pool *pgxpool.Pool, plugin, role string, kinds, enqueues []string) error {
+	if enqueues == nil {
+		enqueues = []string{} // NULL would keep the kinds it may no longer enqueue
+	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// GRANTs of one object from two sessions at once fail with "tuple
-		// concurrently updated": hosts prepare one at a time.
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('usher_sandbox_prepare'))`); err != nil {
+		// concurrently updated": hosts prepare one at a time. A table lock
+		// no plugin role can take (an advisory lock, any role could hold).
+		if _, err := tx.Exec(ctx, `LOCK TABLE plugin_kinds IN SHARE ROW EXCLUSIVE MODE`); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, `
@@ -251,6 +272,7 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	cfg.BeforeConnect, cfg.AfterConnect = nil, nil
 	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) { return true, nil }
 	logger := c.Logger
+	cfg.BeforeClose = func(conn *pgx.Conn) { reset.Delete(conn) }
 	cfg.AfterRelease = func(conn *pgx.Conn) bool {
 		if _, done := reset.LoadAndDelete(conn); done {
 			return true

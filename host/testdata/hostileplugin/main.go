@@ -105,6 +105,10 @@ const dirty = `SELECT concat_ws(', ',
 	CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) THEN 'advisory lock' END,
 	CASE WHEN EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = 'hostile') THEN 'prepared statement' END)`
 
+// enqueueAny enqueues a job of its own kind, as the host's own enqueue
+// would, but from SQL and whenever it likes.
+const enqueueAny = `SELECT usher_enqueue('hostile_apply', 'hostile_apply', '{"case": "clean"}', '', '')`
+
 // poison is everything a session can keep after a call.
 var poison = []string{
 	"SET search_path = pg_temp, public",
@@ -154,10 +158,18 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 		case "clean":
 		case "poison":
 			s.exec(h, plain, poison...)
-		case "commit":
-			// End the host's transaction, then write outside it.
-			s.exec(h, plain, "COMMIT", effect(job)+"-- after commit")
+		case "commit", "commit-chain":
+			// Write, enqueue, then end the host's transaction to keep
+			// them, and write outside it.
+			end := "COMMIT"
+			if a.Case == "commit-chain" {
+				end = "COMMIT AND CHAIN"
+			}
+			s.exec(h, plain, effect(job), enqueueAny, end, effect(job)+"-- after commit")
 			return ok
+		case "holdable-cursor":
+			// A query that would run at COMMIT, after the host's checks.
+			s.exec(h, query, "DECLARE h CURSOR WITH HOLD FOR "+enqueueAny)
 		case "savepoint":
 			s.exec(h, plain, "SAVEPOINT hostile", "ROLLBACK TO SAVEPOINT hostile")
 		case "secrets":
@@ -190,6 +202,11 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			s.exec(h, writeIf, "SELECT 1 -- RETURNING")
 			_, _ = s.host.Enqueue(context.Background(), &usherv1.EnqueueRequest{Handle: h,
 				Messages: []*usherv1.OutboxMessage{{Kind: "hostile_apply", Payload: []byte(`{"case":"clean"}`)}}})
+		case "holdable-cursor":
+			// Lose the conditional write, but leave a query to run at
+			// COMMIT that enqueues a job (allowed only after a win).
+			s.exec(h, query, "DECLARE h CURSOR WITH HOLD FOR "+enqueueAny)
+			s.exec(h, writeIf, "UPDATE hostile_effects SET n = n + 1 WHERE job_id = 'none' RETURNING job_id")
 		case "write-after-loss":
 			s.exec(h, writeIf, "UPDATE hostile_effects SET n = n + 1 WHERE job_id = 'none' RETURNING job_id")
 			s.exec(h, query, effect(job))
