@@ -82,6 +82,8 @@ type Host struct {
 	plugins map[string]*loaded
 	// runCtx is Run's context while it runs (entries run again after a
 	// plugin's restart under it); redispatching holds their stream ids.
+	// schema is the runtime's (the host login's current_schema()).
+	schema            string
 	runCtx            context.Context
 	redispatching     sync.Map
 	redispatchWaiting atomic.Int64
@@ -172,6 +174,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	} else {
 		h.log.Info("stream signing key taken from the configuration")
 	}
+	h.schema = schema
 	h.handles = guard.NewHandles(schema, h.log)
 	runner, err := guard.NewRunner(guard.Config{
 		Handles: h.handles, StatementTimeout: cfg.StatementTimeout,
@@ -383,7 +386,7 @@ func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhos
 		return l.db, nil
 	}
 	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: h.pool.Config(), Role: role,
-		Size: int32(h.cfg.PluginPoolSize), StatementTimeout: h.cfg.StatementTimeout, Logger: h.log})
+		Size: int32(h.cfg.PluginPoolSize), StatementTimeout: h.cfg.StatementTimeout, Schema: h.schema, Logger: h.log})
 	if err != nil {
 		return guard.DB{}, err
 	}

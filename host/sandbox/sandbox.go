@@ -230,6 +230,10 @@ type PoolConfig struct {
 	// the role in the passfile (PGPASSFILE, else ~/.pgpass), as libpq
 	// finds it; none with trust or certificate authentication.
 	Password string
+	// Schema is the schema of the plugins' tables (the runtime's, where
+	// the host migrates), their search_path after "$user". Default
+	// "public".
+	Schema string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -250,6 +254,9 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	if c.StatementTimeout <= 0 {
 		c.StatementTimeout = 10 * time.Second
 	}
+	if c.Schema == "" {
+		c.Schema = "public"
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -263,8 +270,18 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	// Descriptions only, no server-side prepared statements: DISCARD ALL
 	// deallocates those, and a plugin must not reach the host's.
 	cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	// Given at login, these win over what the role set for itself with
+	// ALTER ROLE ... SET (which DISCARD ALL does not undo), and are what
+	// RESET comes back to.
 	cc.RuntimeParams = maps.Clone(cc.RuntimeParams)
 	cc.RuntimeParams["statement_timeout"] = fmt.Sprint(c.StatementTimeout.Milliseconds())
+	schema := c.Schema
+	if CheckPluginName(schema) != nil { // not a plain lower-case name: quoted
+		schema = pgx.Identifier{schema}.Sanitize()
+	}
+	cc.RuntimeParams["search_path"] = `"$user", ` + schema
+	cc.RuntimeParams["default_transaction_read_only"] = "off"
+	cc.RuntimeParams["default_transaction_isolation"] = "read committed"
 	cfg.MaxConns, cfg.MinConns = c.Size, 0
 	// None of the host pool's hooks: an embedding application's hooks were
 	// written for its own login. (PrepareConn, when set, replaces the
