@@ -12,13 +12,19 @@ import (
 // claimOwnScript takes a new delivery of an entry this consumer still owns
 // (XCLAIM to itself, which counts the delivery and resets its idle time, so
 // no other host's reclaimer takes it meanwhile) and returns its delivery
-// count; 0 when the entry is no longer pending here (acked, or taken by
-// another host).
+// count and its fields; an empty reply when the entry is no longer pending
+// here (acked, or taken by another host). The entry ran here before, so it
+// is within the entry limit.
 var claimOwnScript = redis.NewScript(`
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
-if #p == 0 or p[1][2] ~= ARGV[2] then return 0 end
-redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3])
-return p[1][4] + 1`)
+if #p == 0 or p[1][2] ~= ARGV[2] then return {} end
+local m = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3])
+if #m == 0 or not m[1][2] then return {} end
+return {p[1][4] + 1, m[1][2]}`)
+
+// maxRedispatchWaiting bounds the entries a host waits to run again; each
+// waits as its stream id alone (the entry is read again when it runs).
+const maxRedispatchWaiting = 4096
 
 // redispatchWhenReady runs again, on this host, an entry it left pending
 // because its plugin crashed under it or was not running: as soon as the
@@ -26,6 +32,7 @@ return p[1][4] + 1`)
 // for the entries of hosts that died. An entry the host stops waiting for
 // (ReclaimIdle passed, or the host stops) stays pending for the reclaimer.
 func (h *Host) redispatchWhenReady(e stream.Entry, rt route) {
+	id := e.StreamID
 	h.mu.RLock()
 	ctx, c := h.runCtx, h.consumer
 	h.mu.RUnlock()
@@ -33,18 +40,16 @@ func (h *Host) redispatchWhenReady(e stream.Entry, rt route) {
 		return
 	}
 	// Only for a restart, not a plugin marked unhealthy (its entries wait
-	// in the stream, not in this host's memory), and at most Concurrency
-	// entries at once: each waiting one holds its entry outside the byte
-	// budget. The rest wait for the reclaimer.
-	if !rt.plugin.Healthy() || h.redispatchWaiting.Load() >= int64(h.cfg.Concurrency) {
+	// in the stream for the reclaimer), and a bounded number at once.
+	if !rt.plugin.Healthy() || h.redispatchWaiting.Load() >= maxRedispatchWaiting {
 		return
 	}
-	if _, dup := h.redispatching.LoadOrStore(e.StreamID, true); dup {
+	if _, dup := h.redispatching.LoadOrStore(id, true); dup {
 		return
 	}
 	h.redispatchWaiting.Add(1)
 	go func() {
-		defer h.redispatching.Delete(e.StreamID)
+		defer h.redispatching.Delete(id)
 		defer h.redispatchWaiting.Add(-1)
 		deadline := time.Now().Add(h.cfg.ReclaimIdle)
 		// A first pause: the run that left it has to end before it runs
@@ -64,12 +69,25 @@ func (h *Host) redispatchWhenReady(e stream.Entry, rt route) {
 			}
 			wait = min(2*wait, time.Second)
 		}
-		n, err := claimOwnScript.Run(ctx, h.rdb, []string{h.cfg.Stream}, h.cfg.Group, h.cfg.Consumer, e.StreamID).Int64()
-		if err != nil || n == 0 {
+		reply, err := claimOwnScript.Run(ctx, h.rdb, []string{h.cfg.Stream}, h.cfg.Group, h.cfg.Consumer, id).Slice()
+		if err != nil || len(reply) != 2 {
 			return
 		}
-		e.Deliveries = n
-		h.log.Debug("entry run again now that its plugin is ready", "stream_id", e.StreamID, "job_id", e.JobID, "deliveries", n)
+		n, _ := reply[0].(int64)
+		vals, _ := reply[1].([]any)
+		m := redis.XMessage{ID: id, Values: map[string]any{}}
+		var held int64
+		for i := 0; i+1 < len(vals); i += 2 {
+			k, _ := vals[i].(string)
+			v, _ := vals[i+1].(string)
+			if _, dup := m.Values[k]; !dup {
+				m.Values[k] = v
+			}
+			held += int64(len(k) + len(v))
+		}
+		e := stream.Decode(m)
+		e.Deliveries, e.Held = n, held
+		h.log.Debug("entry run again now that its plugin is ready", "stream_id", id, "job_id", e.JobID, "deliveries", n)
 		_, _ = c.Take(ctx, 1, func(context.Context, int) ([]stream.Entry, error) { return []stream.Entry{e}, nil })
 	}()
 }
