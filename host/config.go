@@ -329,6 +329,10 @@ func RedisOptions(redisURL, caFile string) (*redis.Options, error) {
 	return opt, nil
 }
 
+// MaskURL is s with its password, if any, masked: for logs and printed
+// configurations.
+func MaskURL(s string) string { return maskURL(s) }
+
 func maskURL(s string) string {
 	u, err := url.Parse(s)
 	if err != nil || u.User == nil {

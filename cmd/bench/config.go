@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/usherhq/usher/host"
 )
 
 // config is every knob of a run; flags fill it, and it is printed to stderr
@@ -127,19 +129,8 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 // String prints the config with the URLs' passwords masked.
 func (c config) String() string {
 	return fmt.Sprintf("admin-url=%s redis-url=%s owner=%s plugin-dir=%s jobs=%d events=%d warmup=%d inflight=%v host-pool-size=%d rate=%d rate-seconds=%d peers=%t bench-dir=%s json=%q plots=%s log=%s timeout=%s",
-		maskURL(c.AdminURL), maskURL(c.RedisURL), c.Owner, c.PluginDir, c.Jobs, c.Events, c.Warmup, c.Inflight, c.HostPoolSize,
+		host.MaskURL(c.AdminURL), host.MaskURL(c.RedisURL), c.Owner, c.PluginDir, c.Jobs, c.Events, c.Warmup, c.Inflight, c.HostPoolSize,
 		c.Rate, c.RateSeconds, c.Peers, c.BenchDir, c.JSON, c.Plots, c.Log, c.Timeout)
-}
-
-func maskURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
 }
 
 // largest is the level the latency run uses.
