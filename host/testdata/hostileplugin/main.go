@@ -16,9 +16,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/hashicorp/go-plugin"
-	"google.golang.org/grpc"
-
+	"github.com/usherhq/usher/host/testdata/rawcontract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 	"github.com/usherhq/usher/sdk/wire"
 )
@@ -28,23 +26,9 @@ var (
 	version = "6.6.6"
 )
 
-type shim struct {
-	plugin.NetRPCUnsupportedPlugin
-}
-
-func (shim) GRPCServer(b *plugin.GRPCBroker, s *grpc.Server) error {
-	usherv1.RegisterPluginServer(s, &server{broker: b})
-	return nil
-}
-
-func (shim) GRPCClient(context.Context, *plugin.GRPCBroker, *grpc.ClientConn) (any, error) {
-	return nil, nil
-}
-
 type server struct {
 	usherv1.UnimplementedPluginServer
-	broker *plugin.GRPCBroker
-	host   usherv1.HostClient
+	broker *rawcontract.Broker
 }
 
 func (s *server) Manifest(context.Context, *usherv1.ManifestRequest) (*usherv1.ManifestResponse, error) {
@@ -62,12 +46,8 @@ func (s *server) Manifest(context.Context, *usherv1.ManifestRequest) (*usherv1.M
 }
 
 func (s *server) Invoke(ctx context.Context, req *usherv1.InvokeRequest) (*usherv1.InvokeResponse, error) {
-	if s.host == nil {
-		conn, err := s.broker.Dial(req.GetHostBrokerId())
-		if err != nil {
-			return nil, err
-		}
-		s.host = usherv1.NewHostClient(conn)
+	if _, err := s.broker.Host(req.GetHostBrokerId()); err != nil {
+		return nil, err
 	}
 	var out []*usherv1.Result
 	for _, c := range req.GetCalls() {
@@ -81,7 +61,7 @@ func (s *server) Invoke(ctx context.Context, req *usherv1.InvokeRequest) (*usher
 // host's to keep.
 func (s *server) exec(handle string, mode usherv1.Mode, sqls ...string) {
 	for _, q := range sqls {
-		_, _ = s.host.Exec(context.Background(), &usherv1.ExecRequest{Handle: handle,
+		_, _ = s.broker.Client().Exec(context.Background(), &usherv1.ExecRequest{Handle: handle,
 			Statements: []*usherv1.Statement{{Mode: mode, Sql: q}}})
 	}
 }
@@ -187,7 +167,7 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 	case usherv1.Phase_PHASE_CHECK:
 		if a.Case == "readonly-write" {
 			// One batch, one transaction: lift READ ONLY, then write.
-			_, _ = s.host.Exec(context.Background(), &usherv1.ExecRequest{Handle: h, Statements: []*usherv1.Statement{
+			_, _ = s.broker.Client().Exec(context.Background(), &usherv1.ExecRequest{Handle: h, Statements: []*usherv1.Statement{
 				{Mode: query, Sql: "SET TRANSACTION READ WRITE"}, {Mode: query, Sql: effect(job)}}})
 		}
 		return ok
@@ -200,7 +180,7 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			s.exec(h, writeIf, "UPDATE hostile_effects SET n = n + 1 WHERE job_id = 'none' RETURNING job_id")
 		case "fake-returning":
 			s.exec(h, writeIf, "SELECT 1 -- RETURNING")
-			_, _ = s.host.Enqueue(context.Background(), &usherv1.EnqueueRequest{Handle: h,
+			_, _ = s.broker.Client().Enqueue(context.Background(), &usherv1.EnqueueRequest{Handle: h,
 				Messages: []*usherv1.OutboxMessage{{Kind: "hostile_apply", Payload: []byte(`{"case":"clean"}`)}}})
 		case "holdable-cursor":
 			// Lose the conditional write, but leave a query to run at
@@ -242,7 +222,7 @@ func secrets() string {
 
 // query returns the first column of the first row, or the error's text.
 func (s *server) query(handle, sql string) string {
-	res, err := s.host.Exec(context.Background(), &usherv1.ExecRequest{Handle: handle,
+	res, err := s.broker.Client().Exec(context.Background(), &usherv1.ExecRequest{Handle: handle,
 		Statements: []*usherv1.Statement{{Mode: query, Sql: sql}}})
 	if err != nil {
 		return "query failed: " + err.Error()
@@ -251,11 +231,5 @@ func (s *server) query(handle, sql string) string {
 }
 
 func main() {
-	plugin.Serve(&plugin.ServeConfig{
-		HandshakeConfig: wire.Handshake,
-		VersionedPlugins: map[int]plugin.PluginSet{
-			wire.ProtocolVersion: {wire.PluginName: shim{}},
-		},
-		GRPCServer: plugin.DefaultGRPCServer,
-	})
+	rawcontract.Serve(func(b *rawcontract.Broker) usherv1.PluginServer { return &server{broker: b} })
 }

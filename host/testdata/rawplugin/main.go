@@ -31,9 +31,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/hashicorp/go-plugin"
-	"google.golang.org/grpc"
-
+	"github.com/usherhq/usher/host/testdata/rawcontract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 	"github.com/usherhq/usher/sdk/wire"
 )
@@ -52,23 +50,9 @@ func modeFromEnv() string {
 	return buildMode
 }
 
-type shim struct {
-	plugin.NetRPCUnsupportedPlugin
-}
-
-func (shim) GRPCServer(b *plugin.GRPCBroker, s *grpc.Server) error {
-	usherv1.RegisterPluginServer(s, &server{broker: b})
-	return nil
-}
-
-func (shim) GRPCClient(context.Context, *plugin.GRPCBroker, *grpc.ClientConn) (any, error) {
-	return nil, nil
-}
-
 type server struct {
 	usherv1.UnimplementedPluginServer
-	broker    *plugin.GRPCBroker
-	host      usherv1.HostClient
+	broker    *rawcontract.Broker
 	lastCheck string
 	checkedAs string
 }
@@ -83,12 +67,8 @@ func (s *server) Manifest(context.Context, *usherv1.ManifestRequest) (*usherv1.M
 }
 
 func (s *server) Invoke(ctx context.Context, req *usherv1.InvokeRequest) (*usherv1.InvokeResponse, error) {
-	if s.host == nil {
-		conn, err := s.broker.Dial(req.GetHostBrokerId())
-		if err != nil {
-			return nil, err
-		}
-		s.host = usherv1.NewHostClient(conn)
+	if _, err := s.broker.Host(req.GetHostBrokerId()); err != nil {
+		return nil, err
 	}
 	switch mode {
 	case "garbage":
@@ -110,14 +90,14 @@ func fail(err error) *usherv1.Result {
 }
 
 func (s *server) exec(ctx context.Context, handle string, mode usherv1.Mode, sql string) error {
-	_, err := s.host.Exec(ctx, &usherv1.ExecRequest{Handle: handle, Statements: []*usherv1.Statement{{Mode: mode, Sql: sql}}})
+	_, err := s.broker.Client().Exec(ctx, &usherv1.ExecRequest{Handle: handle, Statements: []*usherv1.Statement{{Mode: mode, Sql: sql}}})
 	return err
 }
 
 // whoami reports the role and statement timeout a handle's statements run
 // under.
 func (s *server) whoami(ctx context.Context, handle string) (string, error) {
-	res, err := s.host.Exec(ctx, &usherv1.ExecRequest{Handle: handle, Statements: []*usherv1.Statement{{
+	res, err := s.broker.Client().Exec(ctx, &usherv1.ExecRequest{Handle: handle, Statements: []*usherv1.Statement{{
 		Mode: usherv1.Mode_MODE_QUERY, Sql: "SELECT current_user::text || ' (statement_timeout ' || current_setting('statement_timeout') || ')'"}}})
 	if err != nil {
 		return "", err
@@ -151,7 +131,7 @@ func (s *server) phase(ctx context.Context, call *usherv1.Call) *usherv1.Result 
 		case "exec-first":
 			err = s.exec(ctx, call.GetHandle(), usherv1.Mode_MODE_EXEC, "UPDATE events SET seats_sold = seats_sold + 1000")
 		case "enqueue-first":
-			_, err = s.host.Enqueue(ctx, &usherv1.EnqueueRequest{Handle: call.GetHandle(),
+			_, err = s.broker.Client().Enqueue(ctx, &usherv1.EnqueueRequest{Handle: call.GetHandle(),
 				Messages: []*usherv1.OutboxMessage{{Kind: "raw_job", Payload: []byte(`{}`)}}})
 		case "stale-handle":
 			err = s.exec(ctx, s.lastCheck, usherv1.Mode_MODE_QUERY, "SELECT 1")
@@ -183,18 +163,11 @@ func main() {
 	if mode == "stdout" {
 		fmt.Println("hello from a plugin that should not print here")
 	}
-	versions := map[int]plugin.PluginSet{}
+	var versions []int
 	for _, v := range strings.Split(os.Getenv("RAW_PROTOCOL"), ",") {
 		if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-			versions[n] = plugin.PluginSet{wire.PluginName: shim{}}
+			versions = append(versions, n)
 		}
 	}
-	if len(versions) == 0 {
-		versions[wire.ProtocolVersion] = plugin.PluginSet{wire.PluginName: shim{}}
-	}
-	plugin.Serve(&plugin.ServeConfig{
-		HandshakeConfig:  wire.Handshake,
-		VersionedPlugins: versions,
-		GRPCServer:       plugin.DefaultGRPCServer,
-	})
+	rawcontract.Serve(func(b *rawcontract.Broker) usherv1.PluginServer { return &server{broker: b} }, versions...)
 }
