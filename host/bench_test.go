@@ -1,17 +1,12 @@
 package host_test
 
 import (
-	"bytes"
 	"context"
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/internal/procstat"
 )
 
 // BenchmarkCountersEndToEnd measures jobs per second through a real host:
@@ -75,36 +70,21 @@ func BenchmarkCountersThroughput(b *testing.B) {
 	hosttest.Eventually(b, time.Minute, "the warm-up jobs", done(200))
 	pid := h.Plugins()[0].Pid
 	b.ResetTimer()
-	start, hostCPU, pluginCPU := time.Now(), cpuSelf(b), cpuOf(b, pid)
+	start, hostCPU, pluginCPU := time.Now(), procstat.SelfCPU(), cpuOf(b, pid)
 	enqueue(b.N)
 	hosttest.Eventually(b, 10*time.Minute, "every job applied", done(int64(200+b.N)))
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "jobs/s")
 	// CPU per job is steadier than jobs/s on a shared machine.
-	b.ReportMetric(float64((cpuSelf(b)-hostCPU).Microseconds())/float64(b.N), "host-cpu-µs/job")
+	b.ReportMetric(float64((procstat.SelfCPU()-hostCPU).Microseconds())/float64(b.N), "host-cpu-µs/job")
 	b.ReportMetric(float64((cpuOf(b, pid)-pluginCPU).Microseconds())/float64(b.N), "plugin-cpu-µs/job")
 	_ = h.Stop()
 }
 
-// cpuSelf is this process's user and system CPU time.
-func cpuSelf(tb testing.TB) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// cpuOf is process pid's user and system CPU time, from /proc.
 func cpuOf(tb testing.TB, pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := procstat.CPU(pid)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	// Fields after the command's closing parenthesis; utime and stime
-	// are the 12th and 13th of them, in clock ticks (100 a second).
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond
+	return d
 }

@@ -1,23 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/internal/procstat"
 )
-
-// clockTick is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on every
-// Linux architecture Go supports.
-const clockTick = 100
 
 // sample is what a process has used so far: this process (the host) and
 // each plugin process.
@@ -35,11 +29,11 @@ type procSample struct {
 // takeSample reads CPU time so far and resets the peak RSS (VmHWM) of this
 // process and every plugin, so the next sample's peak is the window's.
 func takeSample(h *host.Host) sample {
-	s := sample{hostCPU: selfCPU(), plugins: map[string]procSample{}}
-	resetPeak("self")
+	s := sample{hostCPU: procstat.SelfCPU(), plugins: map[string]procSample{}}
+	procstat.ResetPeak("self")
 	for _, p := range h.Plugins() {
-		cpu, _ := procCPU(p.Pid)
-		resetPeak(strconv.Itoa(p.Pid))
+		cpu, _ := procstat.CPU(p.Pid)
+		procstat.ResetPeak(strconv.Itoa(p.Pid))
 		s.plugins[p.Name] = procSample{pid: p.Pid, cpu: cpu, restarts: p.Restarts}
 	}
 	return s
@@ -48,12 +42,12 @@ func takeSample(h *host.Host) sample {
 // usage fills r's CPU and peak RSS from two samples around its window.
 func (r *levelResult) usage(before, after sample) {
 	r.HostCPUSeconds = (after.hostCPU - before.hostCPU).Seconds()
-	r.HostPeakRSSBytes, _ = peakRSS("self")
+	r.HostPeakRSSBytes, _ = procstat.PeakRSS("self")
 	r.CPUSeconds = r.HostCPUSeconds
 	for name, a := range after.plugins {
 		b, ok := before.plugins[name]
 		pr := procResult{Name: name, Pid: a.pid}
-		pr.PeakRSSBytes, _ = peakRSS(strconv.Itoa(a.pid))
+		pr.PeakRSSBytes, _ = procstat.PeakRSS(strconv.Itoa(a.pid))
 		if ok && b.pid == a.pid {
 			pr.CPUSeconds = (a.cpu - b.cpu).Seconds()
 		} else {
@@ -65,60 +59,6 @@ func (r *levelResult) usage(before, after sample) {
 		r.Plugins = append(r.Plugins, pr)
 	}
 	slices.SortFunc(r.Plugins, func(a, b procResult) int { return strings.Compare(a.Name, b.Name) })
-}
-
-// selfCPU is this process's user+system CPU so far.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// procCPU is process pid's user+system CPU so far (/proc/<pid>/stat fields
-// 14 and 15, after the command name, which may hold spaces).
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad utime/stime", pid)
-	}
-	return time.Duration(ut+st) * time.Second / clockTick, nil
-}
-
-// peakRSS is /proc/<pid>/status's VmHWM in bytes: the peak resident set
-// since the process started or since resetPeak.
-func peakRSS(pid string) (int64, error) {
-	b, err := os.ReadFile("/proc/" + pid + "/status")
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("/proc/%s/status: no VmHWM", pid)
-}
-
-// resetPeak resets VmHWM to the current RSS (Linux 4.0+). When it cannot,
-// the peak reported is the process's peak since it started.
-func resetPeak(pid string) {
-	_ = os.WriteFile("/proc/"+pid+"/clear_refs", []byte("5"), 0)
 }
 
 // progress prints one line a second to stderr: the phase, how far it got.
