@@ -128,7 +128,17 @@ func (t *jobTx) Commit(ctx context.Context, last ...lastStatement) error {
 	// DISCARD ALL's. After an error the server skips to the next sync.
 	var commitErr, resetErr error
 	syncs, committed := 0, false
-	for i := 0; err == nil && syncs < 2 && i < 16; i++ {
+	// note keeps the first error of the part it falls in.
+	note := func(e error) {
+		switch {
+		case syncs == 0 && commitErr == nil:
+			commitErr = e
+		case syncs == 1 && resetErr == nil:
+			resetErr = e
+		}
+	}
+results:
+	for err == nil && syncs < 2 {
 		var res any
 		res, err = p.GetResults()
 		var pgErr *pgconn.PgError
@@ -137,25 +147,17 @@ func (t *jobTx) Commit(ctx context.Context, last ...lastStatement) error {
 			syncs++
 		case *pgconn.ResultReader:
 			tag, rerr := r.Close()
-			switch {
-			case syncs == 0 && rerr != nil && commitErr == nil:
-				commitErr = rerr
-			case syncs == 0 && tag.String() == "COMMIT":
+			if rerr != nil {
+				note(rerr)
+			} else if syncs == 0 && tag.String() == "COMMIT" {
 				committed = true
-			case syncs == 1 && rerr != nil:
-				resetErr = rerr
 			}
 		case nil:
-			if errors.As(err, &pgErr) {
-				if syncs == 0 && commitErr == nil {
-					commitErr = err
-				} else if syncs == 1 {
-					resetErr = err
-				}
-				err = nil
-			} else if err == nil {
-				i = 16 // no more results
+			if !errors.As(err, &pgErr) {
+				break results // no more results, or a broken connection (err)
 			}
+			note(err)
+			err = nil
 		}
 	}
 	if err == nil && commitErr == nil && !committed {
