@@ -46,6 +46,7 @@ var hostileCases = []hostileCase{
 	// The transaction is the host's.
 	{"hostile_apply", "commit", "ended the host's transaction", false},
 	{"hostile_apply", "commit-chain", "ended the host's transaction", false},
+	{"hostile_apply", "commit-one-call", "ended the host's transaction", false},
 	{"hostile_apply", "holdable-cursor", "", false},
 	{"hostile_apply", "savepoint", "controlled the host's transaction (SAVEPOINT)", false},
 	// Pooled connections: what it leaves is reset before the next job.

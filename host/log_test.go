@@ -50,7 +50,7 @@ func TestPluginLogsCarryRequestAndTrace(t *testing.T) {
 
 	var logs syncBuffer
 	cfg := b.config()
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	hosttest.Start(t, cfg)
 	b.waitDrained(t, 1)
 	hosttest.Eventually(t, 10*time.Second, "the plugin's log line", func() bool {

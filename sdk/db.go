@@ -41,6 +41,40 @@ func (h handle) run(ctx context.Context, mode usherv1.Mode, sql string, args []a
 	return res[0], nil
 }
 
+// execAll runs writes in one call to the host, in order; the host stops
+// at the first that fails.
+func (h handle) execAll(ctx context.Context, stmts []Statement) ([]int64, error) {
+	if h.host == nil || h.id == "" {
+		return nil, fmt.Errorf("sdk: no database in this phase")
+	}
+	wst := make([]*usherv1.Statement, len(stmts))
+	for i, st := range stmts {
+		vals, err := wire.ToValues(st.Args)
+		if err != nil {
+			return nil, fmt.Errorf("sdk: statement %d: %w", i+1, err)
+		}
+		wst[i] = &usherv1.Statement{Mode: usherv1.Mode_MODE_EXEC, Sql: st.SQL, Args: vals}
+	}
+	res, err := h.host.exec(ctx, h.id, wst)
+	if err != nil {
+		return nil, err
+	}
+	if len(res) != len(stmts) {
+		return nil, fmt.Errorf("sdk: host answered %d results for %d statements", len(res), len(stmts))
+	}
+	n := make([]int64, len(res))
+	for i, r := range res {
+		n[i] = r.GetRowsAffected()
+	}
+	return n, nil
+}
+
+// Statement is one write of an ExecAll.
+type Statement struct {
+	SQL  string
+	Args []any
+}
+
 func (h handle) query(ctx context.Context, sql string, args []any) (*Rows, error) {
 	res, err := h.run(ctx, usherv1.Mode_MODE_QUERY, sql, args)
 	if err != nil {
@@ -142,6 +176,15 @@ func (w *Win) Exec(ctx context.Context, sql string, args ...any) (int64, error) 
 	return w.h.exec(ctx, sql, args)
 }
 
+// ExecAll runs several further writes in one call to the host (see
+// Tx.ExecAll).
+func (w *Win) ExecAll(ctx context.Context, stmts ...Statement) ([]int64, error) {
+	if w == nil {
+		return nil, ErrNotWon
+	}
+	return w.h.execAll(ctx, stmts)
+}
+
 // Enqueue adds follow-on jobs to the outbox in the same transaction, carrying
 // this job's request_id and trace.
 func (w *Win) Enqueue(ctx context.Context, jobs ...Args) error {
@@ -170,6 +213,14 @@ func (tx *Tx) QueryRow(ctx context.Context, sql string, args ...any) *Row {
 // Exec runs a write inside the transaction and returns the rows affected.
 func (tx *Tx) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
 	return tx.h.exec(ctx, sql, args)
+}
+
+// ExecAll runs several writes inside the transaction in one call to the
+// host, in order, and returns each one's rows affected. It stops at the
+// first that fails. A handler whose writes do not depend on each other's
+// results saves a round trip per statement this way.
+func (tx *Tx) ExecAll(ctx context.Context, stmts ...Statement) ([]int64, error) {
+	return tx.h.execAll(ctx, stmts)
 }
 
 // Enqueue adds follow-on jobs to the outbox inside the transaction.

@@ -147,6 +147,13 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			}
 			s.exec(h, plain, effect(job), enqueueAny, end, effect(job)+"-- after commit")
 			return ok
+		case "commit-one-call":
+			// The same, in one Exec: the host must check the
+			// transaction after each statement of a call, not once
+			// per call, or the last write commits on its own.
+			_, _ = s.broker.Client().Exec(context.Background(), &usherv1.ExecRequest{Handle: h, Statements: []*usherv1.Statement{
+				{Mode: plain, Sql: effect(job)}, {Mode: plain, Sql: "COMMIT"}, {Mode: plain, Sql: effect(job) + "-- after commit"}}})
+			return ok
 		case "holdable-cursor":
 			// A query that would run at COMMIT, after the host's checks.
 			s.exec(h, query, "DECLARE h CURSOR WITH HOLD FOR "+enqueueAny)

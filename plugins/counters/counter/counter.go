@@ -14,8 +14,8 @@ import (
 // the job id in processed_jobs in the same transaction, so a second run of
 // the same job never reaches Apply.
 type Handler struct {
-	// Version is the plugin version, logged with every applied job so a
-	// hot swap is observable.
+	// Version is the plugin version, stored with every applied job
+	// (counter_applies.plugin_version) so a hot swap is observable.
 	Version string
 }
 
@@ -26,19 +26,20 @@ func (h Handler) Apply(ctx context.Context, job sdk.Job[stagedoor.UpdateSalesCou
 	if err := faults.At(ctx, "counter.apply", job.ID); err != nil {
 		return err
 	}
-	n, err := tx.Exec(ctx, `
+	// Both writes in one round trip: the audit row needs nothing from
+	// the counter's update, and a missing order rolls both back.
+	n, err := tx.ExecAll(ctx,
+		sdk.Statement{SQL: `
 		UPDATE events e SET seats_sold = e.seats_sold + o.seats
-		FROM orders o WHERE o.id = $1 AND e.id = o.event_id`, job.Args.OrderID)
+		FROM orders o WHERE o.id = $1 AND e.id = o.event_id`, Args: []any{job.Args.OrderID}},
+		sdk.Statement{SQL: `INSERT INTO counter_applies (job_id, order_id, plugin_version) VALUES ($1, $2, $3)`,
+			Args: []any{job.ID, job.Args.OrderID, h.Version}})
 	if err != nil {
 		return fmt.Errorf("update_sales_counter: %w", err)
 	}
-	if n == 0 {
+	if n[0] == 0 {
 		return sdk.Permanent(fmt.Errorf("order %d does not exist", job.Args.OrderID))
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO counter_applies (job_id, order_id, plugin_version) VALUES ($1, $2, $3)`,
-		job.ID, job.Args.OrderID, h.Version); err != nil {
-		return fmt.Errorf("update_sales_counter: audit: %w", err)
-	}
-	job.Log.Info("seats counted", "order_id", job.Args.OrderID, "plugin_version", h.Version)
+	job.Log.Debug("seats counted", "order_id", job.Args.OrderID, "plugin_version", h.Version)
 	return nil
 }
