@@ -7,6 +7,9 @@ import (
 
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/internal/procstat"
+	"github.com/usherhq/usher/plugins/counters/counter"
+	"github.com/usherhq/usher/sdk"
+	"github.com/usherhq/usher/sdk/inprocess"
 )
 
 // BenchmarkCountersEndToEnd measures jobs per second through a real host:
@@ -43,7 +46,15 @@ func BenchmarkCountersEndToEnd(b *testing.B) {
 // outbox in one transaction after the host and its plugin are up and have
 // run 200 jobs, timed until every job is applied and acked. ns/op is per
 // job. Run with -benchtime 5000x and -cpuprofile to see the host's share.
+// plugin runs the counters plugin as its own process; in-process serves
+// the same handler inside the host (Host.LoadInProcess), so the two give
+// the plugin boundary's cost.
 func BenchmarkCountersThroughput(b *testing.B) {
+	b.Run("plugin", func(b *testing.B) { benchCounters(b, false) })
+	b.Run("in-process", func(b *testing.B) { benchCounters(b, true) })
+}
+
+func benchCounters(b *testing.B, inProcess bool) {
 	pool, url := hosttest.DB(b)
 	rdb, stream := hosttest.Redis(b)
 	ctx := context.Background()
@@ -60,7 +71,17 @@ func BenchmarkCountersThroughput(b *testing.B) {
 		}
 	}
 	cfg := hostConfig(url, rdb, stream, hosttest.Build(b, "./plugins/counters"))
+	if inProcess {
+		cfg.Plugins = nil
+	}
 	h := hosttest.Start(b, cfg)
+	if inProcess {
+		p := sdk.New("counters", "in-process")
+		sdk.HandleRecordJobID(p, counter.Handler{Version: "in-process"})
+		if err := h.LoadInProcess(ctx, "counters", inprocess.Server(p)); err != nil {
+			b.Fatal(err)
+		}
+	}
 	enqueue(200)
 	done := func(n int64) func() bool {
 		return func() bool {
@@ -71,13 +92,18 @@ func BenchmarkCountersThroughput(b *testing.B) {
 	pid := h.Plugins()[0].Pid
 	b.ResetTimer()
 	start, hostCPU, pluginCPU := time.Now(), procstat.SelfCPU(), cpuOf(b, pid)
+	if inProcess {
+		pluginCPU = 0 // counted in the host's
+	}
 	enqueue(b.N)
 	hosttest.Eventually(b, 10*time.Minute, "every job applied", done(int64(200+b.N)))
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "jobs/s")
 	// CPU per job is steadier than jobs/s on a shared machine.
 	b.ReportMetric(float64((procstat.SelfCPU()-hostCPU).Microseconds())/float64(b.N), "host-cpu-µs/job")
-	b.ReportMetric(float64((cpuOf(b, pid)-pluginCPU).Microseconds())/float64(b.N), "plugin-cpu-µs/job")
+	if !inProcess {
+		b.ReportMetric(float64((cpuOf(b, pid)-pluginCPU).Microseconds())/float64(b.N), "plugin-cpu-µs/job")
+	}
 	_ = h.Stop()
 }
 

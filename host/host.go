@@ -291,6 +291,21 @@ func (h *Host) LoadPlugin(ctx context.Context, path string) error {
 	return nil
 }
 
+// LoadInProcess serves the plugin serve returns inside the host's own
+// process (sdk/inprocess makes one of an *sdk.Plugin): the same handles,
+// the plugin's own database role and pool, the same guards, but calls are
+// method calls instead of gRPC between processes. It exists so that
+// cmd/bench can measure what the plugin boundary costs; an in-process
+// plugin is not isolated from the host, so never load untrusted code so.
+func (h *Host) LoadInProcess(ctx context.Context, name string, serve func(usherv1.HostClient) usherv1.PluginServer) error {
+	pcfg := h.pluginConfig("in-process:" + name)
+	pcfg.InProcess = serve
+	if err := h.load(ctx, pcfg, nil); err != nil {
+		return fmt.Errorf("host: load in-process plugin %s: %w", name, err)
+	}
+	return nil
+}
+
 // loadManifest loads the plugin a manifest in PluginDir names: its binary
 // is verified against the manifest's SHA-256 before it starts, and must
 // report the manifest's name and version.

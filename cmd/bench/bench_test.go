@@ -114,6 +114,16 @@ func checkResults(t *testing.T, dir string, inflight int) {
 	require.Len(t, plugins, 1)
 	require.Equal(t, "counters", plugins[0].(map[string]any)["name"])
 	require.Greater(t, plugins[0].(map[string]any)["peak_rss_bytes"], 0.0)
+	// The same handler inside the host, and the boundary's cost from it.
+	inProcess := r["usher_in_process"].([]any)
+	require.Len(t, inProcess, 1)
+	ip := inProcess[0].(map[string]any)
+	require.EqualValues(t, inflight, ip["inflight"])
+	require.Greater(t, ip["jobs_per_sec"], 0.0)
+	require.Nil(t, ip["plugins"], "an in-process handler has no process of its own")
+	bound := r["boundary"].([]any)
+	require.Len(t, bound, 1)
+	require.Less(t, bound[0].(map[string]any)["cost"], 1.0)
 	lat := r["latency"].(map[string]any)
 	for _, k := range []string{"p50_ms", "p95_ms", "p99_ms", "max_ms"} {
 		require.Greater(t, lat[k], 0.0, k)

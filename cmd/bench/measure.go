@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +33,9 @@ func takeSample(h *host.Host) sample {
 	s := sample{hostCPU: procstat.SelfCPU(), plugins: map[string]procSample{}}
 	procstat.ResetPeak("self")
 	for _, p := range h.Plugins() {
+		if p.Pid == os.Getpid() {
+			continue // in-process: its CPU is the host's
+		}
 		cpu, _ := procstat.CPU(p.Pid)
 		procstat.ResetPeak(strconv.Itoa(p.Pid))
 		s.plugins[p.Name] = procSample{pid: p.Pid, cpu: cpu, restarts: p.Restarts}

@@ -18,14 +18,19 @@ import (
 
 // results is everything one run measured: the JSON --json writes.
 type results struct {
-	Date     string         `json:"date"`    // RFC 3339, when the run started
-	Command  string         `json:"command"` // bin/bench and its arguments
-	Jobs     int            `json:"jobs"`
-	Events   int            `json:"events"`
-	Warmup   int            `json:"warmup"`
-	Usher    []levelResult  `json:"usher"`
-	Latency  *latencyResult `json:"latency"`
-	Absorbed []absorbed     `json:"absorbed_duplicates"`
+	Date    string        `json:"date"`    // RFC 3339, when the run started
+	Command string        `json:"command"` // bin/bench and its arguments
+	Jobs    int           `json:"jobs"`
+	Events  int           `json:"events"`
+	Warmup  int           `json:"warmup"`
+	Usher   []levelResult `json:"usher"`
+	// InProcess is each level with the counters handler inside the
+	// host (host.LoadInProcess): no process, gRPC or broker between host
+	// and handler; Boundary compares the two.
+	InProcess []levelResult  `json:"usher_in_process,omitempty"`
+	Boundary  []boundary     `json:"boundary,omitempty"`
+	Latency   *latencyResult `json:"latency"`
+	Absorbed  []absorbed     `json:"absorbed_duplicates"`
 	// Lost and Doubled add up every check's seats and jobs: both must be 0.
 	Lost    int64        `json:"lost"`
 	Doubled int64        `json:"doubled"`
@@ -33,6 +38,27 @@ type results struct {
 	Ratios  []ratio      `json:"ratios,omitempty"`
 	Plots   []string     `json:"plots"`
 	Errors  []string     `json:"errors,omitempty"`
+}
+
+// boundary is the plugin boundary's cost at one level: Cost is the share
+// of the in-process rate the plugin process loses, 1 - plugin/in-process.
+type boundary struct {
+	Inflight  int     `json:"inflight"`
+	Plugin    float64 `json:"plugin_jobs_per_sec"`
+	InProcess float64 `json:"in_process_jobs_per_sec"`
+	Cost      float64 `json:"cost"`
+}
+
+func boundaries(plugin, inProcess []levelResult) []boundary {
+	var out []boundary
+	for _, u := range plugin {
+		for _, i := range inProcess {
+			if u.Inflight == i.Inflight && u.JobsPerSec > 0 && i.JobsPerSec > 0 {
+				out = append(out, boundary{Inflight: u.Inflight, Plugin: u.JobsPerSec, InProcess: i.JobsPerSec, Cost: 1 - u.JobsPerSec/i.JobsPerSec})
+			}
+		}
+	}
+	return out
 }
 
 // levelResult is one throughput run.
@@ -90,7 +116,7 @@ func (r *results) tally() {
 		r.Doubled += c.Doubled + c.DoubledJobs
 	}
 	r.Lost, r.Doubled = 0, 0
-	for _, u := range r.Usher {
+	for _, u := range append(slices.Clone(r.Usher), r.InProcess...) {
 		add(u.check)
 	}
 	if r.Latency != nil {
@@ -117,6 +143,21 @@ func (r *results) printTable(w io.Writer) {
 			mib(u.HostPeakRSSBytes), strings.Join(prss, ","), u.Lost+u.LostJobs, u.Doubled+u.DoubledJobs)
 	}
 	_ = tw.Flush()
+	if len(r.Boundary) > 0 {
+		fmt.Fprintln(w, "\nthe plugin boundary: the same handler inside the host (no process, no gRPC) against the plugin process:")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "inflight\tin-process jobs/s\tplugin jobs/s\tboundary cost\tin-process host cpu s\t")
+		for _, b := range r.Boundary {
+			cpu := 0.0
+			for _, i := range r.InProcess {
+				if i.Inflight == b.Inflight {
+					cpu = i.HostCPUSeconds
+				}
+			}
+			fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.0f%%\t%.2f\t\n", b.Inflight, b.InProcess, b.Plugin, 100*b.Cost, cpu)
+		}
+		_ = tw.Flush()
+	}
 	if l := r.Latency; l != nil {
 		fmt.Fprintf(w, "\nlatency (outbox commit -> outcome recorded), %d jobs/s offered (%.0f achieved, %.0f applied) for %ds, inflight %d:\n",
 			l.Rate, l.OfferedPerSec, l.AppliedPerSec, l.Seconds, l.Inflight)

@@ -54,6 +54,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		res.Ratios = ratios(res.Usher, res.Peers)
 	}
 	p.close()
+	res.Boundary = boundaries(res.Usher, res.InProcess)
 	res.tally()
 	res.Plots, err = writePlots(cfg.Plots, res, ms)
 	if err != nil {
@@ -113,8 +114,27 @@ func measureUsher(ctx context.Context, cfg config, res *results, logger *slog.Lo
 		}
 	}()
 	for _, level := range cfg.Inflight {
+		if cfg.InProcess {
+			// The same handler inside the host: what the boundary costs.
+			p.phase(fmt.Sprintf("inflight %d, in-process: starting the host", level), 0)
+			rh, err := startHost(ctx, cfg, db, pluginDir, level, true, logger)
+			if err != nil {
+				return nil, err
+			}
+			streams = append(streams, rh.stream)
+			lr, err := throughput(ctx, cfg, db, rh, rdb, p)
+			if err == nil {
+				res.InProcess = append(res.InProcess, lr)
+			}
+			if stopErr := rh.stop(); stopErr != nil {
+				err = errors.Join(err, fmt.Errorf("in-process host (inflight %d): %w", level, stopErr))
+			}
+			if err != nil {
+				return ms, fmt.Errorf("inflight %d, in-process: %w", level, err)
+			}
+		}
 		p.phase(fmt.Sprintf("inflight %d: starting the host", level), 0)
-		rh, err := startHost(ctx, cfg, db, pluginDir, level, logger)
+		rh, err := startHost(ctx, cfg, db, pluginDir, level, false, logger)
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/usherhq/usher/plugins/counters/counter"
+	"github.com/usherhq/usher/sdk"
+	"github.com/usherhq/usher/sdk/inprocess"
 	"io"
 	"log/slog"
 	"net/url"
@@ -124,7 +127,11 @@ type runningHost struct {
 
 // startHost builds a host with Concurrency = inflight on the owner's login
 // and runs it until stop.
-func startHost(ctx context.Context, cfg config, db *database, pluginDir string, inflight int, logger *slog.Logger) (*runningHost, error) {
+//
+// inProcess serves the counters handler inside the host instead of from
+// pluginDir (host.LoadInProcess): the same handles, guards and database
+// role, without the process boundary, so the boundary's cost is a ratio.
+func startHost(ctx context.Context, cfg config, db *database, pluginDir string, inflight int, inProcess bool, logger *slog.Logger) (*runningHost, error) {
 	dbURL := db.ownerURL
 	if cfg.HostPoolSize > 0 {
 		u, err := url.Parse(dbURL)
@@ -138,14 +145,27 @@ func startHost(ctx context.Context, cfg config, db *database, pluginDir string, 
 	}
 	id := suffix()
 	stream := "usher:bench:{" + id + "}"
-	h, err := host.New(ctx, host.Config{
+	hcfg := host.Config{
 		DatabaseURL: dbURL, RedisURL: cfg.RedisURL,
 		Stream: stream, Group: group, Consumer: "bench-" + id,
 		PluginDir: pluginDir, DisablePluginWatch: true,
 		Concurrency: inflight, Logger: logger,
-	})
+	}
+	if inProcess {
+		hcfg.PluginDir = ""
+	}
+	h, err := host.New(ctx, hcfg)
 	if err != nil {
 		return nil, fmt.Errorf("start host: %w", err)
+	}
+	if inProcess {
+		// The counters plugin's main, served in this process.
+		p := sdk.New("counters", "in-process")
+		sdk.HandleRecordJobID(p, counter.Handler{Version: "in-process"})
+		if err := h.LoadInProcess(ctx, "counters", inprocess.Server(p)); err != nil {
+			h.Close()
+			return nil, err
+		}
 	}
 	if !slices.Contains(h.Kinds(), "update_sales_counter") {
 		h.Close()

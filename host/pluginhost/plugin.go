@@ -117,6 +117,12 @@ type Config struct {
 	// must be root to switch): a plugin then cannot read the host's
 	// files, its passfile, token or signing key. Default: the host's user.
 	User string
+	// InProcess, when set, serves the plugin it returns inside the host's
+	// own process instead of starting Path: no process, no gRPC, no
+	// broker. Its statements still run through Host on the plugin's own
+	// database role, but nothing else separates it from the host. For
+	// measuring what the plugin boundary costs, never for untrusted code.
+	InProcess func(host usherv1.HostClient) usherv1.PluginServer
 }
 
 // inherited are the variables of the host's environment a plugin gets: what
@@ -181,6 +187,9 @@ func leastLevel(l *slog.Logger) slog.Level {
 // checks it. A plugin whose manifest declares a kind without a guard is
 // killed and refused with an error naming the kind.
 func Start(ctx context.Context, cfg Config) (*Instance, error) {
+	if cfg.InProcess != nil && cfg.Host != nil {
+		return startInProcess(ctx, cfg)
+	}
 	if cfg.Path == "" || cfg.Host == nil {
 		return nil, errors.New("pluginhost: Start needs Path and Host")
 	}
@@ -353,10 +362,14 @@ func (i *Instance) Manifest() Manifest { return i.manifest }
 func (i *Instance) Pid() int { return i.pid }
 
 // Exited reports whether the plugin process has exited.
-func (i *Instance) Exited() bool { return i.client.Exited() }
+func (i *Instance) Exited() bool { return i.client != nil && i.client.Exited() }
 
 // Kill stops the plugin process (gracefully first, then forcibly).
-func (i *Instance) Kill() { i.client.Kill() }
+func (i *Instance) Kill() {
+	if i.client != nil {
+		i.client.Kill()
+	}
+}
 
 // Invoke sends a batch of phase calls to the plugin. An error means the
 // call itself failed (the process died, the connection broke, ctx ended).
