@@ -242,3 +242,42 @@ func TestRollbackOnRequest(t *testing.T) {
 	require.Empty(t, pluginStatus(t, h, "counters").Refused)
 	require.True(t, strings.HasPrefix(pluginStatus(t, h, "counters").Previous, "1.0.0"))
 }
+
+// An entry that crashes a version on probation PoisonCrashes times is not
+// dead-lettered as poison: the version is suspected first and rolled back,
+// and the entry, one crash short of the limit, is applied by the version
+// before.
+func TestProbationSuspectsVersionBeforeEntry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	d := newPluginDir(t)
+	d.install(b.counters, "counters", "counters", "1.0.0")
+	cfg := b.dirConfig(d)
+	cfg.ReclaimIdle = 2 * time.Minute
+	h := hosttest.Start(t, cfg)
+	want := b.placeOrders(t, 5, 1)
+	b.waitDrained(t, 5)
+
+	// The next order's job is the one 2.0.0 crashes on.
+	next := hosttest.Count(t, b.pool, `SELECT max(id) + 1 FROM outbox`)
+	bad := hosttest.Build(t, "./host/testdata/badcounters", "main.mode=crashjob", fmt.Sprintf("main.crashJob=%d", next), "main.version=2.0.0")
+	d.install(bad, "counters", "counters", "2.0.0")
+	res, err := h.Reload(context.Background(), "counters")
+	require.NoError(t, err)
+	require.Equal(t, "swapped", res[0].Action, res[0].Error)
+	for ev, seats := range b.placeOrders(t, 1, 1) {
+		want[ev] += seats
+	}
+	require.EqualValues(t, next, hosttest.Count(t, b.pool, `SELECT max(id) FROM outbox`))
+
+	hosttest.Eventually(t, 60*time.Second, "2.0.0 rolled back", func() bool {
+		return pluginStatus(t, h, "counters").LastRollback != nil
+	})
+	rb := pluginStatus(t, h, "counters").LastRollback
+	require.Equal(t, "crashes", rb.Cause, rb.Reason)
+	require.Contains(t, rb.Reason, fmt.Sprintf("job %d crashed it 3 times", next))
+	b.waitDrained(t, 6)
+	b.requireCounters(t, want)
+	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies WHERE job_id = $1 AND plugin_version = '1.0.0'`, fmt.Sprint(next)))
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`))
+}

@@ -2,7 +2,8 @@
 // with a version that fails every job, for the tests of automatic
 // rollback. The mode is set at build time: -X main.mode=crash exits the
 // process in every job, as kill -9 would; -X main.mode=error fails every
-// job with a transient error. Any other mode serves like counters.
+// job with a transient error; -X main.mode=crashjob -X main.crashJob=ID
+// exits the process in job ID only. Any other mode serves like counters.
 package main
 
 import (
@@ -16,8 +17,9 @@ import (
 )
 
 var (
-	version = "2.0.0"
-	mode    = "crash"
+	version  = "2.0.0"
+	mode     = "crash"
+	crashJob string
 )
 
 type handler struct{ counter.Handler }
@@ -28,6 +30,10 @@ func (h handler) Apply(ctx context.Context, job sdk.Job[stagedoor.UpdateSalesCou
 		os.Exit(3)
 	case "error":
 		return errors.New("badcounters: this version fails every job")
+	case "crashjob":
+		if job.ID == crashJob {
+			os.Exit(3)
+		}
 	}
 	return h.Handler.Apply(ctx, job, tx)
 }
