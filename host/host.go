@@ -500,7 +500,9 @@ func (h *Host) Plugins() []PluginStatus {
 }
 
 // Swap replaces the named plugin with the binary at path (no manifest, no
-// checksum) while jobs keep flowing; see pluginhost.Supervisor.Swap.
+// checksum) while jobs keep flowing; see pluginhost.Supervisor.Swap. The
+// version it replaces stays restartable (Rollback), and the new one is on
+// probation for Config.RollbackWindow: rolled back by itself if it fails.
 func (h *Host) Swap(ctx context.Context, name, path string) (pluginhost.SwapResult, error) {
 	h.reloadMu.Lock()
 	defer h.reloadMu.Unlock()
