@@ -116,6 +116,18 @@ type Config struct {
 	// version's in-flight calls; those that overrun are left unacked and
 	// reclaimed. Default 30s.
 	PluginDrainTimeout time.Duration
+	// RollbackWindow is how long a version swapped in is on probation:
+	// the version it replaced stays restartable, and if the new one
+	// crash-loops (PluginCrashLoop), or RollbackFailureShare of its jobs
+	// fail with errors once it has run RollbackMinJobs (crashes,
+	// abandoned runs and transient errors count; a job's own permanent
+	// failure and a retry its handler asked for do not), the host swaps
+	// back by itself and refuses the manifest it rolled back from until
+	// that changes. Defaults 60s, 0.5 and 10; a negative window turns
+	// automatic rollback off (plugins rollback still works).
+	RollbackWindow       time.Duration
+	RollbackFailureShare float64
+	RollbackMinJobs      int
 
 	// Concurrency bounds the jobs in flight in this host. Default 16.
 	Concurrency int
@@ -259,6 +271,18 @@ func (c *Config) setDefaults() error {
 	if c.RetryBackoff <= 0 {
 		c.RetryBackoff = time.Second
 	}
+	if c.RollbackWindow == 0 {
+		c.RollbackWindow = time.Minute
+	}
+	if c.RollbackFailureShare <= 0 || c.RollbackFailureShare > 1 {
+		if c.RollbackFailureShare != 0 {
+			return fmt.Errorf("host: RollbackFailureShare %v is not within (0, 1]", c.RollbackFailureShare)
+		}
+		c.RollbackFailureShare = 0.5
+	}
+	if c.RollbackMinJobs <= 0 {
+		c.RollbackMinJobs = 10
+	}
 	if c.PluginPollInterval <= 0 {
 		c.PluginPollInterval = 2 * time.Second
 	}
@@ -277,7 +301,8 @@ func (c Config) LogValue() slog.Value {
 		slog.String("stream", c.Stream), slog.String("group", c.Group), slog.String("consumer", c.Consumer),
 		slog.String("plugin_dir", c.PluginDir), slog.Bool("plugin_watch", c.PluginDir != "" && !c.DisablePluginWatch),
 		slog.Any("plugins", c.Plugins), slog.Bool("allow_superuser", c.AllowSuperuser),
-		slog.Int("plugin_pool_size", c.PluginPoolSize),
+		slog.Int("plugin_pool_size", c.PluginPoolSize), slog.Duration("rollback_window", c.RollbackWindow),
+		slog.Float64("rollback_failure_share", c.RollbackFailureShare), slog.Int("rollback_min_jobs", c.RollbackMinJobs),
 		slog.Int("concurrency", c.Concurrency), slog.Int64("max_entry_bytes_held", c.MaxEntryBytesHeld),
 		slog.Duration("reclaim_idle", c.ReclaimIdle),
 		slog.Duration("job_timeout", c.JobTimeout), slog.Int64("max_deliveries", c.MaxDeliveries),

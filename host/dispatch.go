@@ -110,6 +110,7 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 	}
 	h.metrics.duration.WithLabelValues(e.Kind).Observe(time.Since(start).Seconds())
 	h.metrics.jobs.WithLabelValues(e.Kind, out.Verdict.String()).Inc()
+	h.judge(ctx, rt, start, out) // a version on probation is rolled back if it fails
 	// Built only on the paths that log: an applied job, the hot path,
 	// logs nothing at info.
 	jobLog := func() *slog.Logger {

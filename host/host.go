@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -47,12 +48,23 @@ type route struct {
 	// parked counts the deliveries of the plugin's kinds left waiting
 	// while it was unhealthy or restarting.
 	parked *atomic.Int64
+	// l is the plugin (its version on probation, for judge).
+	l *loaded
 }
 
 // loaded is one plugin the host serves.
 type loaded struct {
+	name string
 	sup  *pluginhost.Supervisor
 	path string
+	// pcfg is how the running version was started; prev how the version
+	// it replaced would start again (for a rollback), nil when none.
+	pcfg pluginhost.Config
+	prev *previous
+	// prob judges the version swapped in last, nil when it was not or
+	// was rolled back; lastRollback is the last rollback.
+	prob         *probation
+	lastRollback *RollbackStatus
 	// file is the manifest the plugin was loaded from; nil for one from
 	// Config.Plugins.
 	file   *pluginhost.DirPlugin
@@ -105,9 +117,16 @@ type Host struct {
 	// dirProblems are the plugin directory's problems last logged.
 	dirProblems map[string]bool
 
-	// reloadMu serialises reloads (the watcher's and the admin API's).
+	// reloadMu serialises reloads (the watcher's and the admin API's)
+	// and rollbacks.
 	reloadMu sync.Mutex
-	watcher  *pluginhost.Watcher
+	// keepDir holds copies of the binaries of versions swapped out, for
+	// a rollback (keepBinary); removed by Close.
+	keepMu  sync.Mutex
+	keepDir string
+	keepSeq int
+
+	watcher *pluginhost.Watcher
 
 	consumer *stream.Consumer
 }
@@ -327,6 +346,7 @@ func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhos
 		OnRestart: func(m pluginhost.Manifest, pid int) {
 			h.metrics.restarts.WithLabelValues(m.Name).Inc()
 		},
+		OnUnhealthy: func(m pluginhost.Manifest) { h.onUnhealthy(m.Name, m) },
 	})
 	if err != nil {
 		return err
@@ -350,9 +370,9 @@ func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhos
 			return fmt.Errorf("plugin %s declares kind %q, already served by %s", m.Name, k.Kind, r.plugin.Manifest().Name)
 		}
 	}
-	l := &loaded{sup: sup, path: pcfg.Path, file: file, db: db}
+	l := &loaded{name: m.Name, sup: sup, path: pcfg.Path, pcfg: pcfg, file: file, db: db}
 	for _, k := range m.Kinds {
-		h.routes[k.Kind] = route{plugin: sup, db: db, guard: k.Guard, parked: &l.parked}
+		h.routes[k.Kind] = route{plugin: sup, db: db, guard: k.Guard, parked: &l.parked, l: l}
 	}
 	h.plugins[m.Name] = l
 	if ctx, wg := h.pluginCtx, h.pluginWG; ctx != nil {
@@ -446,6 +466,17 @@ type PluginStatus struct {
 	// while it was unhealthy or restarting.
 	Parked int64    `json:"parked"`
 	Kinds  []string `json:"kinds"`
+	// Previous is the version a rollback would go back to (the one the
+	// last swap replaced); ProbationUntil, while set, is when the running
+	// version stops being judged for an automatic rollback.
+	Previous       string     `json:"previous,omitempty"`
+	ProbationUntil *time.Time `json:"probation_until,omitempty"`
+	// LastRollback is the last rollback, automatic or asked for.
+	LastRollback *RollbackStatus `json:"last_rollback,omitempty"`
+	// Refused is the manifest version last refused (by a load, a swap or
+	// a rollback) and why, while it is refused.
+	Refused       string `json:"refused,omitempty"`
+	RefusedReason string `json:"refused_reason,omitempty"`
 }
 
 // Plugins reports the loaded plugins.
@@ -460,6 +491,20 @@ func (h *Host) Plugins() []PluginStatus {
 		if l.file != nil {
 			st.Manifest, st.SHA256 = l.file.ManifestPath, l.file.Manifest.SHA256
 		}
+		if l.prev != nil {
+			st.Previous = l.prev.version
+		}
+		if p := l.prob; p != nil && time.Now().Before(p.until) && !p.decided.Load() {
+			until := p.until.UTC()
+			st.ProbationUntil = &until
+		}
+		if l.lastRollback != nil {
+			r := *l.lastRollback
+			st.LastRollback = &r
+		}
+		if r, ok := h.refusedManifests[name]; ok {
+			st.Refused, st.RefusedReason = r.p.Manifest.Version, r.reason
+		}
 		for _, k := range m.Kinds {
 			st.Kinds = append(st.Kinds, k.Kind+" ("+guardName(k.Guard)+")")
 		}
@@ -470,8 +515,12 @@ func (h *Host) Plugins() []PluginStatus {
 }
 
 // Swap replaces the named plugin with the binary at path (no manifest, no
-// checksum) while jobs keep flowing; see pluginhost.Supervisor.Swap.
+// checksum) while jobs keep flowing; see pluginhost.Supervisor.Swap. The
+// version it replaces stays restartable (Rollback), and the new one is on
+// probation for Config.RollbackWindow: rolled back by itself if it fails.
 func (h *Host) Swap(ctx context.Context, name, path string) (pluginhost.SwapResult, error) {
+	h.reloadMu.Lock()
+	defer h.reloadMu.Unlock()
 	return h.swap(ctx, name, h.pluginConfig(path), nil)
 }
 
@@ -482,6 +531,39 @@ func (h *Host) swap(ctx context.Context, name string, pcfg pluginhost.Config, fi
 	if l == nil {
 		return pluginhost.SwapResult{}, fmt.Errorf("host: no plugin %q is loaded", name)
 	}
+	return h.swapIn(ctx, l, pcfg, file, true)
+}
+
+// swapIn swaps l to the version pcfg starts. A forward swap keeps the
+// version it replaces restartable (l.prev) and puts the new one on
+// probation for RollbackWindow; a rollback (forward false) keeps neither.
+func (h *Host) swapIn(ctx context.Context, l *loaded, pcfg pluginhost.Config, file *pluginhost.DirPlugin, forward bool) (pluginhost.SwapResult, error) {
+	h.mu.RLock()
+	cur, old := l.pcfg, l.prev
+	prev := &previous{pcfg: cur, file: l.file, version: l.sup.Manifest().Version}
+	h.mu.RUnlock()
+	if forward {
+		prev.pcfg = h.keepBinary(cur, l.sup.Pid())
+	}
+	// Kept binaries no version refers to after the swap are removed.
+	candidates := []string{cur.Path, prev.pcfg.Path}
+	if old != nil {
+		candidates = append(candidates, old.pcfg.Path)
+	}
+	defer func() {
+		h.mu.RLock()
+		inUse := map[string]bool{l.pcfg.Path: true}
+		if l.prev != nil {
+			inUse[l.prev.pcfg.Path] = true
+		}
+		h.mu.RUnlock()
+		for _, c := range candidates {
+			if !inUse[c] {
+				h.dropKept(c)
+			}
+		}
+	}()
+	begin := time.Now()
 	res, err := l.sup.Swap(ctx, pcfg, func(m pluginhost.Manifest) error {
 		_, err := h.admit(ctx, m, file)
 		return err
@@ -490,10 +572,20 @@ func (h *Host) swap(ctx context.Context, name string, pcfg pluginhost.Config, fi
 		return res, err
 	}
 	h.mu.Lock()
-	l.path, l.file = pcfg.Path, file
+	l.path, l.pcfg, l.file = pcfg.Path, pcfg, file
+	l.prev, l.prob = nil, nil
+	var window time.Duration
+	if forward {
+		l.prev = prev
+		if window = h.cfg.RollbackWindow; window > 0 {
+			// Judged from when new calls went to it.
+			since := begin.Add(res.StartTime)
+			l.prob = &probation{version: res.To.Version, since: since, until: since.Add(window)}
+		}
+	}
 	h.mu.Unlock()
-	h.log.Info("plugin swapped", "plugin", name, "from", res.From.Version, "to", res.To.Version,
-		"start_time", res.StartTime, "drained", res.Drained, "drain_time", res.DrainTime)
+	h.log.Info("plugin swapped", "plugin", l.name, "from", res.From.Version, "to", res.To.Version,
+		"start_time", res.StartTime, "drained", res.Drained, "drain_time", res.DrainTime, "rollback", !forward, "probation", window)
 	return res, nil
 }
 
@@ -501,9 +593,9 @@ func (h *Host) swap(ctx context.Context, name string, pcfg pluginhost.Config, fi
 type ReloadResult struct {
 	Plugin string `json:"plugin"`
 	// Action is "loaded" (a new plugin), "swapped" (a new version or
-	// binary, or a forced restart of an unhealthy plugin), "unchanged", or
+	// binary, or a forced restart of an unhealthy plugin), "unchanged",
 	// "refused" (Error says why; the running version, if any, keeps
-	// serving).
+	// serving), or, from Rollback, "rolled back".
 	Action string `json:"action"`
 	// From and To are the versions before and after.
 	From string `json:"from,omitempty"`
@@ -799,6 +891,11 @@ func (h *Host) Close() {
 		l.db.Pool.Close()
 	}
 	h.mu.RUnlock()
+	h.keepMu.Lock()
+	if h.keepDir != "" {
+		_ = os.RemoveAll(h.keepDir)
+	}
+	h.keepMu.Unlock()
 	if h.ownRdb && h.rdb != nil {
 		_ = h.rdb.Close()
 	}
@@ -852,6 +949,7 @@ func (h *Host) serveAdmin() (*http.Server, error) {
 		_ = json.NewEncoder(w).Encode(h.Plugins())
 	})
 	mux.HandleFunc("POST /plugins/reload", h.serveReload)
+	mux.HandleFunc("POST /plugins/rollback", h.serveRollback)
 	bound := ln.Addr().String()
 	handler, err := admin.Guard(admin.GuardConfig{Token: h.adminToken, ListenAddr: h.cfg.AdminAddr, BoundAddr: bound,
 		AllowedHosts: h.cfg.AdminAllowedHosts, OpenPaths: []string{"/healthz"}, Logger: h.log}, mux)
@@ -886,6 +984,26 @@ func (h *Host) serveReload(w http.ResponseWriter, r *http.Request) {
 	// A swap, once asked for, completes even if the caller hangs up.
 	res, err := h.Reload(context.WithoutCancel(r.Context()), r.URL.Query().Get("name"))
 	resp := ReloadResponse{Results: res}
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		resp.Error = err.Error()
+		w.WriteHeader(http.StatusUnprocessableEntity)
+	}
+	_ = json.NewEncoder(w).Encode(resp)
+}
+
+// serveRollback is POST /plugins/rollback?name=NAME: Rollback, answered
+// with a ReloadResponse of one result (422 when it could not roll back).
+func (h *Host) serveRollback(w http.ResponseWriter, r *http.Request) {
+	var resp ReloadResponse
+	var res ReloadResult
+	err := errors.New("host: name the plugin to roll back (?name=NAME)")
+	if name := r.URL.Query().Get("name"); name != "" {
+		res, err = h.Rollback(context.WithoutCancel(r.Context()), name)
+	}
+	if res.Action != "" {
+		resp.Results = []ReloadResult{res}
+	}
 	w.Header().Set("Content-Type", "application/json")
 	if err != nil {
 		resp.Error = err.Error()

@@ -16,6 +16,7 @@ type metrics struct {
 	reclaimed   prometheus.Counter
 	duration    *prometheus.HistogramVec
 	restarts    *prometheus.CounterVec
+	rollbacks   *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -42,8 +43,12 @@ func newMetrics() *metrics {
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_plugin_restarts_total", Help: "Plugin processes restarted after a crash.",
 		}, []string{"plugin"}),
+		rollbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_plugin_rollbacks_total",
+			Help: "Plugin versions rolled back to the version before, by plugin and cause (crash_loop, failures, crashes, requested).",
+		}, []string{"plugin", "cause"}),
 	}
-	m.reg.MustRegister(m.jobs, m.absorbed, m.deadLetters, m.published, m.reclaimed, m.duration, m.restarts,
+	m.reg.MustRegister(m.jobs, m.absorbed, m.deadLetters, m.published, m.reclaimed, m.duration, m.restarts, m.rollbacks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

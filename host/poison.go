@@ -78,10 +78,28 @@ func (h *Host) clearCrashes(ctx context.Context, e stream.Entry) {
 
 // poison dead-letters e after n crashes; crash is the last (nil when the
 // count was reached earlier and its letter not written then).
+//
+// A version on probation (just swapped in) that an entry crashes this
+// often is suspected first: it is rolled back, and the entry keeps one
+// crash short of the limit, to run alone on the version before, which
+// dead-letters it if it crashes that one too.
 func (h *Host) poison(ctx context.Context, e stream.Entry, n int64, crash *pluginhost.CrashError) bool {
 	last := "counted earlier"
 	if crash != nil {
 		last = crash.Error()
+	}
+	if name, p := h.probationOf(e.Kind); p != nil {
+		h.autoRollback(name, p, rollbackCrashes, fmt.Sprintf("job %.64s crashed it %d times (last: %s)", e.JobID, n, shortError(last)))
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := h.rdb.Set(sctx, h.crashKey(e), h.cfg.PoisonCrashes-1, crashCountTTL).Err(); err != nil {
+			h.log.Warn("could not set back an entry's crash count", "stream_id", e.StreamID, "err", err)
+		}
+		h.mu.RLock()
+		rt := h.routes[e.Kind]
+		h.mu.RUnlock()
+		h.redispatchWhenReady(e, rt)
+		return false
 	}
 	reason := fmt.Sprintf("poison: its runs crashed the plugin's process %d times (max %d; last: %s); dead-lettered so the plugin's other jobs go on",
 		n, h.cfg.PoisonCrashes, last)

@@ -40,8 +40,9 @@ func (h *Host) redispatchWhenReady(e stream.Entry, rt route) {
 		return
 	}
 	// Only for a restart, not a plugin marked unhealthy (its entries wait
-	// in the stream for the reclaimer), and a bounded number at once.
-	if !rt.plugin.Healthy() || h.redispatchWaiting.Load() >= maxRedispatchWaiting {
+	// in the stream for the reclaimer) unless it is a version on probation
+	// (a rollback is coming), and a bounded number at once.
+	if _, p := h.probationOf(e.Kind); (!rt.plugin.Healthy() && p == nil) || h.redispatchWaiting.Load() >= maxRedispatchWaiting {
 		return
 	}
 	if _, dup := h.redispatching.LoadOrStore(id, true); dup {

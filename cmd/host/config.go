@@ -35,6 +35,13 @@ func envInt(k string, def int) int {
 	return def
 }
 
+func envFloat(k string, def float64) float64 {
+	if f, err := strconv.ParseFloat(os.Getenv(k), 64); err == nil {
+		return f
+	}
+	return def
+}
+
 // connFlags are the flags every command that talks to the stores takes.
 type connFlags struct {
 	databaseURL, redisURL, redisCAFile, stream, group string
@@ -96,6 +103,12 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&cfg.PluginUser, "plugin-user", env("USHER_PLUGIN_USER", ""), "OS user the plugins run as, so they cannot read the host's files (the host must run as root; USHER_PLUGIN_USER; default the host's user)")
 	fs.BoolVar(&cfg.AllowSuperuser, "allow-superuser", false, "run even when the database login is a superuser (refused by default: plugins run untrusted code)")
 	fs.IntVar(&cfg.PluginPoolSize, "plugin-pool-size", envInt("USHER_PLUGIN_POOL_SIZE", 0), "Postgres connections per plugin, each logged in as the plugin's role (USHER_PLUGIN_POOL_SIZE; default --concurrency)")
+	fs.DurationVar(&cfg.RollbackWindow, "rollback-window", envDuration("USHER_ROLLBACK_WINDOW", time.Minute),
+		"how long a hot-swapped version is on probation, rolled back by itself if it crash-loops or fails --rollback-failure-share of its jobs; negative turns that off (USHER_ROLLBACK_WINDOW)")
+	fs.Float64Var(&cfg.RollbackFailureShare, "rollback-failure-share", envFloat("USHER_ROLLBACK_FAILURE_SHARE", 0.5),
+		"share of a version's jobs on probation that fail with errors (crashes, abandoned runs, transient errors) that rolls it back, in (0, 1] (USHER_ROLLBACK_FAILURE_SHARE)")
+	fs.IntVar(&cfg.RollbackMinJobs, "rollback-min-jobs", envInt("USHER_ROLLBACK_MIN_JOBS", 10),
+		"jobs a version on probation runs before its failure share is judged (USHER_ROLLBACK_MIN_JOBS)")
 	fs.BoolVar(&cfg.DisableRelay, "no-relay", false, "do not run the outbox relay in this process")
 	fs.BoolVar(&cfg.DisableScheduler, "no-scheduler", false, "do not run the scheduler in this process")
 }

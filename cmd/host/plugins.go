@@ -23,16 +23,20 @@ import (
 
 const pluginsUsage = `usage: host plugins [list] [--admin-addr ADDR] [--admin-token-file FILE]
        host plugins reload [NAME] [--admin-addr ADDR] [--admin-token-file FILE] [--timeout D]
+       host plugins rollback NAME [--admin-addr ADDR] [--admin-token-file FILE] [--timeout D]
        host plugins manifest BINARY --name NAME --version VERSION --kind KIND [--kind KIND ...] [--enqueue KIND ...] [--write]
 
   list      the plugins a running host serves
   reload    ask a running host to re-read its plugin directory's manifests
             and load or hot-swap what changed (only NAME when given);
             exits non-zero when a load or swap was refused
+  rollback  ask a running host to swap NAME back to the version its last
+            swap replaced; the manifest rolled back from is refused until
+            it changes (or a reload asks for it)
   manifest  print BINARY's manifest (name, version, binary, SHA-256);
             --write writes it beside the binary as NAME.plugin.json
 
-list and reload send the host's admin token: USHER_ADMIN_TOKEN, else the
+list, reload and rollback send the host's admin token: USHER_ADMIN_TOKEN, else the
 file --admin-token-file names (default $XDG_STATE_HOME/usher/admin-token,
 else ~/.local/state/usher/admin-token, the file a host creates by default).
 Flags come after the subcommand.`
@@ -47,6 +51,8 @@ func cmdPlugins(ctx context.Context, args []string) error {
 		return pluginsList(ctx, args)
 	case "reload":
 		return pluginsReload(ctx, args)
+	case "rollback":
+		return pluginsRollback(ctx, args)
 	case "manifest":
 		return pluginsManifest(args)
 	case "help":
@@ -177,7 +183,22 @@ func pluginsList(ctx context.Context, args []string) error {
 		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%v\t%d\t%d\t%s\t%s\t%v\n", p.Name, p.Version, p.Protocol, p.Pid, p.Healthy, p.Restarts,
 			p.Parked, role, verified, p.Kinds)
 	}
-	return w.Flush()
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	for _, p := range list {
+		if p.ProbationUntil != nil {
+			fmt.Printf("%s: %s on probation until %s (rolled back to %s if it fails)\n", p.Name, p.Version,
+				p.ProbationUntil.Format(time.RFC3339), p.Previous)
+		}
+		if r := p.LastRollback; r != nil {
+			fmt.Printf("%s: rolled back %s -> %s at %s (%s): %s\n", p.Name, r.From, r.To, r.At.Format(time.RFC3339), r.Cause, r.Reason)
+		}
+		if p.Refused != "" {
+			fmt.Printf("%s: %s refused: %s\n", p.Name, p.Refused, p.RefusedReason)
+		}
+	}
+	return nil
 }
 
 func pluginsReload(ctx context.Context, args []string) error {
@@ -220,12 +241,8 @@ func pluginsReload(ctx context.Context, args []string) error {
 	for _, r := range out.Results {
 		switch r.Action {
 		case "swapped":
-			drained := fmt.Sprintf("old version's calls finished in %s", roundDuration(r.DrainTime))
-			if !r.Drained {
-				drained = fmt.Sprintf("old version stopped after the %s drain limit; the jobs it still ran stay pending and run again", roundDuration(r.DrainTime))
-			}
 			fmt.Printf("%s: swapped %s -> %s (new version up in %s, %s)\n", r.Plugin, r.From, r.To,
-				roundDuration(r.StartTime), drained)
+				roundDuration(r.StartTime), drainText(r))
 		case "loaded":
 			fmt.Printf("%s: loaded %s\n", r.Plugin, r.To)
 		case "unchanged":
@@ -243,6 +260,53 @@ func pluginsReload(ctx context.Context, args []string) error {
 		return fmt.Errorf("%d plugin(s) refused", refused)
 	}
 	return nil
+}
+
+func pluginsRollback(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("plugins rollback", flag.ContinueOnError)
+	var c adminClient
+	c.register(fs)
+	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait for the host's answer (a rollback drains in-flight jobs first)")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("rollback takes one plugin name, got %q", pos)
+	}
+	if *timeout <= 0 {
+		return fmt.Errorf("--timeout must be positive, got %s", *timeout)
+	}
+	if err := c.load(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	resp, err := c.do(ctx, http.MethodPost, "/plugins/rollback?name="+url.QueryEscape(pos[0]))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var out host.ReloadResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return fmt.Errorf("host answered %s: %w", resp.Status, err)
+	}
+	if out.Error != "" {
+		return errors.New(out.Error)
+	}
+	for _, r := range out.Results {
+		fmt.Printf("%s: rolled back %s -> %s (previous version up in %s, %s)\n", r.Plugin, r.From, r.To,
+			roundDuration(r.StartTime), drainText(r))
+	}
+	return nil
+}
+
+// drainText says how the old version's calls ended in a swap.
+func drainText(r host.ReloadResult) string {
+	if !r.Drained {
+		return fmt.Sprintf("old version stopped after the %s drain limit; the jobs it still ran stay pending and run again", roundDuration(r.DrainTime))
+	}
+	return fmt.Sprintf("old version's calls finished in %s", roundDuration(r.DrainTime))
 }
 
 func pluginsManifest(args []string) error {

@@ -167,3 +167,33 @@ func TestPluginsCommandsToken(t *testing.T) {
 		"both USHER_ADMIN_TOKEN and --admin-token-file are given: use one")
 	require.Contains(t, o.fails("run", "--plugin-dir", "x", "extra", "--admin-addr", ""), `run takes no arguments, got ["extra" "--admin-addr" ""]`)
 }
+
+// plugins rollback: nothing to roll back to before a swap; after one, back
+// to the version before (its binary was renamed over by the deploy, so the
+// host starts the copy it kept), shown in plugins list; the rolled-back
+// version is refused until a reload asks for it.
+func TestPluginsRollbackCommand(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	h, dir, o := runningHost(t, home)
+	require.Contains(t, o.fails("plugins", "rollback", "counters"), "plugin counters has no previous version to roll back to")
+	require.Contains(t, o.fails("plugins", "rollback"), "rollback takes one plugin name")
+	require.Contains(t, o.fails("plugins", "rollback", "nope"), `no plugin "nope" is loaded`)
+
+	install(t, dir, hosttest.Build(t, "./plugins/counters", "main.version=2.0.0"), "counters", "counters", "2.0.0")
+	require.Contains(t, o.ok("plugins", "reload", "counters"), "counters: swapped 1.0.0 -> 2.0.0")
+	require.Contains(t, o.ok("plugins", "list"), "counters: 2.0.0 on probation until ")
+
+	out := o.ok("plugins", "rollback", "counters")
+	require.Contains(t, out, "counters: rolled back 2.0.0 -> 1.0.0 (previous version up in ")
+	require.Equal(t, "1.0.0", h.Plugins()[0].Version)
+	out = o.ok("plugins", "list")
+	require.Contains(t, out, "counters  1.0.0")
+	require.Contains(t, out, "counters: rolled back 2.0.0 -> 1.0.0 at ")
+	require.Contains(t, out, "(requested): asked for (plugins rollback)")
+	require.Contains(t, out, "counters: 2.0.0 refused: rolled back from 2.0.0 to 1.0.0")
+	require.Contains(t, o.fails("plugins", "rollback", "counters"), "no previous version to roll back to")
+
+	// An operator's reload asks for the refused manifest again.
+	require.Contains(t, o.ok("plugins", "reload", "counters"), "counters: swapped 1.0.0 -> 2.0.0")
+}

@@ -51,6 +51,10 @@ type SupervisorConfig struct {
 	DrainTimeout time.Duration
 	// OnRestart, when set, is told of every restart.
 	OnRestart func(m Manifest, pid int)
+	// OnUnhealthy, when set, is told when the running version is marked
+	// unhealthy (a crash loop), with no lock held: the host rolls back a
+	// version on probation.
+	OnUnhealthy func(m Manifest)
 }
 
 func (c *SupervisorConfig) setDefaults() {
@@ -328,7 +332,11 @@ func (s *Supervisor) check(ctx context.Context) {
 			log.Error("plugin is crash-looping; marked unhealthy, its kinds wait in the stream; restarting it on probation later, or at a reload",
 				"plugin", name, "crashes", len(recent), "window", s.cfg.CrashWindow, "retry_in", s.probation)
 			s.probation = min(s.probation*2, maxProbation)
+			m := s.cur.Manifest()
 			s.mu.Unlock()
+			if s.cfg.OnUnhealthy != nil {
+				s.cfg.OnUnhealthy(m)
+			}
 			return
 		}
 		s.nextStart = now.Add(s.backoff)
