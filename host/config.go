@@ -131,6 +131,13 @@ type Config struct {
 
 	// Concurrency bounds the jobs in flight in this host. Default 16.
 	Concurrency int
+	// StalledAfter is how long a job runs before it counts as stalled. A
+	// stalled job gives its slot back (up to Concurrency of them at
+	// once), so the consumer reads on; and a plugin with Concurrency/2
+	// stalled jobs gets no more: its further entries are parked and run
+	// as its stalled jobs end. A plugin that hangs thus slows only
+	// itself, and the other plugins' jobs keep flowing. Default 2s.
+	StalledAfter time.Duration
 	// MaxEntryBytesHeld bounds the memory this host's stream entries take:
 	// room for an entry (1 MiB, the largest it runs) is reserved before
 	// it is read, and an entry holds its size until it is finished; the
@@ -239,6 +246,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 16
+	}
+	if c.StalledAfter <= 0 {
+		c.StalledAfter = 2 * time.Second
 	}
 	if c.MaxEntryBytesHeld <= 0 {
 		c.MaxEntryBytesHeld = 64 << 20

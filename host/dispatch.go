@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/usherhq/usher/host/deadletter"
@@ -71,7 +72,14 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 		// until the plugin is reloaded) or between a crash and its
 		// restart: park gives the delivery back so the wait does not
 		// count towards MaxDeliveries.
-		h.park(ctx, e, rt)
+		h.park(ctx, e, rt, "its plugin is not running")
+		h.redispatchWhenReady(e, rt)
+		return "", false
+	}
+	if rt.l != nil && rt.l.stalled.Load() >= h.stalledCap() {
+		// The plugin's stalled jobs hold half the slots: the others'
+		// jobs keep the rest. This one runs when a stalled job ends.
+		h.park(ctx, e, rt, "its plugin's stalled jobs hold their share of the slots")
 		h.redispatchWhenReady(e, rt)
 		return "", false
 	}
@@ -99,6 +107,30 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 	}
 	job := &usherv1.Job{Id: e.JobID, Kind: e.Kind, Payload: e.Payload, Attempt: int32(e.Attempt),
 		RequestId: e.RequestID, Trace: traceparent}
+	if rt.l != nil {
+		// Counted as stalled while it runs past StalledAfter.
+		// state: 0 running, 1 counted as stalled, 2 ended first.
+		var state atomic.Int32
+		t := time.AfterFunc(h.cfg.StalledAfter, func() {
+			if state.CompareAndSwap(0, 1) {
+				rt.l.stalled.Add(1)
+				// Its slot goes to the next entry: a plugin that
+				// hangs does not hold the host's slots.
+				h.mu.RLock()
+				c := h.consumer
+				h.mu.RUnlock()
+				if c != nil {
+					c.Detach(e.StreamID)
+				}
+			}
+		})
+		defer func() {
+			t.Stop()
+			if !state.CompareAndSwap(0, 2) {
+				rt.l.stalled.Add(-1)
+			}
+		}()
+	}
 	out := h.runner.Run(jobCtx, rt.plugin, rt.db, rt.guard, job, e.OutboxID)
 	if out.Verdict != guard.Applied && out.Verdict != guard.Absorbed && errors.Is(jobCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
 		// The handler overran its deadline: its statements were cancelled
@@ -159,6 +191,10 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 		return "", false
 	}
 }
+
+// stalledCap is how many stalled jobs one plugin may have in flight
+// before its further entries are parked: half the slots.
+func (h *Host) stalledCap() int64 { return int64(max(1, h.cfg.Concurrency/2)) }
 
 // Dead-letter causes decided before any plugin sees the entry, and the
 // outcome of a forged entry, which is recorded on no outbox row.

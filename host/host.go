@@ -69,6 +69,9 @@ type loaded struct {
 	// Config.Plugins.
 	file   *pluginhost.DirPlugin
 	parked atomic.Int64
+	// stalled counts the plugin's jobs in flight for longer than
+	// Config.StalledAfter (see stalledCap).
+	stalled atomic.Int64
 	// db is the plugin's own pool, logged in as its role; it outlives
 	// swaps (every version of a plugin runs as the same role).
 	db guard.DB
@@ -1099,7 +1102,7 @@ return n`)
 // whose count could not be read (e.Deliveries left at 1) is given back to
 // 0: it loses its earlier count, the one way this errs towards running an
 // entry more often.
-func (h *Host) park(ctx context.Context, e stream.Entry, rt route) {
+func (h *Host) park(ctx context.Context, e stream.Entry, rt route, why string) {
 	rt.parked.Add(1)
 	n, err := parkScript.Run(context.WithoutCancel(ctx), h.rdb, []string{h.cfg.Stream},
 		h.cfg.Group, h.cfg.Consumer, e.StreamID, e.Deliveries).Int64()
@@ -1107,6 +1110,6 @@ func (h *Host) park(ctx context.Context, e stream.Entry, rt route) {
 		h.log.Warn("could not give back the delivery of a parked entry", "stream_id", e.StreamID, "job_id", e.JobID, "err", err)
 		return
 	}
-	h.log.Debug("entry parked: its plugin is not running", "stream_id", e.StreamID, "job_id", e.JobID, "kind", e.Kind,
+	h.log.Debug("entry parked: "+why, "stream_id", e.StreamID, "job_id", e.JobID, "kind", e.Kind,
 		"plugin", rt.plugin.Manifest().Name, "deliveries", n)
 }

@@ -27,8 +27,9 @@ return {p[1][4] + 1, m[1][2]}`)
 const maxRedispatchWaiting = 4096
 
 // redispatchWhenReady runs again, on this host, an entry it left pending
-// because its plugin crashed under it or was not running: as soon as the
-// plugin is ready, not after the reclaim threshold. The reclaimer remains
+// because its plugin crashed under it, was not running, or had its share
+// of stalled jobs: as soon as the plugin is ready and below that share,
+// not after the reclaim threshold. The reclaimer remains
 // for the entries of hosts that died. An entry the host stops waiting for
 // (ReclaimIdle passed, or the host stops) stays pending for the reclaimer.
 func (h *Host) redispatchWhenReady(e stream.Entry, rt route) {
@@ -62,7 +63,7 @@ func (h *Host) redispatchWhenReady(e stream.Entry, rt route) {
 				return
 			case <-time.After(wait):
 			}
-			if rt.plugin.Ready() {
+			if rt.plugin.Ready() && (rt.l == nil || rt.l.stalled.Load() < h.stalledCap()) {
 				break
 			}
 			if time.Now().After(deadline) {

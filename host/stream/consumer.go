@@ -93,7 +93,9 @@ type Consumer struct {
 	// past the threshold; starting it twice in one process would only
 	// waste a slot.
 	mu      sync.Mutex
-	running map[string]bool
+	running map[string]*running
+	// detached counts the entries running without a slot (Detach).
+	detached int
 
 	// work feeds Concurrency long-lived workers (a goroutine per entry
 	// grows a fresh stack for every job); acks feeds the acker, which
@@ -101,6 +103,12 @@ type Consumer struct {
 	startWorkers sync.Once
 	work         chan Entry
 	acks         chan ackRequest
+}
+
+// running is an entry in flight here.
+type running struct {
+	// detached: its slot was given back while it runs (Detach).
+	detached bool
 }
 
 // ackRequest is one finished entry to ack; done gets the XACK's error.
@@ -117,7 +125,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	c := &Consumer{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency), running: map[string]bool{},
+	c := &Consumer{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency), running: map[string]*running{},
 		budget: semaphore.NewWeighted(cfg.MaxBytes),
 		work:   make(chan Entry, cfg.Concurrency), acks: make(chan ackRequest, cfg.Concurrency)}
 	c.workCtx, c.cancelWork = context.WithCancel(context.Background())
@@ -277,12 +285,12 @@ func (c *Consumer) PeakBytesHeld() int64 { return c.peak.Load() }
 func (c *Consumer) start(e Entry) {
 	held := min(e.Held, MaxEntryBytes)
 	c.mu.Lock()
-	if c.running[e.StreamID] {
+	if c.running[e.StreamID] != nil {
 		c.mu.Unlock()
 		c.release(1, held)
 		return
 	}
-	c.running[e.StreamID] = true
+	c.running[e.StreamID] = &running{}
 	c.mu.Unlock()
 	c.startWorkers.Do(func() {
 		for range c.cfg.Concurrency {
@@ -298,7 +306,10 @@ func (c *Consumer) worker() {
 	for {
 		select {
 		case e := <-c.work:
-			c.finish(e)
+			if c.finish(e) {
+				// Its slot went to a new worker (Detach).
+				return
+			}
 		case <-c.workCtx.Done():
 			return
 		}
@@ -306,17 +317,26 @@ func (c *Consumer) worker() {
 }
 
 // finish runs e and acks it when the dispatcher says so, then gives back
-// its slot and bytes.
-func (c *Consumer) finish(e Entry) {
+// its slot (unless Detach did) and bytes. It reports whether e was
+// detached.
+func (c *Consumer) finish(e Entry) (detached bool) {
 	defer c.wg.Done()
-	defer c.release(1, min(e.Held, MaxEntryBytes))
 	defer func() {
 		c.mu.Lock()
+		detached = c.running[e.StreamID].detached
+		if detached {
+			c.detached--
+		}
 		delete(c.running, e.StreamID)
 		c.mu.Unlock()
+		slots := 1
+		if detached {
+			slots = 0
+		}
+		c.release(slots, min(e.Held, MaxEntryBytes))
 	}()
 	if !c.cfg.Dispatch(c.workCtx, e) {
-		return
+		return false
 	}
 	done := make(chan error, 1)
 	c.acks <- ackRequest{id: e.StreamID, done: done}
@@ -324,6 +344,28 @@ func (c *Consumer) finish(e Entry) {
 		c.cfg.Logger.Warn("ack failed; the entry will be reclaimed and absorbed by its guard",
 			"stream_id", e.StreamID, "job_id", e.JobID, "err", err)
 	}
+	return false // the deferred release says whether it was detached
+}
+
+// Detach gives back the slot of an entry still running, so that another
+// entry is read and run meanwhile: the host detaches a job that has
+// stalled, so a plugin that hangs cannot hold every slot. The entry keeps
+// its bytes until it finishes. At most Concurrency entries are detached at
+// once; Detach reports whether this one was.
+func (c *Consumer) Detach(streamID string) bool {
+	c.mu.Lock()
+	r := c.running[streamID]
+	if r == nil || r.detached || c.detached >= c.cfg.Concurrency {
+		c.mu.Unlock()
+		return false
+	}
+	r.detached = true
+	c.detached++
+	c.mu.Unlock()
+	// A worker for the slot: the detached entry's worker ends with it.
+	go c.worker()
+	c.release(1, 0)
+	return true
 }
 
 // acker acks finished entries: the first waiting, and every other that is
