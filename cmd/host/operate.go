@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -89,7 +92,7 @@ func (cl *cli) inspectFlags(fs *flag.FlagSet) runner {
 		defer rdb.Close()
 		in, err := inspect(ctx, pool, rdb, conn.stream, conn.group)
 		if err != nil {
-			return err
+			return noSchema(err, conn.databaseURL)
 		}
 		if *asJSON {
 			return writeJSON(cl.stdout, in)
@@ -163,9 +166,12 @@ func (in inspection) print(out io.Writer) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "stream\t%s (group %s)\n", in.Stream, in.Group)
 	fmt.Fprintf(w, "  entries\t%d\n", in.Entries)
-	if in.PendingError != "" {
-		fmt.Fprintf(w, "  pending\t(no group %s on this stream: %s; is --stream right?)\n", in.Group, in.PendingError)
-	} else {
+	switch {
+	case strings.HasPrefix(in.PendingError, "NOGROUP"):
+		fmt.Fprintf(w, "  pending\tno group %s on this stream: is --stream right?\n", in.Group)
+	case in.PendingError != "":
+		fmt.Fprintf(w, "  pending\t%s\n", in.PendingError)
+	default:
 		fmt.Fprintf(w, "  pending\t%d\n", in.Pending)
 	}
 	for _, c := range in.Consumers {
@@ -174,15 +180,45 @@ func (in inspection) print(out io.Writer) error {
 	fmt.Fprintf(w, "outbox unpublished\t%d\n", in.OutboxUnpublished)
 	fmt.Fprintf(w, "scheduled runs\t%d due, %d later\n", in.ScheduledDue, in.ScheduledLater)
 	fmt.Fprintf(w, "processed job ids\t%d\n", in.ProcessedJobs)
-	fmt.Fprintf(w, "dead letters (open)\n")
-	for _, k := range in.DeadLetters {
-		fmt.Fprintf(w, "  %s\t%d\n", k.Kind, k.Count)
+	if err := w.Flush(); err != nil {
+		return err
 	}
-	fmt.Fprintf(w, "duplicates absorbed\tguard\tkind\treason\n")
+	fmt.Fprintln(out, "\ndead letters (open)")
+	if len(in.DeadLetters) == 0 {
+		fmt.Fprintln(out, "  none")
+	} else {
+		fmt.Fprintln(w, "  KIND\tCOUNT")
+		for _, k := range in.DeadLetters {
+			fmt.Fprintf(w, "  %s\t%d\n", k.Kind, k.Count)
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(out, "\nduplicates absorbed")
+	if len(in.Absorbed) == 0 {
+		_, err := fmt.Fprintln(out, "  none")
+		return err
+	}
+	fmt.Fprintln(w, "  GUARD\tKIND\tREASON\tCOUNT")
 	for _, a := range in.Absorbed {
-		fmt.Fprintf(w, "  %d\t%s\t%s\t%s\n", a.Count, a.Guard, a.Kind, a.Reason)
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%d\n", a.Guard, a.Kind, a.Reason, a.Count)
 	}
 	return w.Flush()
+}
+
+// noSchema explains a query on a database without usher's tables: the
+// default --database-url names the tests' database, not the demo's.
+func noSchema(err error, dbURL string) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "42P01" {
+		shown := dbURL
+		if u, perr := url.Parse(dbURL); perr == nil {
+			shown = u.Redacted()
+		}
+		return fmt.Errorf("%s has no usher tables (%s): is --database-url (DATABASE_URL) right? A new database needs `host migrate`", shown, pg.Message)
+	}
+	return err
 }
 
 func forEach(rows pgx.Rows, f func(pgx.Rows) error) error {
@@ -213,7 +249,7 @@ func withPool(ctx context.Context, conn *connFlags, f func(*pgxpool.Pool) error)
 	if err := pool.Ping(ctx); err != nil {
 		return fmt.Errorf("postgres unreachable: %w", err)
 	}
-	return f(pool)
+	return noSchema(f(pool), conn.databaseURL)
 }
 
 // letterShown is a dead letter as list and show print it.
