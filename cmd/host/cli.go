@@ -170,6 +170,9 @@ func (cl *cli) exec(ctx context.Context, root *command, args []string) error {
 	leaf := path[len(path)-1]
 	fs := newFlagSet(pathName(path))
 	run := leaf.flags(fs)
+	if err := applyEnv(fs); err != nil {
+		return usageError{fmt.Sprintf("%s: %v", pathName(path[1:]), err)}
+	}
 	pos, err := parseInterspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		cl.printHelp(path)
@@ -214,7 +217,21 @@ func (cl *cli) printHelp(path []*command) {
 	}
 	fs := newFlagSet(name)
 	c.flags(fs)
-	fs.SetOutput(cl.stdout)
 	fmt.Fprintln(cl.stdout, "\nflags (before or after the arguments):")
-	fs.PrintDefaults()
+	fs.VisitAll(func(f *flag.Flag) {
+		g := *f
+		if e, ok := f.Value.(envValue); ok {
+			g.Value = e.Value
+		}
+		typ, usage := flag.UnquoteUsage(&g)
+		fmt.Fprintf(cl.stdout, "  --%s", strings.TrimSpace(f.Name+" "+typ))
+		switch {
+		case f.DefValue == "" || f.DefValue == "0" || f.DefValue == "false" || f.DefValue == "0s":
+		case typ == "string":
+			usage += fmt.Sprintf(" (default %q)", f.DefValue)
+		default:
+			usage += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(cl.stdout, "\n    \t%s\n", strings.ReplaceAll(usage, "\n", "\n    \t"))
+	})
 }

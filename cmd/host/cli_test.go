@@ -225,6 +225,20 @@ func TestHelpAndUnknownFlags(t *testing.T) {
 		require.Contains(t, r.stderr, "unknown flag --no-such-flag", "%v", p)
 		require.NotContains(t, r.stderr, "127.0.0.1:1", "refused before connecting")
 	}
+
+	// A malformed environment variable is refused the same way, never
+	// replaced by the flag's default.
+	for env, want := range map[string]string{
+		"USHER_CONCURRENCY=lots":  `run: invalid value "lots" in USHER_CONCURRENCY (the default of --concurrency)`,
+		"USHER_JOB_TIMEOUT=never": `run: invalid value "never" in USHER_JOB_TIMEOUT (the default of --job-timeout)`,
+	} {
+		r := runHost(t, bin, []string{env}, "run", "--admin-addr", "")
+		require.Equal(t, 2, r.code, "%s: %s", env, r.stderr)
+		require.Contains(t, r.stderr, want)
+	}
+	r := runHost(t, bin, []string{"USHER_CONCURRENCY=lots"}, "run", "-h")
+	require.Equal(t, 0, r.code, "-h needs no valid environment: %s", r.stderr)
+	require.Contains(t, r.stdout, "  --concurrency int\n    \tjobs in flight (USHER_CONCURRENCY) (default 16)\n")
 }
 
 // A database without usher's tables is named in the error, with what to
