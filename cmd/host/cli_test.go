@@ -138,6 +138,9 @@ func TestFlagsAnywhere(t *testing.T) {
 		{nil, 2, []string{"needs a command"}},
 		{[]string{"inspect", "extra"}, 2, []string{`inspect takes no arguments, got ["extra"]`}},
 		{[]string{"migrate", "extra"}, 2, []string{`migrate takes no arguments, got ["extra"]`}},
+		// The demo makes its own database and stream: it takes no flag naming one.
+		{[]string{"demo", "--database-url", db}, 2, []string{"demo: unknown flag --database-url"}},
+		{[]string{"demo", "--stream", stream}, 2, []string{"demo: unknown flag --stream"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			r := runHost(t, bin, s.env, tc.args...)
@@ -265,6 +268,6 @@ func TestWrongDatabaseIsNamed(t *testing.T) {
 		r := runHost(t, bin, []string{"REDIS_URL=" + hosttest.RedisURL()}, args...)
 		require.Equal(t, 1, r.code, "%v: %s", args, r.stdout)
 		require.Contains(t, r.stderr, "/"+db+"?sslmode=disable has no usher tables (relation \"", args)
-		require.Contains(t, r.stderr, "is --database-url (DATABASE_URL) right? A new database needs `host migrate`", args)
+		require.Contains(t, r.stderr, "is --database-url (DATABASE_URL) right? A new database needs `host migrate`; the demo prints the flags that read its own", args)
 	}
 }

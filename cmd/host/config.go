@@ -62,10 +62,7 @@ type connFlags struct {
 
 func (c *connFlags) register(fs *flag.FlagSet) {
 	c.registerDB(fs)
-	fs.StringVar(&c.redisURL, "redis-url", env("REDIS_URL", "redis://127.0.0.1:6379/0"),
-		"Redis URL, rediss:// for TLS, redis://USER:PASSWORD@... for an ACL user (REDIS_URL)")
-	fs.StringVar(&c.redisCAFile, "redis-ca-file", env("USHER_REDIS_CA_FILE", ""),
-		"PEM file of the CAs trusted for a rediss:// Redis instead of the system's (USHER_REDIS_CA_FILE)")
+	c.registerRedis(fs)
 	fs.StringVar(&c.stream, "stream", env("USHER_STREAM", "usher:{jobs}"), "stream key (USHER_STREAM)")
 	fs.StringVar(&c.group, "group", env("USHER_GROUP", "usher"), "consumer group (USHER_GROUP)")
 }
@@ -73,6 +70,14 @@ func (c *connFlags) register(fs *flag.FlagSet) {
 // registerDB adds only --database-url, for the commands that need no Redis.
 func (c *connFlags) registerDB(fs *flag.FlagSet) {
 	fs.StringVar(&c.databaseURL, "database-url", env("DATABASE_URL", "postgres://usher@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL, logged in as the runtime's owner (DATABASE_URL)")
+}
+
+// registerRedis adds the flags that reach Redis, not which stream.
+func (c *connFlags) registerRedis(fs *flag.FlagSet) {
+	fs.StringVar(&c.redisURL, "redis-url", env("REDIS_URL", "redis://127.0.0.1:6379/0"),
+		"Redis URL, rediss:// for TLS, redis://USER:PASSWORD@... for an ACL user (REDIS_URL)")
+	fs.StringVar(&c.redisCAFile, "redis-ca-file", env("USHER_REDIS_CA_FILE", ""),
+		"PEM file of the CAs trusted for a rediss:// Redis instead of the system's (USHER_REDIS_CA_FILE)")
 }
 
 // hostFlags are the flags of `host run`.

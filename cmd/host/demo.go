@@ -52,7 +52,8 @@ type demo struct {
 
 func (cl *cli) demoFlags(fs *flag.FlagSet) runner {
 	d := &demo{}
-	d.conn.register(fs)
+	// Only Redis's address: the demo makes its own database and stream.
+	d.conn.registerRedis(fs)
 	fs.StringVar(&d.adminURL, "admin-url", env("USHER_ADMIN_URL", demoAdminURL),
 		"a database administrator's URL: the demo creates its database and roles with it; its hosts log in as the owner role usher (USHER_ADMIN_URL)")
 	fs.IntVar(&d.orders, "orders", 300, "Stagedoor orders to place")

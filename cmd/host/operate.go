@@ -216,7 +216,7 @@ func noSchema(err error, dbURL string) error {
 		if u, perr := url.Parse(dbURL); perr == nil {
 			shown = u.Redacted()
 		}
-		return fmt.Errorf("%s has no usher tables (%s): is --database-url (DATABASE_URL) right? A new database needs `host migrate`", shown, pg.Message)
+		return fmt.Errorf("%s has no usher tables (%s): is --database-url (DATABASE_URL) right? A new database needs `host migrate`; the demo prints the flags that read its own", shown, pg.Message)
 	}
 	return err
 }
