@@ -111,8 +111,12 @@ func allFlags(c *command) *flag.FlagSet {
 			fs := newFlagSet(c.name)
 			c.flags(fs)
 			fs.VisitAll(func(f *flag.Flag) {
-				if all.Lookup(f.Name) == nil {
+				prev := all.Lookup(f.Name)
+				if prev == nil {
 					all.Var(f.Value, f.Name, f.Usage)
+				} else if isBool(prev) != isBool(f) {
+					// Commands would be found in the wrong places.
+					panic(fmt.Sprintf("flag --%s takes a value in one command and not in another", f.Name))
 				}
 			})
 		}
@@ -122,6 +126,11 @@ func allFlags(c *command) *flag.FlagSet {
 	}
 	add(c)
 	return all
+}
+
+func isBool(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
 // exec runs the command args name under root. -h or --help anywhere

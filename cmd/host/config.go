@@ -29,10 +29,7 @@ type envValue struct {
 	key string
 }
 
-func (e envValue) IsBoolFlag() bool {
-	b, ok := e.Value.(interface{ IsBoolFlag() bool })
-	return ok && b.IsBoolFlag()
-}
+func (e envValue) IsBoolFlag() bool { return isBool(&flag.Flag{Value: e.Value}) }
 
 // fromEnv makes the environment variable key the default of fs's flag name.
 func fromEnv(fs *flag.FlagSet, name, key string) {

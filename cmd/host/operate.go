@@ -23,23 +23,6 @@ import (
 	"github.com/usherhq/usher/host/deadletter"
 )
 
-func connect(ctx context.Context, c *connFlags) (*pgxpool.Pool, *redis.Client, error) {
-	pool, err := pgxpool.New(ctx, c.databaseURL)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, nil, fmt.Errorf("postgres unreachable: %w", err)
-	}
-	opt, err := host.RedisOptions(c.redisURL, c.redisCAFile)
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	return pool, redis.NewClient(opt), nil
-}
-
 // inspection is what `host inspect` reports.
 type inspection struct {
 	Stream string `json:"stream"`
@@ -84,20 +67,22 @@ func (cl *cli) inspectFlags(fs *flag.FlagSet) runner {
 		if len(pos) > 0 {
 			return usageError{fmt.Sprintf("inspect takes no arguments, got %q", pos)}
 		}
-		pool, rdb, err := connect(ctx, conn)
+		opt, err := host.RedisOptions(conn.redisURL, conn.redisCAFile)
 		if err != nil {
 			return err
 		}
-		defer pool.Close()
+		rdb := redis.NewClient(opt)
 		defer rdb.Close()
-		in, err := inspect(ctx, pool, rdb, conn.stream, conn.group)
-		if err != nil {
-			return noSchema(err, conn.databaseURL)
-		}
-		if *asJSON {
-			return writeJSON(cl.stdout, in)
-		}
-		return in.print(cl.stdout)
+		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
+			in, err := inspect(ctx, pool, rdb, conn.stream, conn.group)
+			if err != nil {
+				return err
+			}
+			if *asJSON {
+				return writeJSON(cl.stdout, in)
+			}
+			return in.print(cl.stdout)
+		})
 	}
 }
 
