@@ -100,6 +100,8 @@ func TestPluginsCommands(t *testing.T) {
 	require.Contains(t, o.ok("plugins"), "counters  1.0.0")
 	require.Contains(t, o.ok("plugins", "list"), "counters  1.0.0")
 	require.Contains(t, o.ok("plugins", "list", "--admin-addr", h.AdminAddr()), "counters  1.0.0")
+	require.Contains(t, o.ok("plugins", "--json"), `"name": "counters"`)
+	require.Contains(t, o.ok("--json", "plugins", "list", "--admin-addr", h.AdminAddr()), `"version": "1.0.0"`)
 
 	install(t, dir, hosttest.Build(t, "./plugins/counters", "main.version=2.0.0"), "counters", "counters", "2.0.0")
 	out := o.ok("plugins", "reload", "counters")

@@ -56,6 +56,26 @@ func TestREADMEAdminCommands(t *testing.T) {
 		require.Contains(t, string(out), want[i], line)
 	}
 
+	// The Operating section's plugins list and reload lines, every optional
+	// part left out and put in.
+	ran := 0
+	for _, line := range readmeBlock(t, "## Operating", "sh") {
+		if !strings.HasPrefix(line, "bin/host plugins [list]") && !strings.HasPrefix(line, "bin/host plugins reload") {
+			continue
+		}
+		for _, l := range expand(line) {
+			l = strings.ReplaceAll(l, " NAME", " counters")
+			cmdline, _, _ := strings.Cut(l, "  #")
+			cmd := o.cmd("sh", "-c", cmdline)
+			cmd.Dir = work
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s: %s", l, out)
+			require.Contains(t, string(out), "counters", l)
+			ran++
+		}
+	}
+	require.Equal(t, 6, ran, "plugins, plugins list, each with and without --json; reload, reload counters")
+
 	// The same commands without the token fail.
 	nobody := o
 	nobody.home = t.TempDir()
