@@ -50,11 +50,11 @@ type demo struct {
 	pluginKills atomic.Int64
 }
 
-func cmdDemo(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+func (cl *cli) demoFlags(fs *flag.FlagSet) runner {
 	d := &demo{}
-	d.conn.register(fs)
-	fs.StringVar(&d.adminURL, "admin-url", env("USHER_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"),
+	// Only Redis's address: the demo makes its own database and stream.
+	d.conn.registerRedis(fs)
+	fs.StringVar(&d.adminURL, "admin-url", env("USHER_ADMIN_URL", demoAdminURL),
 		"a database administrator's URL: the demo creates its database and roles with it; its hosts log in as the owner role usher (USHER_ADMIN_URL)")
 	fs.IntVar(&d.orders, "orders", 300, "Stagedoor orders to place")
 	fs.StringVar(&d.pluginDir, "plugin-dir", "bin/plugins", "directory with the counters and tickets plugins")
@@ -63,13 +63,15 @@ func cmdDemo(ctx context.Context, args []string) error {
 	fs.DurationVar(&d.reclaim, "reclaim-idle", 3*time.Second, "reclaim threshold (60s in production; short so the demo is quick)")
 	fs.DurationVar(&d.lease, "lease", 4*time.Second, "send_tickets claim lease (2m in production)")
 	fs.Uint64Var(&d.seed, "seed", uint64(time.Now().UnixNano()%1_000_000), "seed for the order mix")
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, pos []string) error {
+		if len(pos) > 0 {
+			return usageError{fmt.Sprintf("demo takes no arguments, got %q", pos)}
+		}
+		if d.orders < 10 {
+			return usageError{"demo: --orders must be at least 10"}
+		}
+		return d.run(ctx)
 	}
-	if d.orders < 10 {
-		return errors.New("demo: --orders must be at least 10")
-	}
-	return d.run(ctx)
 }
 
 func (d *demo) say(format string, a ...any) { fmt.Printf("demo: "+format+"\n", a...) }
@@ -133,8 +135,47 @@ func must(err error) {
 	}
 }
 
-// demoOwner is the runtime's owner role the demo's hosts log in as.
-const demoOwner = "usher"
+const (
+	// demoOwner is the runtime's owner role the demo's hosts log in as.
+	demoOwner = "usher"
+	// demoAdminURL is --admin-url's default.
+	demoAdminURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	// demoStream is the stream the demo's hosts share.
+	demoStream = "usher:demo:{jobs}"
+)
+
+// demoDatabaseURL is the URL of the demo's database, usher_demo, on the
+// server adminURL names: as the administrator, or logged in as the owner.
+func demoDatabaseURL(adminURL string, asOwner bool) (string, error) {
+	u, err := url.Parse(adminURL)
+	if err != nil {
+		return "", err
+	}
+	u.Path = "/usher_demo"
+	if asOwner {
+		u.User = url.User(demoOwner)
+	}
+	return u.String(), nil
+}
+
+// inspectCommands are the commands that read the demo's state, as the demo
+// prints them and the README shows them: it keeps its database and stream.
+func inspectCommands(dbURL, stream string) []string {
+	db := "--database-url " + shellQuote(dbURL)
+	return []string{
+		"bin/host inspect " + db + " --stream " + shellQuote(stream),
+		"bin/host deadletters list " + db,
+		"bin/host deadletters list --json " + db,
+	}
+}
+
+// shellQuote quotes s for sh when it holds anything but plain characters.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:@=,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
 
 // prepare makes a fresh database and stream and a clean work directory.
 func (d *demo) prepare(ctx context.Context) error {
@@ -157,15 +198,17 @@ func (d *demo) prepare(ctx context.Context) error {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE usher_demo"); err != nil {
 		return err
 	}
-	u, err := url.Parse(d.adminURL)
+	adminDemo, err := demoDatabaseURL(d.adminURL, false)
 	if err != nil {
 		return err
 	}
-	u.Path = "/usher_demo"
+	if d.dbURL, err = demoDatabaseURL(d.adminURL, true); err != nil {
+		return err
+	}
 	// The administrator's one step (host setup): the runtime's owner, the
 	// hosts' login, and the plugins' login roles. The hosts never run as
 	// a superuser.
-	demoAdmin, err := pgx.Connect(ctx, u.String())
+	demoAdmin, err := pgx.Connect(ctx, adminDemo)
 	if err != nil {
 		return err
 	}
@@ -173,8 +216,6 @@ func (d *demo) prepare(ctx context.Context) error {
 	if err := sandbox.Setup(ctx, demoAdmin, sandbox.SetupConfig{Owner: demoOwner, Plugins: []string{"counters", "tickets"}}); err != nil {
 		return fmt.Errorf("demo: setup: %w", err)
 	}
-	u.User = url.User(demoOwner)
-	d.dbURL = u.String()
 	if d.pool, err = pgxpool.New(ctx, d.dbURL); err != nil {
 		return err
 	}
@@ -183,7 +224,7 @@ func (d *demo) prepare(ctx context.Context) error {
 		return err
 	}
 	d.rdb = redis.NewClient(opt)
-	d.conn.stream = "usher:demo:{jobs}"
+	d.conn.stream = demoStream
 	if err := d.rdb.Del(ctx, d.conn.stream).Err(); err != nil {
 		return fmt.Errorf("demo: redis at %s: %w (run `make services`)", d.conn.redisURL, err)
 	}
@@ -489,7 +530,7 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	}
 	if dead != 0 {
 		ok = false
-		fmt.Printf("dead letters: %d (expected 0; see `host deadletters list --database-url %s`)\n", dead, d.dbURL)
+		fmt.Printf("dead letters: %d (expected 0; see `%s`)\n", dead, inspectCommands(d.dbURL, d.conn.stream)[1])
 	}
 
 	fmt.Println()
@@ -546,6 +587,10 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 		verdict = "FAILED: an invariant does not hold"
 	}
 	fmt.Printf("%d orders in %s. %s. Logs: %s/host-a.log, %s/host-b.log\n", n, elapsed.Round(100*time.Millisecond), verdict, d.work, d.work)
+	fmt.Println("The demo's database and stream stay until the next run; to look at them:")
+	for _, c := range inspectCommands(d.dbURL, d.conn.stream) {
+		fmt.Println("  " + c)
+	}
 	return ok, nil
 }
 

@@ -8,6 +8,11 @@
 //	host deadletters  list | show ID | requeue ID | requeue --kind KIND
 //	host plugins      list | reload [NAME] (a running host, admin API) | manifest BINARY
 //
+// Flags go anywhere on the command line, before or after the command, its
+// subcommand and its arguments; an unknown flag is an error (exit status
+// 2), -h or --help prints a command's flags (exit status 0). The read
+// commands (inspect, deadletters list and show, plugins list) take --json.
+//
 // Configuration comes from flags, with environment variables as defaults:
 // DATABASE_URL, REDIS_URL, USHER_STREAM, USHER_PLUGIN_DIR, USHER_CONSUMER,
 // USHER_RECLAIM_IDLE, USHER_CONCURRENCY, USHER_ADMIN_ADDR,
@@ -21,59 +26,48 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "host:", err)
-		os.Exit(1)
-	}
+	cl := &cli{stdout: os.Stdout, stderr: os.Stderr, now: time.Now}
+	os.Exit(cl.main(os.Args[1:]))
 }
 
-const usage = `usage: host <command> [flags]
-
-commands:
-  run          serve jobs
-  setup        create the runtime's owner role and the plugins' login roles (once, as a database administrator)
-  migrate      apply database migrations
-  demo         run the Stagedoor demo with faults injected and print a summary
-  inspect      show pending entries, backlog, dead letters and absorbed duplicates
-  deadletters  list | show ID | requeue ID | requeue --kind KIND
-  plugins      list | reload [NAME] (a running host's plugins, via its admin address)
-               | manifest BINARY --name N --version V [--write]
-
-run 'host <command> -h' for the command's flags`
-
-func run(args []string) error {
-	if len(args) == 0 {
-		return errors.New(usage)
-	}
+// main runs the command line args and returns the exit status: 0, 1 when
+// the command failed, 2 when the command line is wrong.
+func (cl *cli) main(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "run":
-		return cmdRun(ctx, rest)
-	case "setup":
-		return cmdSetup(ctx, rest)
-	case "migrate":
-		return cmdMigrate(ctx, rest)
-	case "demo":
-		return cmdDemo(ctx, rest)
-	case "inspect":
-		return cmdInspect(ctx, rest)
-	case "deadletters":
-		return cmdDeadLetters(ctx, rest)
-	case "plugins":
-		return cmdPlugins(ctx, rest)
-	case "-h", "--help", "help":
-		fmt.Println(usage)
-		return nil
-	default:
-		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+	err := cl.run(ctx, args)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
 	}
+	fmt.Fprintln(cl.stderr, "host:", err)
+	if errors.As(err, new(usageError)) {
+		return 2
+	}
+	return 1
+}
+
+func (cl *cli) run(ctx context.Context, args []string) error {
+	return cl.exec(ctx, cl.commands(), args)
+}
+
+// commands is the command tree.
+func (cl *cli) commands() *command {
+	return &command{name: "host", summary: "usher's host: serve jobs and operate them", subs: []*command{
+		{name: "run", summary: "serve jobs", flags: cl.runFlags},
+		{name: "setup", summary: "create the runtime's owner role and the plugins' login roles (once, as a database administrator)", flags: cl.setupFlags},
+		{name: "migrate", summary: "apply database migrations", flags: cl.migrateFlags},
+		{name: "demo", summary: "run the Stagedoor demo with faults injected and print a summary", flags: cl.demoFlags},
+		{name: "inspect", summary: "show pending entries, backlog, dead letters and absorbed duplicates", flags: cl.inspectFlags},
+		{name: "deadletters", summary: "list, show and requeue dead letters", subs: cl.deadLetterCommands()},
+		{name: "plugins", summary: "a running host's plugins (via its admin address), and plugin manifests", dflt: "list", subs: cl.pluginCommands()},
+	}}
 }

@@ -24,7 +24,11 @@ func TestDeadLetterCommands(t *testing.T) {
 	require.NoError(t, err)
 	host := func(args ...string) string {
 		t.Helper()
-		cmd := exec.Command(bin, append(args[:1:1], append([]string{"--database-url", url, "--stream", stream}, args[1:]...)...)...)
+		args = append(args, "--database-url", url)
+		if args[0] == "inspect" {
+			args = append(args, "--stream", stream)
+		}
+		cmd := exec.Command(bin, args...)
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "%s", out)
 		return string(out)
@@ -35,7 +39,7 @@ func TestDeadLetterCommands(t *testing.T) {
 	require.Contains(t, out, "order 42 does not exist")
 	var id string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT id::text FROM dead_letters`).Scan(&id))
-	require.Contains(t, host("deadletters", "show", id), `"payload": "{\"order_id\":42}"`)
+	require.Contains(t, host("deadletters", "show", id, "--json"), `"payload": "{\"order_id\":42}"`)
 	require.Contains(t, host("deadletters", "requeue", id), "requeued 1 dead letter(s)")
 	require.Contains(t, host("deadletters", "list"), "no open dead letters")
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE job_id = '42'`), "back in the outbox with its identity")
@@ -47,7 +51,7 @@ func TestDeadLetterCommands(t *testing.T) {
 		Raw: []deadletter.RawField{{Name: []byte("job_id"), Value: []byte("x-\xff"), NameBytes: 6, ValueBytes: 3}}})
 	require.NoError(t, err)
 	require.NoError(t, pool.QueryRow(ctx, `SELECT id::text FROM dead_letters WHERE stream_id = '2-0'`).Scan(&id))
-	out = host("deadletters", "show", id)
+	out = host("deadletters", "show", "--json", id)
 	require.Contains(t, out, `"job_id": "\"x-\\xff\""`)
 	require.Contains(t, out, `"field": "job_id"`)
 	require.Contains(t, out, `"value": "\"x-\\xff\""`)

@@ -6,12 +6,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
+	"io"
+	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -19,95 +23,187 @@ import (
 	"github.com/usherhq/usher/host/deadletter"
 )
 
-func connect(ctx context.Context, c *connFlags) (*pgxpool.Pool, *redis.Client, error) {
-	pool, err := pgxpool.New(ctx, c.databaseURL)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, nil, fmt.Errorf("postgres unreachable: %w", err)
-	}
-	opt, err := host.RedisOptions(c.redisURL, c.redisCAFile)
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	return pool, redis.NewClient(opt), nil
+// inspection is what `host inspect` reports.
+type inspection struct {
+	Stream string `json:"stream"`
+	Group  string `json:"group"`
+	// Entries is the stream's length; Pending its entries delivered and not
+	// acknowledged, per consumer. PendingError says why there is no count
+	// (the group does not exist on that stream).
+	Entries           int64          `json:"entries"`
+	Pending           int64          `json:"pending"`
+	PendingError      string         `json:"pending_error,omitempty"`
+	Consumers         []consumerLoad `json:"consumers"`
+	OutboxUnpublished int64          `json:"outbox_unpublished"`
+	ScheduledDue      int64          `json:"scheduled_due"`
+	ScheduledLater    int64          `json:"scheduled_later"`
+	ProcessedJobs     int64          `json:"processed_jobs"`
+	DeadLetters       []kindCount    `json:"dead_letters_open"`
+	Absorbed          []absorbed     `json:"duplicates_absorbed"`
 }
 
-func cmdInspect(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
+type consumerLoad struct {
+	Consumer string `json:"consumer"`
+	Pending  int64  `json:"pending"`
+}
+
+type kindCount struct {
+	Kind  string `json:"kind"`
+	Count int64  `json:"count"`
+}
+
+type absorbed struct {
+	Guard  string `json:"guard"`
+	Kind   string `json:"kind"`
+	Reason string `json:"reason"`
+	Count  int64  `json:"count"`
+}
+
+func (cl *cli) inspectFlags(fs *flag.FlagSet) runner {
 	conn := &connFlags{}
 	conn.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
+	asJSON := jsonFlag(fs)
+	return func(ctx context.Context, pos []string) error {
+		if len(pos) > 0 {
+			return usageError{fmt.Sprintf("inspect takes no arguments, got %q", pos)}
+		}
+		opt, err := host.RedisOptions(conn.redisURL, conn.redisCAFile)
+		if err != nil {
+			return err
+		}
+		rdb := redis.NewClient(opt)
+		defer rdb.Close()
+		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
+			in, err := inspect(ctx, pool, rdb, conn.stream, conn.group)
+			if err != nil {
+				return err
+			}
+			if *asJSON {
+				return writeJSON(cl.stdout, in)
+			}
+			return in.print(cl.stdout)
+		})
 	}
-	pool, rdb, err := connect(ctx, conn)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	defer rdb.Close()
-	return inspect(ctx, os.Stdout, pool, rdb, conn.stream, conn.group)
 }
 
-func inspect(ctx context.Context, out *os.File, pool *pgxpool.Pool, rdb redis.UniversalClient, stream, group string) error {
-	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	defer w.Flush()
-	fmt.Fprintf(w, "stream\t%s (group %s)\n", stream, group)
-	if n, err := rdb.XLen(ctx, stream).Result(); err == nil {
-		fmt.Fprintf(w, "  entries\t%d\n", n)
+// jsonFlag registers --json, the read commands' machine-readable output.
+func jsonFlag(fs *flag.FlagSet) *bool {
+	return fs.Bool("json", false, "print JSON instead of text")
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func inspect(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, stream, group string) (inspection, error) {
+	in := inspection{Stream: stream, Group: group, Consumers: []consumerLoad{}, DeadLetters: []kindCount{}, Absorbed: []absorbed{}}
+	var err error
+	if in.Entries, err = rdb.XLen(ctx, stream).Result(); err != nil {
+		return in, fmt.Errorf("redis: XLEN %s: %w", stream, err)
 	}
 	if p, err := rdb.XPending(ctx, stream, group).Result(); err == nil {
-		fmt.Fprintf(w, "  pending\t%d\n", p.Count)
+		in.Pending = p.Count
 		for c, n := range p.Consumers {
-			fmt.Fprintf(w, "    %s\t%d\n", c, n)
+			in.Consumers = append(in.Consumers, consumerLoad{c, n})
 		}
+		slices.SortFunc(in.Consumers, func(a, b consumerLoad) int { return strings.Compare(a.Consumer, b.Consumer) })
 	} else {
-		fmt.Fprintf(w, "  pending\t(no group: %v)\n", err)
+		in.PendingError = err.Error()
 	}
-	var unpublished, due, later, processed int64
 	if err := pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM outbox WHERE published_at IS NULL),
 		(SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL AND run_at <= now()),
 		(SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL AND run_at > now()),
-		(SELECT count(*) FROM processed_jobs)`).Scan(&unpublished, &due, &later, &processed); err != nil {
-		return err
+		(SELECT count(*) FROM processed_jobs)`).Scan(&in.OutboxUnpublished, &in.ScheduledDue, &in.ScheduledLater, &in.ProcessedJobs); err != nil {
+		return in, err
 	}
-	fmt.Fprintf(w, "outbox unpublished\t%d\n", unpublished)
-	fmt.Fprintf(w, "scheduled runs\t%d due, %d later\n", due, later)
-	fmt.Fprintf(w, "processed job ids\t%d\n", processed)
 	rows, err := pool.Query(ctx, `SELECT kind, count(*) FROM dead_letters WHERE requeued_at IS NULL GROUP BY kind ORDER BY kind`)
 	if err != nil {
-		return err
+		return in, err
 	}
-	fmt.Fprintf(w, "dead letters (open)\n")
 	if err := forEach(rows, func(r pgx.Rows) error {
-		var kind string
-		var n int64
-		if err := r.Scan(&kind, &n); err != nil {
+		var k kindCount
+		if err := r.Scan(&k.Kind, &k.Count); err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "  %s\t%d\n", kind, n)
+		in.DeadLetters = append(in.DeadLetters, k)
 		return nil
 	}); err != nil {
-		return err
+		return in, err
 	}
 	rows, err = pool.Query(ctx, `SELECT guard, kind, reason, count FROM absorbed_duplicates ORDER BY guard, kind, reason`)
 	if err != nil {
-		return err
+		return in, err
 	}
-	fmt.Fprintf(w, "duplicates absorbed\tguard\tkind\treason\n")
-	return forEach(rows, func(r pgx.Rows) error {
-		var g, kind, reason string
-		var n int64
-		if err := r.Scan(&g, &kind, &reason, &n); err != nil {
+	return in, forEach(rows, func(r pgx.Rows) error {
+		var a absorbed
+		if err := r.Scan(&a.Guard, &a.Kind, &a.Reason, &a.Count); err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "  %d\t%s\t%s\t%s\n", n, g, kind, reason)
+		in.Absorbed = append(in.Absorbed, a)
 		return nil
 	})
+}
+
+func (in inspection) print(out io.Writer) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "stream\t%s (group %s)\n", in.Stream, in.Group)
+	fmt.Fprintf(w, "  entries\t%d\n", in.Entries)
+	switch {
+	case strings.HasPrefix(in.PendingError, "NOGROUP"):
+		fmt.Fprintf(w, "  pending\tno group %s on this stream: is --stream right?\n", in.Group)
+	case in.PendingError != "":
+		fmt.Fprintf(w, "  pending\t%s\n", in.PendingError)
+	default:
+		fmt.Fprintf(w, "  pending\t%d\n", in.Pending)
+	}
+	for _, c := range in.Consumers {
+		fmt.Fprintf(w, "    %s\t%d\n", c.Consumer, c.Pending)
+	}
+	fmt.Fprintf(w, "outbox unpublished\t%d\n", in.OutboxUnpublished)
+	fmt.Fprintf(w, "scheduled runs\t%d due, %d later\n", in.ScheduledDue, in.ScheduledLater)
+	fmt.Fprintf(w, "processed job ids\t%d\n", in.ProcessedJobs)
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "\ndead letters (open)")
+	if len(in.DeadLetters) == 0 {
+		fmt.Fprintln(out, "  none")
+	} else {
+		fmt.Fprintln(w, "  KIND\tCOUNT")
+		for _, k := range in.DeadLetters {
+			fmt.Fprintf(w, "  %s\t%d\n", k.Kind, k.Count)
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(out, "\nduplicates absorbed")
+	if len(in.Absorbed) == 0 {
+		_, err := fmt.Fprintln(out, "  none")
+		return err
+	}
+	fmt.Fprintln(w, "  GUARD\tKIND\tREASON\tCOUNT")
+	for _, a := range in.Absorbed {
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%d\n", a.Guard, a.Kind, a.Reason, a.Count)
+	}
+	return w.Flush()
+}
+
+// noSchema explains a query on a database without usher's tables: the
+// default --database-url names the tests' database, not the demo's.
+func noSchema(err error, dbURL string) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "42P01" {
+		shown := dbURL
+		if u, perr := url.Parse(dbURL); perr == nil {
+			shown = u.Redacted()
+		}
+		return fmt.Errorf("%s has no usher tables (%s): is --database-url (DATABASE_URL) right? A new database needs `host migrate`; the demo prints the flags that read its own", shown, pg.Message)
+	}
+	return err
 }
 
 func forEach(rows pgx.Rows, f func(pgx.Rows) error) error {
@@ -120,88 +216,177 @@ func forEach(rows pgx.Rows, f func(pgx.Rows) error) error {
 	return rows.Err()
 }
 
-func cmdDeadLetters(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("deadletters", flag.ContinueOnError)
-	conn := &connFlags{}
-	conn.register(fs)
-	kind := fs.String("kind", "", "only this kind (list), or requeue every open letter of this kind")
-	limit := fs.Int("limit", 50, "how many to list")
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: host deadletters [flags] list | show ID | requeue ID | requeue --kind KIND")
-		fs.PrintDefaults()
+func (cl *cli) deadLetterCommands() []*command {
+	return []*command{
+		{name: "list", summary: "the open dead letters, oldest first", flags: cl.deadLettersList},
+		{name: "show", args: "ID", summary: "one dead letter, whole", flags: cl.deadLettersShow},
+		{name: "requeue", args: "ID | --kind KIND", summary: "put a dead letter, or every open one of a kind, back through the outbox, identity kept", flags: cl.deadLettersRequeue},
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	rest := fs.Args()
-	if len(rest) == 0 {
-		fs.Usage()
-		return errors.New("deadletters needs a subcommand")
-	}
-	pool, rdb, err := connect(ctx, conn)
+}
+
+// withPool connects to the database conn names for the duration of f.
+func withPool(ctx context.Context, conn *connFlags, f func(*pgxpool.Pool) error) error {
+	pool, err := pgxpool.New(ctx, conn.databaseURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	defer rdb.Close()
-	switch rest[0] {
-	case "list":
-		letters, err := deadletter.List(ctx, pool, *kind, *limit)
+	if err := pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres unreachable: %w", err)
+	}
+	return noSchema(f(pool), conn.databaseURL)
+}
+
+// letterShown is a dead letter as list and show print it.
+type letterShown struct {
+	ID         int64           `json:"id"`
+	JobID      string          `json:"job_id"`
+	Kind       string          `json:"kind"`
+	Payload    string          `json:"payload"`
+	RequestID  string          `json:"request_id"`
+	Trace      string          `json:"trace"`
+	Reason     string          `json:"reason"`
+	LastError  string          `json:"last_error"`
+	Attempts   int             `json:"attempts"`
+	StreamID   string          `json:"stream_id"`
+	History    json.RawMessage `json:"history"`
+	CreatedAt  time.Time       `json:"created_at"`
+	RequeuedAt *time.Time      `json:"requeued_at"`
+	Raw        []rawShown      `json:"raw,omitempty"`
+}
+
+func shown(l deadletter.Letter) letterShown {
+	s := letterShown{ID: l.ID, JobID: l.JobID, Kind: l.Kind, Payload: showBytes(l.Payload, len(l.Payload)),
+		RequestID: l.RequestID, Trace: l.Trace, Reason: l.Reason, LastError: l.LastError,
+		Attempts: l.Attempts, StreamID: l.StreamID, History: l.History, CreatedAt: l.CreatedAt, RequeuedAt: l.RequeuedAt}
+	if len(s.History) == 0 {
+		s.History = json.RawMessage("null")
+	}
+	if l.Raw != nil {
+		s.Raw = showRaw(l.Raw)
+	}
+	return s
+}
+
+func (cl *cli) deadLettersList(fs *flag.FlagSet) runner {
+	conn := &connFlags{}
+	conn.registerDB(fs)
+	kind := fs.String("kind", "", "only letters of this kind")
+	limit := fs.Int("limit", 50, "at most this many")
+	asJSON := jsonFlag(fs)
+	return func(ctx context.Context, pos []string) error {
+		if len(pos) > 0 {
+			return usageError{fmt.Sprintf("deadletters list takes no arguments, got %q", pos)}
+		}
+		if *limit <= 0 {
+			return usageError{fmt.Sprintf("--limit must be positive, got %d", *limit)}
+		}
+		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
+			letters, err := deadletter.List(ctx, pool, *kind, *limit)
+			if err != nil {
+				return err
+			}
+			if *asJSON {
+				out := make([]letterShown, 0, len(letters))
+				for _, l := range letters {
+					out = append(out, shown(l))
+				}
+				return writeJSON(cl.stdout, out)
+			}
+			if len(letters) == 0 {
+				if *kind != "" {
+					_, err := fmt.Fprintf(cl.stdout, "no open dead letters of kind %s\n", *kind)
+					return err
+				}
+				_, err := fmt.Fprintln(cl.stdout, "no open dead letters")
+				return err
+			}
+			w := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tJOB\tKIND\tATTEMPTS\tAGE\tREASON")
+			for _, l := range letters {
+				fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\n", l.ID, l.JobID, l.Kind, l.Attempts,
+					cl.now().Sub(l.CreatedAt).Round(time.Second), truncate(l.Reason, 100))
+			}
+			return w.Flush()
+		})
+	}
+}
+
+func (cl *cli) deadLettersShow(fs *flag.FlagSet) runner {
+	conn := &connFlags{}
+	conn.registerDB(fs)
+	asJSON := jsonFlag(fs)
+	return func(ctx context.Context, pos []string) error {
+		id, err := idArg("show", pos)
 		if err != nil {
 			return err
 		}
-		w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "ID\tJOB\tKIND\tATTEMPTS\tAGE\tREASON")
-		for _, l := range letters {
-			fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\n", l.ID, l.JobID, l.Kind, l.Attempts,
-				time.Since(l.CreatedAt).Round(time.Second), truncate(l.Reason, 100))
+		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
+			l, err := deadletter.Get(ctx, pool, id)
+			if err != nil {
+				return err
+			}
+			s := shown(l)
+			if *asJSON {
+				return writeJSON(cl.stdout, s)
+			}
+			return s.print(cl.stdout, cl.now())
+		})
+	}
+}
+
+func (s letterShown) print(out io.Writer, now time.Time) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	requeued := "no"
+	if s.RequeuedAt != nil {
+		requeued = s.RequeuedAt.UTC().Format(time.RFC3339)
+	}
+	for _, f := range [][2]string{
+		{"id", strconv.FormatInt(s.ID, 10)}, {"job", s.JobID}, {"kind", s.Kind}, {"attempts", strconv.Itoa(s.Attempts)},
+		{"created", fmt.Sprintf("%s (%s ago)", s.CreatedAt.UTC().Format(time.RFC3339), now.Sub(s.CreatedAt).Round(time.Second))},
+		{"requeued", requeued}, {"stream id", s.StreamID}, {"request id", s.RequestID}, {"trace", s.Trace},
+		{"reason", s.Reason}, {"last error", s.LastError}, {"payload", s.Payload}, {"history", string(s.History)},
+	} {
+		fmt.Fprintf(w, "%s\t%s\n", f[0], f[1])
+	}
+	for _, r := range s.Raw {
+		cut := ""
+		if r.Cut {
+			cut = ", cut"
 		}
-		w.Flush()
-		if len(letters) == 0 {
-			fmt.Println("no open dead letters")
-		}
-		return nil
-	case "show":
-		id, err := idArg(rest)
-		if err != nil {
-			return err
-		}
-		l, err := deadletter.Get(ctx, pool, id)
-		if err != nil {
-			return err
-		}
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		out := map[string]any{
-			"id": l.ID, "job_id": l.JobID, "kind": l.Kind, "payload": showBytes(l.Payload, len(l.Payload)),
-			"request_id": l.RequestID, "trace": l.Trace, "reason": l.Reason, "last_error": l.LastError,
-			"attempts": l.Attempts, "stream_id": l.StreamID, "history": l.History,
-			"created_at": l.CreatedAt, "requeued_at": l.RequeuedAt,
-		}
-		if l.Raw != nil {
-			out["raw"] = showRaw(l.Raw)
-		}
-		return enc.Encode(out)
-	case "requeue":
+		fmt.Fprintf(w, "raw %s\t%s (%d bytes%s)\n", r.Field, r.Value, r.Bytes, cut)
+	}
+	return w.Flush()
+}
+
+func (cl *cli) deadLettersRequeue(fs *flag.FlagSet) runner {
+	conn := &connFlags{}
+	conn.registerDB(fs)
+	kind := fs.String("kind", "", "requeue every open letter of this kind (instead of one ID)")
+	return func(ctx context.Context, pos []string) error {
 		var id int64
-		if *kind == "" {
-			if id, err = idArg(rest); err != nil {
+		switch {
+		case *kind != "" && len(pos) > 0:
+			return usageError{fmt.Sprintf("deadletters requeue takes an ID or --kind, not both (got %q and --kind %s)", pos, *kind)}
+		case *kind == "":
+			var err error
+			if id, err = idArg("requeue", pos); err != nil {
 				return err
 			}
 		}
-		var n int
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			n, err = deadletter.Requeue(ctx, tx, id, *kind)
+		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
+			var n int
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var err error
+				n, err = deadletter.Requeue(ctx, tx, id, *kind)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(cl.stdout, "requeued %d dead letter(s) through the outbox, identities kept\n", n)
 			return err
 		})
-		if err != nil {
-			return err
-		}
-		fmt.Printf("requeued %d dead letter(s) through the outbox, identities kept\n", n)
-		return nil
-	default:
-		fs.Usage()
-		return fmt.Errorf("unknown deadletters subcommand %q", rest[0])
 	}
 }
 
@@ -246,13 +431,13 @@ func showBytes(b []byte, full int) string {
 	return s
 }
 
-func idArg(rest []string) (int64, error) {
-	if len(rest) < 2 {
-		return 0, errors.New("needs a dead letter ID")
+func idArg(cmd string, pos []string) (int64, error) {
+	if len(pos) != 1 {
+		return 0, usageError{fmt.Sprintf("deadletters %s takes one dead letter ID, got %q", cmd, pos)}
 	}
-	id, err := strconv.ParseInt(rest[1], 10, 64)
+	id, err := strconv.ParseInt(pos[0], 10, 64)
 	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("%q is not a dead letter ID", rest[1])
+		return 0, usageError{fmt.Sprintf("%q is not a dead letter ID", pos[0])}
 	}
 	return id, nil
 }

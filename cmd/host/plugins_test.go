@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,8 +26,9 @@ func install(t *testing.T, dir, bin, file, name, version string) {
 	tmp := filepath.Join(dir, "."+file+".tmp")
 	require.NoError(t, os.WriteFile(tmp, b, 0o755))
 	require.NoError(t, os.Rename(tmp, filepath.Join(dir, file)))
-	require.NoError(t, cmdPlugins(context.Background(),
-		[]string{"manifest", filepath.Join(dir, file), "--name", name, "--version", version, "--kind", "update_sales_counter", "--write"}))
+	cl := &cli{stdout: io.Discard, stderr: io.Discard, now: time.Now}
+	require.NoError(t, cl.run(context.Background(),
+		[]string{"plugins", "manifest", filepath.Join(dir, file), "--name", name, "--version", version, "--kind", "update_sales_counter", "--write"}))
 }
 
 // operator runs the host binary as an operator whose home is home: no
@@ -98,6 +100,8 @@ func TestPluginsCommands(t *testing.T) {
 	require.Contains(t, o.ok("plugins"), "counters  1.0.0")
 	require.Contains(t, o.ok("plugins", "list"), "counters  1.0.0")
 	require.Contains(t, o.ok("plugins", "list", "--admin-addr", h.AdminAddr()), "counters  1.0.0")
+	require.Contains(t, o.ok("plugins", "--json"), `"name": "counters"`)
+	require.Contains(t, o.ok("--json", "plugins", "list", "--admin-addr", h.AdminAddr()), `"version": "1.0.0"`)
 
 	install(t, dir, hosttest.Build(t, "./plugins/counters", "main.version=2.0.0"), "counters", "counters", "2.0.0")
 	out := o.ok("plugins", "reload", "counters")
@@ -148,15 +152,14 @@ func TestPluginsCommandsToken(t *testing.T) {
 	require.NoError(t, os.Chmod(wrong, 0o644))
 	require.Contains(t, o.fails("plugins", "list", "--admin-token-file", wrong), "has mode 0644: group or others may read it")
 
-	// Flags: both token sources, a flag before the subcommand, an empty
+	// Flags: both token sources, a flag before the subcommand (taken), an empty
 	// address or file, an unknown flag, a second name.
 	require.Contains(t, o.with("USHER_ADMIN_TOKEN="+h.AdminToken).fails("plugins", "list", "--admin-token-file", tokenFile),
 		"both USHER_ADMIN_TOKEN and --admin-token-file are given: use one")
-	require.Contains(t, o.fails("plugins", "--admin-addr", h.AdminAddr(), "reload"),
-		`list takes no arguments, got ["reload"] (flags go after the subcommand)`)
+	require.Contains(t, o.ok("plugins", "--admin-addr", h.AdminAddr(), "reload"), "counters: unchanged (1.0.0)")
 	require.Contains(t, o.fails("plugins", "list", "--admin-addr", ""), "--admin-addr is empty")
 	require.Contains(t, o.fails("plugins", "list", "--admin-token-file", ""), "--admin-token-file needs a path")
-	require.Contains(t, o.fails("plugins", "list", "--admin-token", h.AdminToken), "flag provided but not defined: -admin-token")
+	require.Contains(t, o.fails("plugins", "list", "--admin-token", h.AdminToken), "unknown flag --admin-token")
 	require.Contains(t, o.fails("plugins", "reload", "counters", "tickets"), `reload takes at most one plugin name, got ["counters" "tickets"]`)
 	require.Contains(t, o.fails("plugins", "reload", "--timeout", "0s"), "--timeout must be positive")
 	require.Contains(t, o.fails("plugins", "reload", "--", "--admin-addr"), `names plugin "--admin-addr"`)
@@ -165,7 +168,7 @@ func TestPluginsCommandsToken(t *testing.T) {
 	// host run checks its token flags before it connects anywhere.
 	require.Contains(t, o.with("USHER_ADMIN_TOKEN="+h.AdminToken).fails("run", "--admin-token-file", tokenFile),
 		"both USHER_ADMIN_TOKEN and --admin-token-file are given: use one")
-	require.Contains(t, o.fails("run", "--plugin-dir", "x", "extra", "--admin-addr", ""), `run takes no arguments, got ["extra" "--admin-addr" ""]`)
+	require.Contains(t, o.fails("run", "--plugin-dir", "x", "extra", "--admin-addr", ""), `run takes no arguments, got ["extra"]`)
 }
 
 // plugins rollback: nothing to roll back to before a swap; after one, back

@@ -1,13 +1,18 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/hosttest"
 )
 
@@ -51,6 +56,26 @@ func TestREADMEAdminCommands(t *testing.T) {
 		require.Contains(t, string(out), want[i], line)
 	}
 
+	// The Operating section's plugins list and reload lines, every optional
+	// part left out and put in.
+	ran := 0
+	for _, line := range readmeBlock(t, "## Operating", "sh") {
+		if !strings.HasPrefix(line, "bin/host plugins [list]") && !strings.HasPrefix(line, "bin/host plugins reload") {
+			continue
+		}
+		for _, l := range expand(line) {
+			l = strings.ReplaceAll(l, " NAME", " counters")
+			cmdline, _, _ := strings.Cut(l, "  #")
+			cmd := o.cmd("sh", "-c", cmdline)
+			cmd.Dir = work
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s: %s", l, out)
+			require.Contains(t, string(out), "counters", l)
+			ran++
+		}
+	}
+	require.Equal(t, 6, ran, "plugins, plugins list, each with and without --json; reload, reload counters")
+
 	// The same commands without the token fail.
 	nobody := o
 	nobody.home = t.TempDir()
@@ -64,4 +89,129 @@ func TestREADMEAdminCommands(t *testing.T) {
 	yaml := strings.Join(readmeBlock(t, "**The admin API.**", "yaml"), "\n")
 	require.Contains(t, yaml, "authorization:\n      credentials_file: ")
 	require.Contains(t, yaml, `targets: ["127.0.0.1:9464"]`)
+}
+
+// expand returns line with each "[...]" left out and put in, every
+// combination, the shortest first.
+func expand(line string) []string {
+	i := strings.Index(line, " [")
+	if i < 0 {
+		return []string{line}
+	}
+	j := strings.Index(line[i:], "]") + i
+	var out []string
+	for _, rest := range expand(line[j+1:]) {
+		out = append(out, line[:i]+rest, line[:i]+" "+line[i+2:j]+rest)
+	}
+	return out
+}
+
+// readmeShell runs line with sh in dir, where bin/host is the host binary,
+// with env, and returns its output; a non-zero exit fails the test.
+func readmeShell(t *testing.T, dir string, env []string, line string) string {
+	t.Helper()
+	cmdline, _, _ := strings.Cut(line, "  #")
+	cmd := exec.Command("sh", "-c", cmdline)
+	cmd.Dir = dir
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, env...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s: %s", cmdline, out)
+	return string(out)
+}
+
+// binDir returns a directory holding bin/host, the host binary.
+func binDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "bin"), 0o755))
+	require.NoError(t, os.Symlink(hosttest.Build(t, "./cmd/host"), filepath.Join(dir, "bin", "host")))
+	return dir
+}
+
+// The Operating section's database commands, as written, every optional
+// part left out and put in: K is a kind with open dead letters, ID the
+// oldest open one's; the database and stream come from DATABASE_URL and
+// USHER_STREAM. Then the "flags go anywhere" pair, on the database they
+// name (the test's in place of the README's).
+func TestREADMEOperatingCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, dbURL := hosttest.DB(t)
+	_, stream := hosttest.Redis(t)
+	const kind = "update_sales_counter"
+	for i := range 4 {
+		_, err := deadletter.Add(ctx, pool, deadletter.Letter{JobID: strconv.Itoa(i), Kind: kind, Payload: []byte(`{}`),
+			Reason: "permanent failure: order " + strconv.Itoa(i), Attempts: 1, StreamID: strconv.Itoa(i) + "-0"})
+		require.NoError(t, err)
+	}
+	dir := binDir(t)
+	env := []string{"DATABASE_URL=" + dbURL, "USHER_STREAM=" + stream, "REDIS_URL=" + hosttest.RedisURL()}
+
+	ran := 0
+	for _, line := range readmeBlock(t, "## Operating", "sh") {
+		if !strings.HasPrefix(line, "bin/host migrate") && !strings.HasPrefix(line, "bin/host inspect") &&
+			!strings.HasPrefix(line, "bin/host deadletters") {
+			continue
+		}
+		for _, l := range expand(line) {
+			var id string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(min(id), 0)::text FROM dead_letters WHERE requeued_at IS NULL`).Scan(&id))
+			l = strings.ReplaceAll(strings.ReplaceAll(l, " ID", " "+id), " K", " "+kind)
+			out := readmeShell(t, dir, env, l)
+			switch {
+			case strings.Contains(l, "requeue"):
+				require.Contains(t, out, "requeued ", l)
+			case strings.Contains(l, "--json"):
+				require.True(t, json.Valid([]byte(out)), "%s: %s", l, out)
+				require.Contains(t, out, kind, l)
+			case strings.Contains(l, "inspect"), strings.Contains(l, "deadletters"):
+				require.Contains(t, out, kind, l)
+			}
+			ran++
+		}
+	}
+	require.Equal(t, 11, ran, "migrate, inspect ×2, list ×4, show ×2, requeue ×2")
+	require.EqualValues(t, 0, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL`))
+
+	_, err := deadletter.Add(ctx, pool, deadletter.Letter{JobID: "9", Kind: kind, Payload: []byte(`{}`), Reason: "permanent failure: order 9", Attempts: 1, StreamID: "9-0"})
+	require.NoError(t, err)
+	ours := strings.TrimSuffix(dbURL, "?sslmode=disable")
+	lines := readmeBlock(t, "**Flags go anywhere**", "sh")
+	require.Len(t, lines, 2)
+	var outs []string
+	for _, line := range lines {
+		require.Contains(t, line, "postgres://usher@127.0.0.1:5432/stagedoor")
+		line = strings.ReplaceAll(line, "postgres://usher@127.0.0.1:5432/stagedoor", ours)
+		outs = append(outs, readmeShell(t, dir, []string{"DATABASE_URL=postgres://nobody@127.0.0.1:1/none"}, line))
+	}
+	require.Contains(t, outs[0], "permanent failure: order 9")
+	require.Equal(t, outs[0], outs[1])
+}
+
+// The commands the demo prints to read its state are the README's, and
+// they read the database and stream they name (the test's in place of the
+// demo's).
+func TestREADMEDemoCommands(t *testing.T) {
+	t.Parallel()
+	demoURL, err := demoDatabaseURL(demoAdminURL, true)
+	require.NoError(t, err)
+	lines := readmeBlock(t, "ends by printing the commands that read them:", "sh")
+	require.Equal(t, inspectCommands(demoURL, demoStream), lines)
+
+	ctx := context.Background()
+	pool, dbURL := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	_, err = deadletter.Add(ctx, pool, deadletter.Letter{JobID: "1", Kind: "send_tickets", Payload: []byte(`{}`), Reason: "permanent failure: demo", Attempts: 1, StreamID: "1-0"})
+	require.NoError(t, err)
+	require.NoError(t, rdb.XGroupCreateMkStream(ctx, stream, "usher", "0").Err())
+	dir := binDir(t)
+	env := []string{"DATABASE_URL=postgres://nobody@127.0.0.1:1/none", "USHER_STREAM=nothing", "REDIS_URL=" + hosttest.RedisURL()}
+	for _, line := range lines {
+		line = strings.ReplaceAll(strings.ReplaceAll(line, demoURL, dbURL), demoStream, stream)
+		out := readmeShell(t, dir, env, line)
+		require.Contains(t, out, "send_tickets", line)
+		if strings.Contains(line, "inspect") {
+			require.Contains(t, out, "  pending           0\n", line)
+		}
+	}
 }

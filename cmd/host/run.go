@@ -13,18 +13,20 @@ import (
 	"github.com/usherhq/usher/migrations"
 )
 
-func cmdRun(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+func (cl *cli) runFlags(fs *flag.FlagSet) runner {
 	var f hostFlags
 	f.register(fs)
 	var tf tokenFlags
 	tf.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, pos []string) error {
+		if len(pos) > 0 {
+			return usageError{fmt.Sprintf("run takes no arguments, got %q", pos)}
+		}
+		return serve(ctx, &f, &tf)
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("run takes no arguments, got %q", fs.Args())
-	}
+}
+
+func serve(ctx context.Context, f *hostFlags, tf *tokenFlags) error {
 	cfg, err := f.config()
 	if err != nil {
 		return err
@@ -48,21 +50,19 @@ func cmdRun(ctx context.Context, args []string) error {
 	return h.Run(ctx)
 }
 
-func cmdMigrate(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+func (cl *cli) migrateFlags(fs *flag.FlagSet) runner {
 	conn := &connFlags{}
-	conn.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
+	conn.registerDB(fs)
+	return func(ctx context.Context, pos []string) error {
+		if len(pos) > 0 {
+			return usageError{fmt.Sprintf("migrate takes no arguments, got %q", pos)}
+		}
+		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
+			if err := migrations.Up(ctx, pool); err != nil {
+				return err
+			}
+			_, err := fmt.Fprintln(cl.stdout, "migrations applied")
+			return err
+		})
 	}
-	pool, err := pgxpool.New(ctx, conn.databaseURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := migrations.Up(ctx, pool); err != nil {
-		return err
-	}
-	fmt.Println("migrations applied")
-	return nil
 }

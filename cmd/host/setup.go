@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -19,34 +18,35 @@ import (
 // cmdSetup is the one step that needs a database administrator: it creates
 // the runtime's owner role (the host's login, no superuser) and a login
 // role per plugin, on the database the admin URL names.
-func cmdSetup(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("setup", flag.ContinueOnError)
+func (cl *cli) setupFlags(fs *flag.FlagSet) runner {
 	adminURL := fs.String("admin-url", "", "an administrator's URL (superuser or CREATEROLE) for the database to set up (required)")
 	owner := fs.String("owner", "usher", "the runtime's owner role: the host's login")
 	passfile := fs.String("passfile", "", "give each role created a random password and record it in this passfile (libpq format, mode 0600); empty: no passwords (trust or certificate authentication)")
 	var plugins listFlag
 	fs.Var(&plugins, "plugin", "a plugin whose login role usher_plugin_<name> to create (repeat for each)")
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return err
+	return func(ctx context.Context, pos []string) error {
+		if len(pos) > 0 || *adminURL == "" {
+			return usageError{"usage: host setup --admin-url URL [--owner NAME] [--plugin NAME ...] [--passfile FILE]"}
+		}
+		return cl.setup(ctx, *adminURL, *owner, *passfile, plugins)
 	}
-	if len(pos) > 0 || *adminURL == "" {
-		return errors.New("usage: host setup --admin-url URL [--owner NAME] [--plugin NAME ...] [--passfile FILE]")
-	}
-	admin, err := pgx.Connect(ctx, *adminURL)
+}
+
+func (cl *cli) setup(ctx context.Context, adminURL, owner, passfile string, plugins []string) error {
+	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
 		return fmt.Errorf("setup: %w", err)
 	}
 	defer admin.Close(ctx)
-	cfg := sandbox.SetupConfig{Owner: *owner, Plugins: plugins, PluginPasswords: map[string]string{}}
+	cfg := sandbox.SetupConfig{Owner: owner, Plugins: plugins, PluginPasswords: map[string]string{}}
 	var entries []string
 	cc := admin.Config()
 	entry := func(role, pw string) string {
 		return strings.Join([]string{passEscape(cc.Host), fmt.Sprint(cc.Port), passEscape(cc.Database), passEscape(role), passEscape(pw)}, ":")
 	}
-	if *passfile != "" {
+	if passfile != "" {
 		cfg.OwnerPassword = newPassword()
-		entries = append(entries, entry(*owner, cfg.OwnerPassword))
+		entries = append(entries, entry(owner, cfg.OwnerPassword))
 		for _, p := range plugins {
 			pw := newPassword()
 			cfg.PluginPasswords[p] = pw
@@ -56,17 +56,17 @@ func cmdSetup(ctx context.Context, args []string) error {
 	if err := sandbox.Setup(ctx, admin, cfg); err != nil {
 		return err
 	}
-	if *passfile != "" {
-		if err := writePassfile(*passfile, entries); err != nil {
+	if passfile != "" {
+		if err := writePassfile(passfile, entries); err != nil {
 			return err
 		}
 	}
-	fmt.Printf("owner %s (the host's login, no superuser)\n", *owner)
+	fmt.Fprintf(cl.stdout, "owner %s (the host's login, no superuser)\n", owner)
 	for _, p := range plugins {
-		fmt.Printf("plugin %s: login role %s\n", p, sandbox.PluginRole(p))
+		fmt.Fprintf(cl.stdout, "plugin %s: login role %s\n", p, sandbox.PluginRole(p))
 	}
-	if *passfile != "" {
-		fmt.Printf("passwords in %s: run the host with PGPASSFILE=%s\n", *passfile, *passfile)
+	if passfile != "" {
+		fmt.Fprintf(cl.stdout, "passwords in %s: run the host with PGPASSFILE=%s\n", passfile, passfile)
 	}
 	return nil
 }
