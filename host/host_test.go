@@ -231,10 +231,14 @@ func TestInterruptedJobRunsWhenPluginIsBack(t *testing.T) {
 
 	b.held(t, "counter.apply", jobID)
 	pid := h.Plugins()[0].Pid
+	killed := time.Now()
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
 	hosttest.Eventually(t, 20*time.Second, "every job applied, the interrupted one included, before the reclaimer could run", func() bool {
 		return hosttest.Count(t, b.pool, `SELECT count(*) FROM processed_jobs`) == 20 && hosttest.Pending(t, b.rdb, b.stream, "usher") == 0
 	})
+	var applied time.Time
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT processed_at FROM processed_jobs WHERE job_id = $1`, jobID).Scan(&applied))
+	t.Logf("kill -9 to the interrupted job applied: %s", applied.Sub(killed).Round(time.Millisecond))
 	b.requireCounters(t, want)
 	require.EqualValues(t, 20, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`))
 	require.NotEqual(t, pid, h.Plugins()[0].Pid, "the plugin was restarted")
