@@ -211,7 +211,10 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		h.Close()
 		return nil, err
 	}
-	h.log.Info("host ready", "config", cfg, "kinds", h.Kinds(), "protocols", pluginhost.Protocols())
+	// The host's own pool serves the relay, scheduler, reconciler and
+	// bookkeeping; each plugin's jobs run on its own (logged at load).
+	h.log.Info("host ready", "config", cfg, "kinds", h.Kinds(), "protocols", pluginhost.Protocols(),
+		"host_pool_size", h.pool.Config().MaxConns)
 	return h, nil
 }
 
