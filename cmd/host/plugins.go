@@ -177,19 +177,9 @@ func (cl *cli) reload(ctx context.Context, c *adminClient, timeout time.Duration
 	if len(pos) == 1 {
 		path += "?name=" + url.QueryEscape(pos[0])
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	resp, err := c.do(ctx, http.MethodPost, path)
+	out, err := c.swap(ctx, timeout, path)
 	if err != nil {
 		return err
-	}
-	defer resp.Body.Close()
-	var out host.ReloadResponse
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return fmt.Errorf("host answered %s: %w", resp.Status, err)
-	}
-	if out.Error != "" {
-		return errors.New(out.Error)
 	}
 	refused := 0
 	for _, r := range out.Results {
@@ -230,19 +220,9 @@ func (cl *cli) pluginsRollback(fs *flag.FlagSet) runner {
 		if err := c.load(); err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(ctx, *timeout)
-		defer cancel()
-		resp, err := c.do(ctx, http.MethodPost, "/plugins/rollback?name="+url.QueryEscape(pos[0]))
+		out, err := c.swap(ctx, *timeout, "/plugins/rollback?name="+url.QueryEscape(pos[0]))
 		if err != nil {
 			return err
-		}
-		defer resp.Body.Close()
-		var out host.ReloadResponse
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			return fmt.Errorf("host answered %s: %w", resp.Status, err)
-		}
-		if out.Error != "" {
-			return errors.New(out.Error)
 		}
 		for _, r := range out.Results {
 			fmt.Fprintf(cl.stdout, "%s: rolled back %s -> %s (previous version up in %s, %s)\n", r.Plugin, r.From, r.To,
@@ -250,6 +230,26 @@ func (cl *cli) pluginsRollback(fs *flag.FlagSet) runner {
 		}
 		return nil
 	}
+}
+
+// swap posts a reload or rollback to the admin API and returns the host's
+// answer, or the error it answered.
+func (c *adminClient) swap(ctx context.Context, timeout time.Duration, path string) (host.ReloadResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var out host.ReloadResponse
+	resp, err := c.do(ctx, http.MethodPost, path)
+	if err != nil {
+		return out, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return out, fmt.Errorf("host answered %s: %w", resp.Status, err)
+	}
+	if out.Error != "" {
+		return out, errors.New(out.Error)
+	}
+	return out, nil
 }
 
 // drainText says how the old version's calls ended in a swap.
