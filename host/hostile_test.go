@@ -47,6 +47,8 @@ var hostileCases = []hostileCase{
 	{"hostile_apply", "commit", "ended the host's transaction", false},
 	{"hostile_apply", "commit-chain", "ended the host's transaction", false},
 	{"hostile_apply", "commit-one-call", "ended the host's transaction", false},
+	{"hostile_apply", "returned-commit", "ended the host's transaction", false},
+	{"hostile_apply", "returned-query", "only plain writes can be returned", false},
 	{"hostile_apply", "holdable-cursor", "", false},
 	{"hostile_apply", "savepoint", "controlled the host's transaction (SAVEPOINT)", false},
 	// Pooled connections: what it leaves is reset before the next job.
@@ -55,6 +57,7 @@ var hostileCases = []hostileCase{
 	{"hostile_state", "readonly-write", "a read-only phase wrote", false},
 	{"hostile_state", "write-before-win", "wrote before its conditional write won", false},
 	{"hostile_state", "fake-returning", `the database ran "SELECT 1"`, false},
+	{"hostile_state", "returned-writes", "only an apply phase that succeeded may", false},
 	{"hostile_state", "write-after-loss", "wrote although its conditional write lost", false},
 	{"hostile_state", "holdable-cursor", "", true},
 	{"hostile_state", "clean", "", false},

@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
@@ -49,11 +50,11 @@ func (h handle) execAll(ctx context.Context, stmts []Statement) ([]int64, error)
 	}
 	wst := make([]*usherv1.Statement, len(stmts))
 	for i, st := range stmts {
-		vals, err := wire.ToValues(st.Args)
+		w, err := st.wire()
 		if err != nil {
 			return nil, fmt.Errorf("sdk: statement %d: %w", i+1, err)
 		}
-		wst[i] = &usherv1.Statement{Mode: usherv1.Mode_MODE_EXEC, Sql: st.SQL, Args: vals}
+		wst[i] = w
 	}
 	res, err := h.host.exec(ctx, h.id, wst)
 	if err != nil {
@@ -65,14 +66,44 @@ func (h handle) execAll(ctx context.Context, stmts []Statement) ([]int64, error)
 	n := make([]int64, len(res))
 	for i, r := range res {
 		n[i] = r.GetRowsAffected()
+		if err := stmts[i].short(n[i]); err != nil {
+			return n, err
+		}
 	}
 	return n, nil
 }
 
-// Statement is one write of an ExecAll.
+// Statement is one write of ExecAll or Queue.
 type Statement struct {
 	SQL  string
 	Args []any
+	// MinRows, when above 0, is the fewest rows the write must affect:
+	// fewer fail the job permanently with Missing as its error (and roll
+	// its transaction back). "UPDATE ... WHERE id = $1" with MinRows 1
+	// says the row must exist.
+	MinRows int64
+	Missing string
+}
+
+// short is the error of a write that affected n rows, fewer than its
+// MinRows; nil when it affected enough.
+func (st Statement) short(n int64) error {
+	if n >= st.MinRows {
+		return nil
+	}
+	msg := st.Missing
+	if msg == "" {
+		msg = fmt.Sprintf("a write affected %d rows, fewer than the %d it needs", n, st.MinRows)
+	}
+	return Permanent(errors.New(msg))
+}
+
+func (st Statement) wire() (*usherv1.Statement, error) {
+	vals, err := wire.ToValues(st.Args)
+	if err != nil {
+		return nil, err
+	}
+	return &usherv1.Statement{Mode: usherv1.Mode_MODE_EXEC, Sql: st.SQL, Args: vals, MinRows: st.MinRows, Missing: st.Missing}, nil
 }
 
 func (h handle) query(ctx context.Context, sql string, args []any) (*Rows, error) {
@@ -197,7 +228,12 @@ func (w *Win) Enqueue(ctx context.Context, jobs ...Args) error {
 // Tx is the host's transaction in the apply phase of a job whose identity
 // the host records in processed_jobs. Everything here commits together with
 // that record, or not at all.
-type Tx struct{ h handle }
+type Tx struct {
+	h handle
+	// queued are the writes Queue queued, sent with Apply's answer.
+	queued []*usherv1.Statement
+	err    error
+}
 
 // Query runs a query inside the transaction.
 func (tx *Tx) Query(ctx context.Context, sql string, args ...any) (*Rows, error) {
@@ -221,6 +257,23 @@ func (tx *Tx) Exec(ctx context.Context, sql string, args ...any) (int64, error) 
 // results saves a round trip per statement this way.
 func (tx *Tx) ExecAll(ctx context.Context, stmts ...Statement) ([]int64, error) {
 	return tx.h.execAll(ctx, stmts)
+}
+
+// Queue queues writes that the host runs in the transaction once Apply
+// has returned nil, in order, after any Exec: they cost no round trip to
+// the host, which is what makes a write-only handler (a counter) cheap. Apply
+// cannot see what they do; a write that affects fewer rows than its
+// MinRows fails the job permanently with its Missing error, and the job's
+// transaction, its record included, is rolled back. If Apply returns an
+// error, nothing queued runs.
+func (tx *Tx) Queue(stmts ...Statement) {
+	for i, st := range stmts {
+		w, err := st.wire()
+		if err != nil && tx.err == nil {
+			tx.err = Permanent(fmt.Errorf("sdk: queued write %d: %w", len(tx.queued)+i+1, err))
+		}
+		tx.queued = append(tx.queued, w)
+	}
 }
 
 // Enqueue adds follow-on jobs to the outbox inside the transaction.

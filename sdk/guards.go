@@ -79,6 +79,8 @@ type ClaimEffect[T Args] interface {
 // state to read (a counter). The host inserts the job's identity into
 // processed_jobs in the same transaction as Apply's writes; a second run
 // finds it and Apply is not called. It protects database effects only.
+// Writes whose results Apply does not need are best queued (Tx.Queue):
+// they travel with Apply's answer instead of a call to the host each.
 type RecordJobID[T Args] interface {
 	Apply(ctx context.Context, job Job[T], tx *Tx) error
 }

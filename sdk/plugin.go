@@ -247,7 +247,16 @@ func (k *jobIDKind[T]) invoke(ctx context.Context, env invokeEnv, call *usherv1.
 	if call.GetPhase() != usherv1.Phase_PHASE_APPLY {
 		return wrongPhase(call, "job-id")
 	}
-	return result(k.h.Apply(ctx, job, &Tx{h: handle{host: env.host, id: call.GetHandle()}}))
+	tx := &Tx{h: handle{host: env.host, id: call.GetHandle()}}
+	err = k.h.Apply(ctx, job, tx)
+	if err == nil {
+		err = tx.err
+	}
+	res := result(err)
+	if err == nil {
+		res.Writes = tx.queued
+	}
+	return res
 }
 
 // lease returns the claim's lease, defaulted.

@@ -209,6 +209,28 @@ func (hs *Handles) Exec(ctx context.Context, req *usherv1.ExecRequest) (*usherv1
 	return out, nil
 }
 
+// write runs one write an apply phase returned with its answer
+// (Result.writes) as if the plugin had sent it through Exec under h: the
+// same checks, under the job's deadline. It returns the rows affected.
+func (hs *Handles) write(h *handle, st *usherv1.Statement) (int64, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.usable(); err != nil {
+		return 0, err
+	}
+	if st.GetMode() != usherv1.Mode_MODE_EXEC {
+		return 0, status.Errorf(codes.InvalidArgument, "%s job %s: only plain writes can be returned with the answer, not %v",
+			h.job.GetKind(), h.job.GetId(), st.GetMode())
+	}
+	ctx, cancel := hs.bound(h.ctx, h)
+	defer cancel()
+	res, err := hs.execInTx(ctx, h, st)
+	if err != nil {
+		return 0, h.noteDenied(err)
+	}
+	return res.GetRowsAffected(), nil
+}
+
 // noteDenied records the first statement the database refused to the
 // plugin's role. The capability refusals of this file are not recorded:
 // they are answered to the plugin, which fails its phase with them.

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 	"github.com/usherhq/usher/sdk/wire"
@@ -147,6 +149,10 @@ func (r *Runner) call(ctx context.Context, inv Invoker, c *usherv1.Call) (*usher
 		return nil, permanent(fmt.Errorf("plugin answered garbage: %d results for 1 calls", len(res))), false
 	}
 	rs := res[0]
+	if len(rs.GetWrites()) > 0 && (c.GetPhase() != usherv1.Phase_PHASE_APPLY || rs.GetOutcome() != usherv1.Outcome_OUTCOME_OK) {
+		return rs, permanent(fmt.Errorf("refused: %s job %s: the plugin returned writes with a %s answer in %s; only an apply phase that succeeded may",
+			c.GetJob().GetKind(), c.GetJob().GetId(), rs.GetOutcome(), phaseName(c.GetPhase()))), false
+	}
 	switch rs.GetOutcome() {
 	case usherv1.Outcome_OUTCOME_OK, usherv1.Outcome_OUTCOME_DONE:
 		return rs, Outcome{}, true
@@ -269,7 +275,10 @@ func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 		return absorbed("job id already recorded")
 	}
 	h := r.cfg.Handles.issue(ctx, capApply, job, db.Pool, tx, db.Role)
-	_, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_APPLY, Job: job, Handle: h.id})
+	res, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_APPLY, Job: job, Handle: h.id})
+	if ok {
+		out, ok = r.writes(job, h, res.GetWrites())
+	}
 	r.cfg.Handles.release(h)
 	if out, bad := refused(job, h); bad {
 		return out
@@ -281,6 +290,35 @@ func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 		return abandoned(fmt.Errorf("commit: %w", err))
 	}
 	return Outcome{Verdict: Applied, Recorded: outboxID != 0}
+}
+
+// writes runs the writes an apply phase returned with its answer, in
+// order, under its handle; ok is false, with the job's outcome, when one
+// failed or affected fewer rows than it needs.
+func (r *Runner) writes(job *usherv1.Job, h *handle, ws []*usherv1.Statement) (Outcome, bool) {
+	for i, st := range ws {
+		n, err := r.cfg.Handles.write(h, st)
+		if out, bad := refused(job, h); bad {
+			return out, false
+		}
+		if err != nil {
+			code := status.Code(err)
+			err = fmt.Errorf("%s job %s: returned write %d: %w", job.GetKind(), job.GetId(), i+1, err)
+			switch code {
+			case codes.PermissionDenied, codes.InvalidArgument:
+				return permanent(err), false
+			}
+			return Outcome{Verdict: Retry, RetryAfter: r.backoff(job.GetAttempt()), Err: err, Reason: err.Error()}, false
+		}
+		if n < st.GetMinRows() {
+			msg := st.GetMissing()
+			if msg == "" {
+				msg = fmt.Sprintf("returned write %d affected %d rows, fewer than the %d it needs", i+1, n, st.GetMinRows())
+			}
+			return permanent(fmt.Errorf("apply: %s", msg)), false
+		}
+	}
+	return Outcome{}, true
 }
 
 // outcome is the statement that records an applied job's outbox outcome

@@ -154,6 +154,14 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			_, _ = s.broker.Client().Exec(context.Background(), &usherv1.ExecRequest{Handle: h, Statements: []*usherv1.Statement{
 				{Mode: plain, Sql: effect(job)}, {Mode: plain, Sql: "COMMIT"}, {Mode: plain, Sql: effect(job) + "-- after commit"}}})
 			return ok
+		case "returned-commit":
+			// Writes returned with the answer run under the same
+			// checks as those sent through Exec.
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
+				{Mode: plain, Sql: effect(job)}, {Mode: plain, Sql: "COMMIT"}, {Mode: plain, Sql: effect(job) + "-- after commit"}}}
+		case "returned-query":
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
+				{Mode: query, Sql: effect(job) + " RETURNING job_id"}}}
 		case "holdable-cursor":
 			// A query that would run at COMMIT, after the host's checks.
 			s.exec(h, query, "DECLARE h CURSOR WITH HOLD FOR "+enqueueAny)
@@ -194,6 +202,9 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			// COMMIT that enqueues a job (allowed only after a win).
 			s.exec(h, query, "DECLARE h CURSOR WITH HOLD FOR "+enqueueAny)
 			s.exec(h, writeIf, "UPDATE hostile_effects SET n = n + 1 WHERE job_id = 'none' RETURNING job_id")
+		case "returned-writes":
+			// Only an apply phase may return writes.
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{{Mode: plain, Sql: effect(job)}}}
 		case "write-after-loss":
 			s.exec(h, writeIf, "UPDATE hostile_effects SET n = n + 1 WHERE job_id = 'none' RETURNING job_id")
 			s.exec(h, query, effect(job))

@@ -26,20 +26,17 @@ func (h Handler) Apply(ctx context.Context, job sdk.Job[stagedoor.UpdateSalesCou
 	if err := faults.At(ctx, "counter.apply", job.ID); err != nil {
 		return err
 	}
-	// Both writes in one round trip: the audit row needs nothing from
-	// the counter's update, and a missing order rolls both back.
-	n, err := tx.ExecAll(ctx,
+	// Both writes go with Apply's answer: the host runs them in the job's
+	// transaction, with no round trip back to it. The audit row needs
+	// nothing from the update, and a missing order fails the job and
+	// rolls both back.
+	tx.Queue(
 		sdk.Statement{SQL: `
 		UPDATE events e SET seats_sold = e.seats_sold + o.seats
-		FROM orders o WHERE o.id = $1 AND e.id = o.event_id`, Args: []any{job.Args.OrderID}},
+		FROM orders o WHERE o.id = $1 AND e.id = o.event_id`, Args: []any{job.Args.OrderID},
+			MinRows: 1, Missing: fmt.Sprintf("update_sales_counter: order %d does not exist", job.Args.OrderID)},
 		sdk.Statement{SQL: `INSERT INTO counter_applies (job_id, order_id, plugin_version) VALUES ($1, $2, $3)`,
 			Args: []any{job.ID, job.Args.OrderID, h.Version}})
-	if err != nil {
-		return fmt.Errorf("update_sales_counter: %w", err)
-	}
-	if n[0] == 0 {
-		return sdk.Permanent(fmt.Errorf("order %d does not exist", job.Args.OrderID))
-	}
 	job.Log.Debug("seats counted", "order_id", job.Args.OrderID, "plugin_version", h.Version)
 	return nil
 }

@@ -767,7 +767,12 @@ type Result struct {
 	RetryAfterMs int64                  `protobuf:"varint,3,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	State        []byte                 `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
 	// PHASE_CLAIM: the claim row the handler declares.
-	Claim         *ClaimSpec `protobuf:"bytes,5,opt,name=claim,proto3" json:"claim,omitempty"`
+	Claim *ClaimSpec `protobuf:"bytes,5,opt,name=claim,proto3" json:"claim,omitempty"`
+	// PHASE_APPLY, OUTCOME_OK: writes the host runs in the job's
+	// transaction after the call, under the call's handle and its checks,
+	// one at a time, in order: a handler's writes that need no result back
+	// cost no callback. Any other phase or outcome may return none.
+	Writes        []*Statement `protobuf:"bytes,6,rep,name=writes,proto3" json:"writes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -833,6 +838,13 @@ func (x *Result) GetState() []byte {
 func (x *Result) GetClaim() *ClaimSpec {
 	if x != nil {
 		return x.Claim
+	}
+	return nil
+}
+
+func (x *Result) GetWrites() []*Statement {
+	if x != nil {
+		return x.Writes
 	}
 	return nil
 }
@@ -1057,10 +1069,14 @@ func (*Value_Bytes) isValue_Kind() {}
 func (*Value_TimeUnixNanos) isValue_Kind() {}
 
 type Statement struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Mode          Mode                   `protobuf:"varint,1,opt,name=mode,proto3,enum=usher.v1.Mode" json:"mode,omitempty"`
-	Sql           string                 `protobuf:"bytes,2,opt,name=sql,proto3" json:"sql,omitempty"`
-	Args          []*Value               `protobuf:"bytes,3,rep,name=args,proto3" json:"args,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mode  Mode                   `protobuf:"varint,1,opt,name=mode,proto3,enum=usher.v1.Mode" json:"mode,omitempty"`
+	Sql   string                 `protobuf:"bytes,2,opt,name=sql,proto3" json:"sql,omitempty"`
+	Args  []*Value               `protobuf:"bytes,3,rep,name=args,proto3" json:"args,omitempty"`
+	// A write of Result.writes that affects fewer rows than min_rows fails
+	// the job permanently with missing as its error, and rolls it back.
+	MinRows       int64  `protobuf:"varint,4,opt,name=min_rows,json=minRows,proto3" json:"min_rows,omitempty"`
+	Missing       string `protobuf:"bytes,5,opt,name=missing,proto3" json:"missing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1114,6 +1130,20 @@ func (x *Statement) GetArgs() []*Value {
 		return x.Args
 	}
 	return nil
+}
+
+func (x *Statement) GetMinRows() int64 {
+	if x != nil {
+		return x.MinRows
+	}
+	return 0
+}
+
+func (x *Statement) GetMissing() string {
+	if x != nil {
+		return x.Missing
+	}
+	return ""
 }
 
 type Row struct {
@@ -1681,13 +1711,14 @@ const file_usher_proto_rawDesc = "" +
 	"\vdone_column\x18\x05 \x01(\tR\n" +
 	"doneColumn\x12\x19\n" +
 	"\blease_ms\x18\x06 \x01(\x03R\aleaseMs\x12\x16\n" +
-	"\x06intent\x18\a \x01(\tR\x06intent\"\xb2\x01\n" +
+	"\x06intent\x18\a \x01(\tR\x06intent\"\xdf\x01\n" +
 	"\x06Result\x12+\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x11.usher.v1.OutcomeR\aoutcome\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12$\n" +
 	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\fR\x05state\x12)\n" +
-	"\x05claim\x18\x05 \x01(\v2\x13.usher.v1.ClaimSpecR\x05claim\"e\n" +
+	"\x05claim\x18\x05 \x01(\v2\x13.usher.v1.ClaimSpecR\x05claim\x12+\n" +
+	"\x06writes\x18\x06 \x03(\v2\x13.usher.v1.StatementR\x06writes\"e\n" +
 	"\x0eInvokeResponse\x12*\n" +
 	"\aresults\x18\x01 \x03(\v2\x10.usher.v1.ResultR\aresults\x12'\n" +
 	"\x04logs\x18\x02 \x03(\v2\x13.usher.v1.LogRecordR\x04logs\"\xbf\x01\n" +
@@ -1699,11 +1730,13 @@ const file_usher_proto_rawDesc = "" +
 	"\x04bool\x18\x05 \x01(\bH\x00R\x04bool\x12\x16\n" +
 	"\x05bytes\x18\x06 \x01(\fH\x00R\x05bytes\x12(\n" +
 	"\x0ftime_unix_nanos\x18\a \x01(\x03H\x00R\rtimeUnixNanosB\x06\n" +
-	"\x04kind\"f\n" +
+	"\x04kind\"\x9b\x01\n" +
 	"\tStatement\x12\"\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x0e.usher.v1.ModeR\x04mode\x12\x10\n" +
 	"\x03sql\x18\x02 \x01(\tR\x03sql\x12#\n" +
-	"\x04args\x18\x03 \x03(\v2\x0f.usher.v1.ValueR\x04args\".\n" +
+	"\x04args\x18\x03 \x03(\v2\x0f.usher.v1.ValueR\x04args\x12\x19\n" +
+	"\bmin_rows\x18\x04 \x01(\x03R\aminRows\x12\x18\n" +
+	"\amissing\x18\x05 \x01(\tR\amissing\".\n" +
 	"\x03Row\x12'\n" +
 	"\x06values\x18\x01 \x03(\v2\x0f.usher.v1.ValueR\x06values\"\x85\x01\n" +
 	"\x0fStatementResult\x12\x18\n" +
@@ -1829,32 +1862,33 @@ var file_usher_proto_depIdxs = []int32{
 	13, // 5: usher.v1.ClaimSpec.key_values:type_name -> usher.v1.Value
 	2,  // 6: usher.v1.Result.outcome:type_name -> usher.v1.Outcome
 	10, // 7: usher.v1.Result.claim:type_name -> usher.v1.ClaimSpec
-	11, // 8: usher.v1.InvokeResponse.results:type_name -> usher.v1.Result
-	22, // 9: usher.v1.InvokeResponse.logs:type_name -> usher.v1.LogRecord
-	3,  // 10: usher.v1.Statement.mode:type_name -> usher.v1.Mode
-	13, // 11: usher.v1.Statement.args:type_name -> usher.v1.Value
-	13, // 12: usher.v1.Row.values:type_name -> usher.v1.Value
-	15, // 13: usher.v1.StatementResult.rows:type_name -> usher.v1.Row
-	14, // 14: usher.v1.ExecRequest.statements:type_name -> usher.v1.Statement
-	16, // 15: usher.v1.ExecResponse.results:type_name -> usher.v1.StatementResult
-	19, // 16: usher.v1.EnqueueRequest.messages:type_name -> usher.v1.OutboxMessage
-	25, // 17: usher.v1.LogRecord.attrs:type_name -> usher.v1.LogRecord.AttrsEntry
-	22, // 18: usher.v1.LogRequest.records:type_name -> usher.v1.LogRecord
-	5,  // 19: usher.v1.Plugin.Manifest:input_type -> usher.v1.ManifestRequest
-	9,  // 20: usher.v1.Plugin.Invoke:input_type -> usher.v1.InvokeRequest
-	17, // 21: usher.v1.Host.Exec:input_type -> usher.v1.ExecRequest
-	20, // 22: usher.v1.Host.Enqueue:input_type -> usher.v1.EnqueueRequest
-	23, // 23: usher.v1.Host.Log:input_type -> usher.v1.LogRequest
-	6,  // 24: usher.v1.Plugin.Manifest:output_type -> usher.v1.ManifestResponse
-	12, // 25: usher.v1.Plugin.Invoke:output_type -> usher.v1.InvokeResponse
-	18, // 26: usher.v1.Host.Exec:output_type -> usher.v1.ExecResponse
-	21, // 27: usher.v1.Host.Enqueue:output_type -> usher.v1.EnqueueResponse
-	24, // 28: usher.v1.Host.Log:output_type -> usher.v1.LogResponse
-	24, // [24:29] is the sub-list for method output_type
-	19, // [19:24] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	14, // 8: usher.v1.Result.writes:type_name -> usher.v1.Statement
+	11, // 9: usher.v1.InvokeResponse.results:type_name -> usher.v1.Result
+	22, // 10: usher.v1.InvokeResponse.logs:type_name -> usher.v1.LogRecord
+	3,  // 11: usher.v1.Statement.mode:type_name -> usher.v1.Mode
+	13, // 12: usher.v1.Statement.args:type_name -> usher.v1.Value
+	13, // 13: usher.v1.Row.values:type_name -> usher.v1.Value
+	15, // 14: usher.v1.StatementResult.rows:type_name -> usher.v1.Row
+	14, // 15: usher.v1.ExecRequest.statements:type_name -> usher.v1.Statement
+	16, // 16: usher.v1.ExecResponse.results:type_name -> usher.v1.StatementResult
+	19, // 17: usher.v1.EnqueueRequest.messages:type_name -> usher.v1.OutboxMessage
+	25, // 18: usher.v1.LogRecord.attrs:type_name -> usher.v1.LogRecord.AttrsEntry
+	22, // 19: usher.v1.LogRequest.records:type_name -> usher.v1.LogRecord
+	5,  // 20: usher.v1.Plugin.Manifest:input_type -> usher.v1.ManifestRequest
+	9,  // 21: usher.v1.Plugin.Invoke:input_type -> usher.v1.InvokeRequest
+	17, // 22: usher.v1.Host.Exec:input_type -> usher.v1.ExecRequest
+	20, // 23: usher.v1.Host.Enqueue:input_type -> usher.v1.EnqueueRequest
+	23, // 24: usher.v1.Host.Log:input_type -> usher.v1.LogRequest
+	6,  // 25: usher.v1.Plugin.Manifest:output_type -> usher.v1.ManifestResponse
+	12, // 26: usher.v1.Plugin.Invoke:output_type -> usher.v1.InvokeResponse
+	18, // 27: usher.v1.Host.Exec:output_type -> usher.v1.ExecResponse
+	21, // 28: usher.v1.Host.Enqueue:output_type -> usher.v1.EnqueueResponse
+	24, // 29: usher.v1.Host.Log:output_type -> usher.v1.LogResponse
+	25, // [25:30] is the sub-list for method output_type
+	20, // [20:25] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_usher_proto_init() }
