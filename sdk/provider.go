@@ -14,9 +14,10 @@ import (
 //
 // A key is the intent translated into the provider's vocabulary ("the ticket
 // email for order 4471" becomes "tickets-4471") and is identical on every
-// attempt of the job. Its zero value is invalid, and the only way to obtain a
-// valid one is from the claim the host granted (see [EffectCall.Key]), so a
-// per-attempt key (a random UUID, a timestamp) cannot be passed by mistake.
+// attempt of the job. Its zero value is invalid, and the only way to obtain
+// a valid one is from the claim the host granted (the key [ClaimEffect]'s
+// Effect receives), so a per-attempt key (a random UUID, a timestamp)
+// cannot be passed by mistake.
 type IdempotencyKey struct {
 	value string
 }
@@ -41,7 +42,8 @@ func intentKey(intent string) (IdempotencyKey, error) {
 }
 
 // IdempotencyHeader is the HTTP header that carries the key, as the mail
-// provider and Payrail expect it.
+// provider of the Stagedoor demo (cmd/mailprovider) expects it, like
+// providers that follow the IETF Idempotency-Key header draft.
 const IdempotencyHeader = "Idempotency-Key"
 
 // NewProviderRequest builds an HTTP request to a provider that carries key in

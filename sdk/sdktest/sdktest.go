@@ -50,18 +50,38 @@ type Setup[T sdk.Args] struct {
 	Effects func(ctx context.Context) (any, error)
 }
 
-// Run proves c's handler idempotent, one subtest per scenario.
+// Run proves c's handler idempotent: a clean run first, then one subtest
+// per scenario (named after it), each failing when its effects differ
+// from the clean run's.
 func Run[T sdk.Args](t *testing.T, c Case[T]) {
 	t.Helper()
-	for _, f := range Check(t, c) {
-		t.Error(f)
-	}
+	c.each(t, func(name string, check func(testing.TB) string) {
+		t.Run(name, func(t *testing.T) {
+			if f := check(t); f != "" {
+				t.Error(f)
+			}
+		})
+	}, func(f string) { t.Fatal(f) })
 }
 
 // Check runs every scenario and returns one message per scenario whose
 // effects differ from a clean run's (empty when the handler is idempotent).
 // Infrastructure errors (no database) fail tb.
 func Check[T sdk.Args](tb testing.TB, c Case[T]) []string {
+	tb.Helper()
+	var failures []string
+	note := func(f string) { failures = append(failures, f) }
+	c.each(tb, func(_ string, check func(testing.TB) string) {
+		if f := check(tb); f != "" {
+			note(f)
+		}
+	}, note)
+	return failures
+}
+
+// each runs the clean run, then hands each scenario's check to each;
+// a clean run that fails is given to failed instead, and nothing else runs.
+func (c Case[T]) each(tb testing.TB, each func(name string, check func(testing.TB) string), failed func(string)) {
 	tb.Helper()
 	if c.Start == nil {
 		tb.Fatal("sdktest: Case.Start is required")
@@ -70,20 +90,22 @@ func Check[T sdk.Args](tb testing.TB, c Case[T]) []string {
 	kind := zero.Kind()
 	base, guardOf, err := c.scenario(tb, scenario{name: "a single clean run"})
 	if err != nil {
-		return []string{fmt.Sprintf("%s: a single clean run failed: %v", kind, err)}
+		failed(fmt.Sprintf("%s: a single clean run failed: %v", kind, err))
+		return
 	}
-	var failures []string
 	for _, s := range scenariosFor(guardOf) {
-		got, _, err := c.scenario(tb, s)
-		switch {
-		case err != nil:
-			failures = append(failures, fmt.Sprintf("%s, %s: %v", kind, s.name, err))
-		case !reflect.DeepEqual(base, got):
-			failures = append(failures, fmt.Sprintf("%s is not idempotent %s: the effects differ from a single clean run's\n  clean run: %+v\n  this run:  %+v",
-				kind, s.name, base, got))
-		}
+		each(s.name, func(tb testing.TB) string {
+			got, _, err := c.scenario(tb, s)
+			switch {
+			case err != nil:
+				return fmt.Sprintf("%s, %s: %v", kind, s.name, err)
+			case !reflect.DeepEqual(base, got):
+				return fmt.Sprintf("%s is not idempotent %s: the effects differ from a single clean run's\n  clean run: %+v\n  this run:  %+v",
+					kind, s.name, base, got)
+			}
+			return ""
+		})
 	}
-	return failures
 }
 
 // crash names a step boundary: the run dies there, as a kill -9 would.
