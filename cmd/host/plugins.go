@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -267,18 +268,35 @@ func (cl *cli) pluginsManifest(fs *flag.FlagSet) runner {
 	var kinds, enqueues listFlag
 	fs.Var(&kinds, "kind", "a kind the plugin serves (repeat for each; at least one)")
 	fs.Var(&enqueues, "enqueue", "a kind of another plugin its handlers may enqueue (repeat for each)")
-	return func(_ context.Context, pos []string) error {
-		return cl.manifest(pos, *name, *version, kinds, enqueues, *write)
+	return func(ctx context.Context, pos []string) error {
+		return cl.manifest(ctx, pos, *name, *version, kinds, enqueues, *write)
 	}
 }
 
-func (cl *cli) manifest(pos []string, name, version string, kinds, enqueues []string, write bool) error {
+func (cl *cli) manifest(ctx context.Context, pos []string, name, version string, kinds, enqueues []string, write bool) error {
 	if len(pos) != 1 || name == "" || version == "" || len(kinds) == 0 {
 		return usageError{"usage: host plugins manifest BINARY --name NAME --version VERSION --kind KIND [--kind KIND ...] [--enqueue KIND ...] [--write]"}
 	}
 	m, err := pluginhost.NewFileManifest(pos[0], name, version, kinds)
 	if err != nil {
 		return err
+	}
+	// What the manifest says must be what the binary says.
+	got, err := pluginhost.Probe(ctx, pos[0])
+	if err != nil {
+		return fmt.Errorf("%s: %w", pos[0], err)
+	}
+	var served []string
+	for _, k := range got.Kinds {
+		served = append(served, k.Kind)
+	}
+	slices.Sort(served)
+	want := slices.Sorted(slices.Values(kinds))
+	switch {
+	case got.Name != name || got.Version != version:
+		return fmt.Errorf("%s reports plugin %q version %q, not %q version %q; refusing to write that manifest", pos[0], got.Name, got.Version, name, version)
+	case !slices.Equal(served, slices.Compact(want)):
+		return fmt.Errorf("%s serves kinds %v, not %v; refusing to write that manifest", pos[0], served, slices.Compact(want))
 	}
 	m.Enqueues = enqueues
 	if write {

@@ -200,3 +200,33 @@ func TestPluginsRollbackCommand(t *testing.T) {
 	// An operator's reload asks for the refused manifest again.
 	require.Contains(t, o.ok("plugins", "reload", "counters"), "counters: swapped 1.0.0 -> 2.0.0")
 }
+
+// A manifest says what its binary says: plugins manifest starts the binary
+// and refuses a name, version or kinds it does not report.
+func TestManifestChecksTheBinary(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "counters")
+	b, err := os.ReadFile(hosttest.Build(t, "./plugins/counters"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bin, b, 0o755))
+	run := func(args ...string) error {
+		cl := &cli{stdout: io.Discard, stderr: io.Discard, now: time.Now}
+		return cl.run(context.Background(), append([]string{"plugins", "manifest", bin}, args...))
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--name", "tickets", "--version", "1.0.0", "--kind", "update_sales_counter"}, `reports plugin "counters" version "1.0.0", not "tickets"`},
+		{[]string{"--name", "counters", "--version", "2.0.0", "--kind", "update_sales_counter"}, `not "counters" version "2.0.0"`},
+		{[]string{"--name", "counters", "--version", "1.0.0", "--kind", "send_tickets"}, "serves kinds [update_sales_counter], not [send_tickets]"},
+		{[]string{"--name", "counters", "--version", "1.0.0", "--kind", "update_sales_counter", "--kind", "other"}, "serves kinds"},
+	} {
+		err := run(c.args...)
+		require.ErrorContains(t, err, c.want, "%q", c.args)
+	}
+	require.NoError(t, run("--name", "counters", "--version", "1.0.0", "--kind", "update_sales_counter", "--write"))
+	_, err = os.Stat(filepath.Join(dir, "counters.plugin.json"))
+	require.NoError(t, err)
+}

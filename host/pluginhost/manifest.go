@@ -2,15 +2,20 @@ package pluginhost
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
 // ManifestSuffix ends the name of every manifest file in a plugin
@@ -240,4 +245,26 @@ func (p DirPlugin) Same(q DirPlugin) bool {
 		p.Manifest.Name == q.Manifest.Name && p.Manifest.Version == q.Manifest.Version &&
 		p.Manifest.Binary == q.Manifest.Binary && p.Manifest.SHA256 == q.Manifest.SHA256 &&
 		slices.Equal(p.Manifest.Kinds, q.Manifest.Kinds) && slices.Equal(p.Manifest.Enqueues, q.Manifest.Enqueues)
+}
+
+// Probe starts the binary at path in a scratch directory, reads what it
+// reports (name, version, kinds) and stops it: a manifest written for a
+// binary must say what the binary itself says.
+func Probe(ctx context.Context, path string) (Manifest, error) {
+	path, err := filepath.Abs(path) // it runs elsewhere
+	if err != nil {
+		return Manifest{}, err
+	}
+	dir, err := os.MkdirTemp("", "usher-probe-")
+	if err != nil {
+		return Manifest{}, err
+	}
+	defer os.RemoveAll(dir)
+	inst, err := Start(ctx, Config{Path: path, Dir: dir, Host: usherv1.UnimplementedHostServer{},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return Manifest{}, err
+	}
+	defer inst.Kill()
+	return inst.Manifest(), nil
 }

@@ -117,6 +117,8 @@ type Config struct {
 	// must be root to switch): a plugin then cannot read the host's
 	// files, its passfile, token or signing key. Default: the host's user.
 	User string
+	// Dir is the plugin process's working directory. Default: the host's.
+	Dir string
 	// InProcess, when set, serves the plugin it returns inside the host's
 	// own process instead of starting Path: no process, no gRPC, no
 	// broker. Its statements still run through Host on the plugin's own
@@ -197,6 +199,7 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 		cfg.Logger = slog.Default()
 	}
 	cmd := exec.Command(cfg.Path)
+	cmd.Dir = cfg.Dir
 	cmd.Env = Environ(cfg.Env)
 	if cfg.User != "" {
 		cred, err := credential(cfg.User)
