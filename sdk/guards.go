@@ -50,6 +50,11 @@ type Claim struct {
 	// every attempt ("tickets-4471"). The effect's idempotency key is
 	// derived from it.
 	Intent string
+	// Result names the claim row's columns that keep what the effect
+	// returns (a provider's message id), e.g. "provider_message_id". The
+	// effect passes their values to KeepResult; the host writes them with
+	// the mark, in the same statement that marks the effect done.
+	Result []string
 }
 
 // Column is one key column of a claim row.

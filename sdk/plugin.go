@@ -226,7 +226,17 @@ func (k *claimKind[T]) invoke(ctx context.Context, env invokeEnv, call *usherv1.
 		if err != nil {
 			return result(Permanent(err))
 		}
-		return result(k.h.Effect(ctx, job, &ReadOnly{h: handle{host: env.host, id: call.GetHandle()}}, key))
+		// Claim is a pure function of the job: it names the columns
+		// the effect's result goes to.
+		kept := &effectResult{}
+		if c, err := k.h.Claim(job); err == nil {
+			kept.columns = c.Result
+		}
+		res := result(k.h.Effect(context.WithValue(ctx, resultKey{}, kept), job, &ReadOnly{h: handle{host: env.host, id: call.GetHandle()}}, key))
+		if res.GetOutcome() == usherv1.Outcome_OUTCOME_OK {
+			res.EffectResult = kept.values
+		}
+		return res
 	default:
 		return wrongPhase(call, "claim")
 	}

@@ -59,3 +59,14 @@ func TestOneGuardPerKind(t *testing.T) {
 	sdk.HandleRecordJobID[dupArgs](p, dupHandler{})
 	require.ErrorContains(t, p.Err(), `kind "dup" registered twice`)
 }
+
+// KeepResult belongs to a claim's Effect: outside one it is a permanent
+// error, never a silent no-op. (Inside one, plugins/tickets'
+// TestCrashAfterProviderAccepted checks the kept message id.)
+func TestKeepResultOutsideAnEffect(t *testing.T) {
+	t.Parallel()
+	err := sdk.KeepResult(context.Background(), "msg-1")
+	var pe *sdk.PermanentError
+	require.ErrorAs(t, err, &pe)
+	require.ErrorContains(t, err, "outside a claim's Effect")
+}

@@ -335,9 +335,13 @@ func (r *Runner) outcome(job *usherv1.Job, outboxID int64) []lastStatement {
 // claimSQL is a validated claim spec turned into SQL.
 type claimSQL struct {
 	claim, status, mark, release string
-	keys                         []any
-	lease                        time.Duration
-	intent                       string
+	// markResult marks done and writes the effect's result into
+	// results columns; "" when the claim keeps none.
+	markResult string
+	results    []string
+	keys       []any
+	lease      time.Duration
+	intent     string
 }
 
 func buildClaim(spec *usherv1.ClaimSpec) (*claimSQL, error) {
@@ -347,10 +351,18 @@ func buildClaim(spec *usherv1.ClaimSpec) (*claimSQL, error) {
 	if len(spec.GetKeyColumns()) == 0 || len(spec.GetKeyColumns()) != len(spec.GetKeyValues()) {
 		return nil, fmt.Errorf("claim on %q: %d key columns for %d values", spec.GetTable(), len(spec.GetKeyColumns()), len(spec.GetKeyValues()))
 	}
-	for _, name := range append([]string{spec.GetTable(), spec.GetClaimedColumn(), spec.GetDoneColumn()}, spec.GetKeyColumns()...) {
+	seen := map[string]bool{}
+	for _, name := range append(append([]string{spec.GetClaimedColumn(), spec.GetDoneColumn()}, spec.GetKeyColumns()...), spec.GetResultColumns()...) {
 		if !identifier(name) {
 			return nil, fmt.Errorf("claim: %q is not a plain SQL identifier", name)
 		}
+		if seen[name] {
+			return nil, fmt.Errorf("claim on %q names column %q twice (key, claimed, done and result columns are distinct)", spec.GetTable(), name)
+		}
+		seen[name] = true
+	}
+	if !identifier(spec.GetTable()) {
+		return nil, fmt.Errorf("claim: %q is not a plain SQL identifier", spec.GetTable())
 	}
 	if spec.GetLeaseMs() <= 0 || spec.GetIntent() == "" {
 		return nil, fmt.Errorf("claim on %q needs a positive lease and an intent", spec.GetTable())
@@ -367,7 +379,17 @@ func buildClaim(spec *usherv1.ClaimSpec) (*claimSQL, error) {
 	}
 	n := len(cols)
 	keyList, whereKeys := strings.Join(cols, ", "), strings.Join(where, " AND ")
+	var markResult string
+	if rc := spec.GetResultColumns(); len(rc) > 0 {
+		set := []string{done + " = now()"}
+		for i, c := range rc {
+			set = append(set, fmt.Sprintf("%s = $%d", pgx.Identifier{c}.Sanitize(), n+i+1))
+		}
+		markResult = fmt.Sprintf(`UPDATE %s SET %s WHERE %s AND %s IS NULL`, t, strings.Join(set, ", "), whereKeys, done)
+	}
 	return &claimSQL{
+		markResult: markResult,
+		results:    spec.GetResultColumns(),
 		// The reference text's one statement: insert, or re-claim only when
 		// not done and the claim is older than the lease.
 		claim: fmt.Sprintf(`INSERT INTO %[1]s (%[2]s, %[3]s) VALUES (%[4]s, now())
@@ -440,7 +462,7 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 		return abandoned(fmt.Errorf("claim: %w", err))
 	}
 	ro := r.cfg.Handles.issue(ctx, capReadOnly, job, db.Pool, nil, db.Role)
-	_, out, ok = r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_EFFECT, Job: job, Handle: ro.id, IdempotencyKey: c.intent})
+	eres, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_EFFECT, Job: job, Handle: ro.id, IdempotencyKey: c.intent})
 	r.cfg.Handles.release(ro)
 	if denied, bad := refused(job, ro); bad && ok {
 		// The effect ran (and may have left) although a read was refused:
@@ -465,9 +487,22 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 		return out
 	}
 	// Send, then mark: a crash here leaves the claim to go stale and the
-	// resend to the provider's idempotency key.
+	// resend to the provider's idempotency key. The effect's result, when
+	// the claim keeps one, is written by the mark itself.
+	mark, args := c.mark, c.keys
+	vals := eres.GetEffectResult()
+	var unkept error
+	switch {
+	case len(c.results) > 0 && len(vals) == len(c.results):
+		mark, args = c.markResult, append(append([]any{}, c.keys...), wire.FromValues(vals)...)
+	case len(c.results) > 0 || len(vals) > 0:
+		// The effect left: mark it done all the same (nothing sends it
+		// again), and dead-letter the job with what was lost.
+		unkept = fmt.Errorf("%s job %s: the effect ran and is marked done, but its result was not kept: %d values for the claim's result columns %v",
+			job.GetKind(), job.GetId(), len(vals), c.results)
+	}
 	if err := inTx(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, c.mark, c.keys...); err != nil {
+		if _, err := tx.Exec(ctx, mark, args...); err != nil {
 			return err
 		}
 		if outboxID == 0 {
@@ -476,7 +511,16 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 		_, err := tx.Exec(ctx, "SELECT "+r.cfg.Handles.fn("usher_applied")+"($1, $2)", outboxID, job.GetKind())
 		return err
 	}); err != nil {
+		if out := claimError(err); out != nil {
+			// A mark that can never work (a result column the role
+			// may not write): the effect left; say so.
+			o := permanent(fmt.Errorf("%s job %s: the effect ran but cannot be marked done: %w", job.GetKind(), job.GetId(), err))
+			return o
+		}
 		return abandoned(fmt.Errorf("mark done: %w", err))
+	}
+	if unkept != nil {
+		return permanent(unkept)
 	}
 	return Outcome{Verdict: Applied, Recorded: outboxID != 0}
 }

@@ -7,7 +7,8 @@
 --   tickets/render_tickets: reads orders, events, tickets; UPDATE
 --     tickets SET pdf_key (its follow-on enqueue is usher_enqueue's).
 --   tickets/send_tickets: reads orders, events, tickets.pdf_key; the claim
---     on email_sends (insert or re-claim, status, mark sent_at, release).
+--     on email_sends (insert or re-claim, status, mark sent_at with the
+--     provider's message id, release).
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'usher_plugin_counters') THEN
@@ -20,7 +21,7 @@ BEGIN
         GRANT SELECT (id, name, venue, starts_at) ON events TO usher_plugin_tickets;
         GRANT SELECT (id, order_id, code, seat, pdf_key), UPDATE (pdf_key) ON tickets TO usher_plugin_tickets;
         GRANT SELECT (order_id, kind, claimed_at, sent_at), INSERT (order_id, kind, claimed_at),
-              UPDATE (claimed_at, sent_at) ON email_sends TO usher_plugin_tickets;
+              UPDATE (claimed_at, sent_at, provider_message_id) ON email_sends TO usher_plugin_tickets;
     END IF;
 END
 $$;

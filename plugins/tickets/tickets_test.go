@@ -128,6 +128,11 @@ func TestCrashAfterProviderAccepted(t *testing.T) {
 	msgs := b.messages(t)
 	require.Len(t, msgs, 1, "the provider holds one message")
 	require.Equal(t, fmt.Sprintf("tickets-%d", p.ID), msgs[0].IdempotencyKey, "the key is derived from the intent")
+	// The effect's result is kept with the mark: the provider's id of the
+	// one message, which the replay answered again.
+	var kept string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT provider_message_id FROM email_sends WHERE order_id = $1`, p.ID).Scan(&kept))
+	require.Equal(t, msgs[0].ID, kept, "the provider's message id is kept in the claim row")
 	stats, err := b.mail.Stats(context.Background())
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, stats.Replayed, 1, "the retry's send was a replay of the first")

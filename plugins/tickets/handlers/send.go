@@ -39,6 +39,8 @@ func (s *Send) Claim(job sdk.Job[stagedoor.SendTickets]) (sdk.Claim, error) {
 		DoneColumn:    "sent_at",
 		Lease:         s.Lease,
 		Intent:        "tickets-" + strconv.FormatInt(job.Args.OrderID, 10),
+		// The provider's message id, kept with the mark.
+		Result: []string{"provider_message_id"},
 	}, nil
 }
 
@@ -78,5 +80,8 @@ func (s *Send) Effect(ctx context.Context, job sdk.Job[stagedoor.SendTickets], d
 		return fmt.Errorf("send ticket email: %w", err)
 	}
 	job.Log.Info("ticket email sent", "order_id", job.Args.OrderID, "message_id", receipt.ID, "replayed", receipt.Replayed, "key", key.String())
-	return faults.At(ctx, "send.after_effect", job.ID)
+	if err := faults.At(ctx, "send.after_effect", job.ID); err != nil {
+		return err
+	}
+	return sdk.KeepResult(ctx, receipt.ID)
 }

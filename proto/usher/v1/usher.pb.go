@@ -677,6 +677,10 @@ type ClaimSpec struct {
 	DoneColumn    string                 `protobuf:"bytes,5,opt,name=done_column,json=doneColumn,proto3" json:"done_column,omitempty"`
 	LeaseMs       int64                  `protobuf:"varint,6,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	Intent        string                 `protobuf:"bytes,7,opt,name=intent,proto3" json:"intent,omitempty"`
+	// Columns of the claim row that keep the effect's result (a provider's
+	// message id): the host writes Result.effect_result into them with the
+	// mark, in the same statement.
+	ResultColumns []string `protobuf:"bytes,8,rep,name=result_columns,json=resultColumns,proto3" json:"result_columns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -760,6 +764,13 @@ func (x *ClaimSpec) GetIntent() string {
 	return ""
 }
 
+func (x *ClaimSpec) GetResultColumns() []string {
+	if x != nil {
+		return x.ResultColumns
+	}
+	return nil
+}
+
 type Result struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	Outcome      Outcome                `protobuf:"varint,1,opt,name=outcome,proto3,enum=usher.v1.Outcome" json:"outcome,omitempty"`
@@ -772,7 +783,10 @@ type Result struct {
 	// transaction after the call, under the call's handle and its checks,
 	// one at a time, in order: a handler's writes that need no result back
 	// cost no callback. Any other phase or outcome may return none.
-	Writes        []*Statement `protobuf:"bytes,6,rep,name=writes,proto3" json:"writes,omitempty"`
+	Writes []*Statement `protobuf:"bytes,6,rep,name=writes,proto3" json:"writes,omitempty"`
+	// PHASE_EFFECT, OUTCOME_OK: the effect's result, one value per
+	// ClaimSpec.result_columns.
+	EffectResult  []*Value `protobuf:"bytes,7,rep,name=effect_result,json=effectResult,proto3" json:"effect_result,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -845,6 +859,13 @@ func (x *Result) GetClaim() *ClaimSpec {
 func (x *Result) GetWrites() []*Statement {
 	if x != nil {
 		return x.Writes
+	}
+	return nil
+}
+
+func (x *Result) GetEffectResult() []*Value {
+	if x != nil {
+		return x.EffectResult
 	}
 	return nil
 }
@@ -1700,7 +1721,7 @@ const file_usher_proto_rawDesc = "" +
 	"\rInvokeRequest\x12$\n" +
 	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\x12$\n" +
 	"\x05calls\x18\x02 \x03(\v2\x0e.usher.v1.CallR\x05calls\x12\"\n" +
-	"\rmin_log_level\x18\x03 \x01(\x05R\vminLogLevel\"\xed\x01\n" +
+	"\rmin_log_level\x18\x03 \x01(\x05R\vminLogLevel\"\x94\x02\n" +
 	"\tClaimSpec\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x1f\n" +
 	"\vkey_columns\x18\x02 \x03(\tR\n" +
@@ -1711,14 +1732,16 @@ const file_usher_proto_rawDesc = "" +
 	"\vdone_column\x18\x05 \x01(\tR\n" +
 	"doneColumn\x12\x19\n" +
 	"\blease_ms\x18\x06 \x01(\x03R\aleaseMs\x12\x16\n" +
-	"\x06intent\x18\a \x01(\tR\x06intent\"\xdf\x01\n" +
+	"\x06intent\x18\a \x01(\tR\x06intent\x12%\n" +
+	"\x0eresult_columns\x18\b \x03(\tR\rresultColumns\"\x95\x02\n" +
 	"\x06Result\x12+\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x11.usher.v1.OutcomeR\aoutcome\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12$\n" +
 	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\fR\x05state\x12)\n" +
 	"\x05claim\x18\x05 \x01(\v2\x13.usher.v1.ClaimSpecR\x05claim\x12+\n" +
-	"\x06writes\x18\x06 \x03(\v2\x13.usher.v1.StatementR\x06writes\"e\n" +
+	"\x06writes\x18\x06 \x03(\v2\x13.usher.v1.StatementR\x06writes\x124\n" +
+	"\reffect_result\x18\a \x03(\v2\x0f.usher.v1.ValueR\feffectResult\"e\n" +
 	"\x0eInvokeResponse\x12*\n" +
 	"\aresults\x18\x01 \x03(\v2\x10.usher.v1.ResultR\aresults\x12'\n" +
 	"\x04logs\x18\x02 \x03(\v2\x13.usher.v1.LogRecordR\x04logs\"\xbf\x01\n" +
@@ -1863,32 +1886,33 @@ var file_usher_proto_depIdxs = []int32{
 	2,  // 6: usher.v1.Result.outcome:type_name -> usher.v1.Outcome
 	10, // 7: usher.v1.Result.claim:type_name -> usher.v1.ClaimSpec
 	14, // 8: usher.v1.Result.writes:type_name -> usher.v1.Statement
-	11, // 9: usher.v1.InvokeResponse.results:type_name -> usher.v1.Result
-	22, // 10: usher.v1.InvokeResponse.logs:type_name -> usher.v1.LogRecord
-	3,  // 11: usher.v1.Statement.mode:type_name -> usher.v1.Mode
-	13, // 12: usher.v1.Statement.args:type_name -> usher.v1.Value
-	13, // 13: usher.v1.Row.values:type_name -> usher.v1.Value
-	15, // 14: usher.v1.StatementResult.rows:type_name -> usher.v1.Row
-	14, // 15: usher.v1.ExecRequest.statements:type_name -> usher.v1.Statement
-	16, // 16: usher.v1.ExecResponse.results:type_name -> usher.v1.StatementResult
-	19, // 17: usher.v1.EnqueueRequest.messages:type_name -> usher.v1.OutboxMessage
-	25, // 18: usher.v1.LogRecord.attrs:type_name -> usher.v1.LogRecord.AttrsEntry
-	22, // 19: usher.v1.LogRequest.records:type_name -> usher.v1.LogRecord
-	5,  // 20: usher.v1.Plugin.Manifest:input_type -> usher.v1.ManifestRequest
-	9,  // 21: usher.v1.Plugin.Invoke:input_type -> usher.v1.InvokeRequest
-	17, // 22: usher.v1.Host.Exec:input_type -> usher.v1.ExecRequest
-	20, // 23: usher.v1.Host.Enqueue:input_type -> usher.v1.EnqueueRequest
-	23, // 24: usher.v1.Host.Log:input_type -> usher.v1.LogRequest
-	6,  // 25: usher.v1.Plugin.Manifest:output_type -> usher.v1.ManifestResponse
-	12, // 26: usher.v1.Plugin.Invoke:output_type -> usher.v1.InvokeResponse
-	18, // 27: usher.v1.Host.Exec:output_type -> usher.v1.ExecResponse
-	21, // 28: usher.v1.Host.Enqueue:output_type -> usher.v1.EnqueueResponse
-	24, // 29: usher.v1.Host.Log:output_type -> usher.v1.LogResponse
-	25, // [25:30] is the sub-list for method output_type
-	20, // [20:25] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	13, // 9: usher.v1.Result.effect_result:type_name -> usher.v1.Value
+	11, // 10: usher.v1.InvokeResponse.results:type_name -> usher.v1.Result
+	22, // 11: usher.v1.InvokeResponse.logs:type_name -> usher.v1.LogRecord
+	3,  // 12: usher.v1.Statement.mode:type_name -> usher.v1.Mode
+	13, // 13: usher.v1.Statement.args:type_name -> usher.v1.Value
+	13, // 14: usher.v1.Row.values:type_name -> usher.v1.Value
+	15, // 15: usher.v1.StatementResult.rows:type_name -> usher.v1.Row
+	14, // 16: usher.v1.ExecRequest.statements:type_name -> usher.v1.Statement
+	16, // 17: usher.v1.ExecResponse.results:type_name -> usher.v1.StatementResult
+	19, // 18: usher.v1.EnqueueRequest.messages:type_name -> usher.v1.OutboxMessage
+	25, // 19: usher.v1.LogRecord.attrs:type_name -> usher.v1.LogRecord.AttrsEntry
+	22, // 20: usher.v1.LogRequest.records:type_name -> usher.v1.LogRecord
+	5,  // 21: usher.v1.Plugin.Manifest:input_type -> usher.v1.ManifestRequest
+	9,  // 22: usher.v1.Plugin.Invoke:input_type -> usher.v1.InvokeRequest
+	17, // 23: usher.v1.Host.Exec:input_type -> usher.v1.ExecRequest
+	20, // 24: usher.v1.Host.Enqueue:input_type -> usher.v1.EnqueueRequest
+	23, // 25: usher.v1.Host.Log:input_type -> usher.v1.LogRequest
+	6,  // 26: usher.v1.Plugin.Manifest:output_type -> usher.v1.ManifestResponse
+	12, // 27: usher.v1.Plugin.Invoke:output_type -> usher.v1.InvokeResponse
+	18, // 28: usher.v1.Host.Exec:output_type -> usher.v1.ExecResponse
+	21, // 29: usher.v1.Host.Enqueue:output_type -> usher.v1.EnqueueResponse
+	24, // 30: usher.v1.Host.Log:output_type -> usher.v1.LogResponse
+	26, // [26:31] is the sub-list for method output_type
+	21, // [21:26] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_usher_proto_init() }
