@@ -3,6 +3,7 @@ package host_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -50,20 +51,25 @@ func TestPluginLogsCarryRequestAndTrace(t *testing.T) {
 
 	var logs syncBuffer
 	cfg := b.config()
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	hosttest.Start(t, cfg)
 	b.waitDrained(t, 1)
+	var line map[string]any
 	hosttest.Eventually(t, 10*time.Second, "the plugin's log line", func() bool {
-		return strings.Contains(logs.String(), `msg="seats counted"`)
-	})
-	var line string
-	for _, l := range strings.Split(logs.String(), "\n") {
-		if strings.Contains(l, `msg="seats counted"`) {
-			line = l
+		for _, l := range strings.Split(logs.String(), "\n") {
+			var rec map[string]any
+			if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == "seats counted" {
+				line = rec
+				return true
+			}
 		}
-	}
-	require.Contains(t, line, "source=plugin")
-	require.Contains(t, line, "request_id="+placed.RequestID)
-	require.Contains(t, line, "job_id="+strconv.FormatInt(placed.OutboxIDs[0], 10))
-	require.Contains(t, line, "trace=00-"+traceID+"-", "the plugin logs under the order's trace id")
+		return false
+	})
+	require.Equal(t, "plugin", line["source"])
+	require.Equal(t, placed.RequestID, line["request_id"])
+	require.Equal(t, strconv.FormatInt(placed.OutboxIDs[0], 10), line["job_id"])
+	require.Contains(t, line["trace"], "00-"+traceID+"-", "the plugin logs under the order's trace id")
+	// A number the plugin logged arrives as a number, not as its text.
+	require.Equal(t, float64(placed.ID), line["order_id"])
+	require.Equal(t, "1.0.0", line["plugin_version"])
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -88,10 +89,10 @@ func (l *hostLogHandler) Handle(ctx context.Context, r slog.Record) error {
 		JobId: l.job.GetId(), RequestId: l.job.GetRequestId(), Trace: l.job.GetTrace(),
 	}
 	for _, a := range l.attrs {
-		rec.Attrs[a.Key] = a.Value.String()
+		putAttr(rec, a)
 	}
 	r.Attrs(func(a slog.Attr) bool {
-		rec.Attrs[a.Key] = a.Value.String()
+		putAttr(rec, a)
 		return true
 	})
 	if l.batch != nil && r.Level < slog.LevelWarn && l.batch.add(rec) {
@@ -106,3 +107,32 @@ func (l *hostLogHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 }
 
 func (l *hostLogHandler) WithGroup(string) slog.Handler { return l }
+
+// putAttr adds a to rec: numbers, booleans and times keep their type (the
+// host logs them as such), anything else goes as its text.
+func putAttr(rec *usherv1.LogRecord, a slog.Attr) {
+	v := a.Value.Resolve()
+	var w *usherv1.Value
+	switch v.Kind() {
+	case slog.KindInt64:
+		w = &usherv1.Value{Kind: &usherv1.Value_Int{Int: v.Int64()}}
+	case slog.KindUint64:
+		if u := v.Uint64(); u <= math.MaxInt64 {
+			w = &usherv1.Value{Kind: &usherv1.Value_Int{Int: int64(u)}}
+		}
+	case slog.KindFloat64:
+		w = &usherv1.Value{Kind: &usherv1.Value_Float{Float: v.Float64()}}
+	case slog.KindBool:
+		w = &usherv1.Value{Kind: &usherv1.Value_Bool{Bool: v.Bool()}}
+	case slog.KindTime:
+		w = &usherv1.Value{Kind: &usherv1.Value_TimeUnixNanos{TimeUnixNanos: v.Time().UnixNano()}}
+	}
+	if w == nil {
+		rec.Attrs[a.Key] = v.String()
+		return
+	}
+	if rec.Values == nil {
+		rec.Values = map[string]*usherv1.Value{}
+	}
+	rec.Values[a.Key] = w
+}

@@ -483,6 +483,9 @@ func (hs *Handles) Log(ctx context.Context, req *usherv1.LogRequest) (*usherv1.L
 		for k, v := range r.GetAttrs() {
 			attrs = append(attrs, k, v)
 		}
+		for k, v := range r.GetValues() {
+			attrs = append(attrs, k, wire.FromValue(v))
+		}
 		hs.logger.Log(ctx, slog.Level(r.GetLevel()), r.GetMessage(), attrs...)
 	}
 	return &usherv1.LogResponse{}, nil

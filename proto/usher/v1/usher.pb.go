@@ -1527,12 +1527,15 @@ func (x *EnqueueResponse) GetOutboxIds() []int64 {
 type LogRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// slog level: -4 debug, 0 info, 4 warn, 8 error.
-	Level         int32             `protobuf:"varint,1,opt,name=level,proto3" json:"level,omitempty"`
-	Message       string            `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
-	Attrs         map[string]string `protobuf:"bytes,3,rep,name=attrs,proto3" json:"attrs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	JobId         string            `protobuf:"bytes,4,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	RequestId     string            `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Trace         string            `protobuf:"bytes,6,opt,name=trace,proto3" json:"trace,omitempty"`
+	Level     int32             `protobuf:"varint,1,opt,name=level,proto3" json:"level,omitempty"`
+	Message   string            `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Attrs     map[string]string `protobuf:"bytes,3,rep,name=attrs,proto3" json:"attrs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	JobId     string            `protobuf:"bytes,4,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	RequestId string            `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Trace     string            `protobuf:"bytes,6,opt,name=trace,proto3" json:"trace,omitempty"`
+	// Attributes with a type of their own (numbers, booleans, times); attrs
+	// holds the others as text.
+	Values        map[string]*Value `protobuf:"bytes,7,rep,name=values,proto3" json:"values,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1607,6 +1610,13 @@ func (x *LogRecord) GetTrace() string {
 		return x.Trace
 	}
 	return ""
+}
+
+func (x *LogRecord) GetValues() map[string]*Value {
+	if x != nil {
+		return x.Values
+	}
+	return nil
 }
 
 type LogRequest struct {
@@ -1782,7 +1792,7 @@ const file_usher_proto_rawDesc = "" +
 	"\bmessages\x18\x02 \x03(\v2\x17.usher.v1.OutboxMessageR\bmessages\"0\n" +
 	"\x0fEnqueueResponse\x12\x1d\n" +
 	"\n" +
-	"outbox_ids\x18\x01 \x03(\x03R\toutboxIds\"\xf7\x01\n" +
+	"outbox_ids\x18\x01 \x03(\x03R\toutboxIds\"\xfc\x02\n" +
 	"\tLogRecord\x12\x14\n" +
 	"\x05level\x18\x01 \x01(\x05R\x05level\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x124\n" +
@@ -1790,11 +1800,15 @@ const file_usher_proto_rawDesc = "" +
 	"\x06job_id\x18\x04 \x01(\tR\x05jobId\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x05 \x01(\tR\trequestId\x12\x14\n" +
-	"\x05trace\x18\x06 \x01(\tR\x05trace\x1a8\n" +
+	"\x05trace\x18\x06 \x01(\tR\x05trace\x127\n" +
+	"\x06values\x18\a \x03(\v2\x1f.usher.v1.LogRecord.ValuesEntryR\x06values\x1a8\n" +
 	"\n" +
 	"AttrsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\";\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aJ\n" +
+	"\vValuesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
+	"\x05value\x18\x02 \x01(\v2\x0f.usher.v1.ValueR\x05value:\x028\x01\";\n" +
 	"\n" +
 	"LogRequest\x12-\n" +
 	"\arecords\x18\x01 \x03(\v2\x13.usher.v1.LogRecordR\arecords\"\r\n" +
@@ -1847,7 +1861,7 @@ func file_usher_proto_rawDescGZIP() []byte {
 }
 
 var file_usher_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_usher_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_usher_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_usher_proto_goTypes = []any{
 	(Guard)(0),               // 0: usher.v1.Guard
 	(Phase)(0),               // 1: usher.v1.Phase
@@ -1875,6 +1889,7 @@ var file_usher_proto_goTypes = []any{
 	(*LogRequest)(nil),       // 23: usher.v1.LogRequest
 	(*LogResponse)(nil),      // 24: usher.v1.LogResponse
 	nil,                      // 25: usher.v1.LogRecord.AttrsEntry
+	nil,                      // 26: usher.v1.LogRecord.ValuesEntry
 }
 var file_usher_proto_depIdxs = []int32{
 	0,  // 0: usher.v1.KindInfo.guard:type_name -> usher.v1.Guard
@@ -1897,22 +1912,24 @@ var file_usher_proto_depIdxs = []int32{
 	16, // 17: usher.v1.ExecResponse.results:type_name -> usher.v1.StatementResult
 	19, // 18: usher.v1.EnqueueRequest.messages:type_name -> usher.v1.OutboxMessage
 	25, // 19: usher.v1.LogRecord.attrs:type_name -> usher.v1.LogRecord.AttrsEntry
-	22, // 20: usher.v1.LogRequest.records:type_name -> usher.v1.LogRecord
-	5,  // 21: usher.v1.Plugin.Manifest:input_type -> usher.v1.ManifestRequest
-	9,  // 22: usher.v1.Plugin.Invoke:input_type -> usher.v1.InvokeRequest
-	17, // 23: usher.v1.Host.Exec:input_type -> usher.v1.ExecRequest
-	20, // 24: usher.v1.Host.Enqueue:input_type -> usher.v1.EnqueueRequest
-	23, // 25: usher.v1.Host.Log:input_type -> usher.v1.LogRequest
-	6,  // 26: usher.v1.Plugin.Manifest:output_type -> usher.v1.ManifestResponse
-	12, // 27: usher.v1.Plugin.Invoke:output_type -> usher.v1.InvokeResponse
-	18, // 28: usher.v1.Host.Exec:output_type -> usher.v1.ExecResponse
-	21, // 29: usher.v1.Host.Enqueue:output_type -> usher.v1.EnqueueResponse
-	24, // 30: usher.v1.Host.Log:output_type -> usher.v1.LogResponse
-	26, // [26:31] is the sub-list for method output_type
-	21, // [21:26] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	26, // 20: usher.v1.LogRecord.values:type_name -> usher.v1.LogRecord.ValuesEntry
+	22, // 21: usher.v1.LogRequest.records:type_name -> usher.v1.LogRecord
+	13, // 22: usher.v1.LogRecord.ValuesEntry.value:type_name -> usher.v1.Value
+	5,  // 23: usher.v1.Plugin.Manifest:input_type -> usher.v1.ManifestRequest
+	9,  // 24: usher.v1.Plugin.Invoke:input_type -> usher.v1.InvokeRequest
+	17, // 25: usher.v1.Host.Exec:input_type -> usher.v1.ExecRequest
+	20, // 26: usher.v1.Host.Enqueue:input_type -> usher.v1.EnqueueRequest
+	23, // 27: usher.v1.Host.Log:input_type -> usher.v1.LogRequest
+	6,  // 28: usher.v1.Plugin.Manifest:output_type -> usher.v1.ManifestResponse
+	12, // 29: usher.v1.Plugin.Invoke:output_type -> usher.v1.InvokeResponse
+	18, // 30: usher.v1.Host.Exec:output_type -> usher.v1.ExecResponse
+	21, // 31: usher.v1.Host.Enqueue:output_type -> usher.v1.EnqueueResponse
+	24, // 32: usher.v1.Host.Log:output_type -> usher.v1.LogResponse
+	28, // [28:33] is the sub-list for method output_type
+	23, // [23:28] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_usher_proto_init() }
@@ -1935,7 +1952,7 @@ func file_usher_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_usher_proto_rawDesc), len(file_usher_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
