@@ -2,29 +2,77 @@
 //
 // usher delivers every job at least once, so sometimes twice: a worker killed
 // before its ack, a slow worker whose entry was reclaimed, a relay that
-// published and crashed before marking. The SDK makes idempotency the only
-// way to write a handler: a kind is registered through exactly one guard, and
-// each phase of that guard receives only the capability the phase allows.
+// published and crashed before marking. A kind is registered through exactly
+// one guard, the rule that makes a second run harmless, and each phase of
+// that guard receives only the capability the phase allows.
 //
-//   - [HandleStateFirst]: Check reads state through a read-only handle
-//     (no transaction held), Prepare does slow work with no database at all,
-//     Commit runs in the host's transaction and must make a conditional write
-//     ([CommitTx.WriteIf]); follow-on jobs and further writes are only
-//     reachable through the [Win] a conditional write returns.
-//   - [HandleClaim]: the handler declares a claim row ([Claim]); the host runs
-//     the one-statement claim, calls Effect only when the claim was won,
-//     then marks the row done (send, then mark). Effect receives an
-//     [IdempotencyKey] derived from the claim's intent, the only key the
-//     SDK's provider call path ([NewProviderRequest]) accepts.
-//   - [HandleRecordJobID]: the host records the job identity in
-//     processed_jobs in the same transaction as Apply's writes. This covers
-//     database effects only: an email sent from Apply is not protected.
+// # Which guard
 //
-// The anti-pattern (check sent_at in one transaction, send, write sent_at in
-// another) cannot be written: the phases that may read are read-only, the
-// effect phase has no write at all, and the host writes the mark.
+//	the effect                                   guard                 register with
+//	-------------------------------------------  --------------------  --------------------
+//	a state you can read and reach once          state first           [HandleStateFirst]
+//	  (a PDF rendered and its key stored)
+//	something that leaves the process            a claim row + the     [HandleClaim]
+//	  (an email, a payment, a refund)              provider's key
+//	database writes with no state to read        the job id recorded   [HandleRecordJobID]
+//	  (a counter, a ledger entry)                  with the writes
 //
-// A plugin's main is one call:
+//   - State first: Check reads state through a read-only handle (no
+//     transaction held) and reports "already done"; Prepare does slow work
+//     with no database at all; Commit runs in the host's transaction and must
+//     make a conditional write ([CommitTx.WriteIf]). Follow-on jobs and
+//     further writes are reachable only through the [Win] a conditional
+//     write returns, so they happen once however many runs commit.
+//   - Claim: the handler declares a claim row ([Claim]) from the job alone;
+//     the host runs the one-statement claim, calls Effect only when the
+//     claim was won, then marks the row done (send, then mark). Effect
+//     receives an [IdempotencyKey] derived from the claim's intent, the only
+//     key the SDK's provider call path ([NewProviderRequest]) accepts; the
+//     provider deduplicates the send a crash between send and mark repeats.
+//     What the provider answers (a message id) is kept with [KeepResult] into
+//     the claim's [Claim].Result columns, by the same statement as the mark.
+//   - Job id recorded: the host records the job identity in processed_jobs
+//     in the same transaction as Apply's writes, and a second run never
+//     reaches Apply. Writes Apply needs no answer from are best queued
+//     ([Tx.Queue]): they travel with Apply's answer, not a call each.
+//
+// # What the types do not stop
+//
+// The database handles make the classic anti-pattern (read sent_at, send,
+// write sent_at in another transaction) impossible to write through them:
+// the phases that may read are read-only, the effect phase has no write,
+// and the host writes the mark. Go's types cannot stop a handler from
+// calling a provider from Prepare, Commit or Apply, though, or from using
+// [KeyForTest] outside tests. Two tools catch that: sdk/sdktest runs each
+// handler through every crash point and duplicate the guard allows (a send
+// in the wrong phase shows up as two sends), and the usher-vet analyzer
+// reports effects outside the effect phase statically (see the README,
+// "Vet your plugin").
+//
+// # Testing
+//
+// sdktest.Run(t, sdktest.Case{...}) runs the handler, as its plugin's
+// database role with the grants your schema gives it, once cleanly, then
+// twice, as two copies at once, and crashed at each step boundary, and
+// compares the effects with the clean run's, one subtest per scenario. A
+// grant the handler lacks fails the test with the database's refusal, as it
+// would fail in production.
+//
+// # Deploying
+//
+// A plugin is a binary and a manifest beside it in the host's plugin
+// directory: `host plugins manifest BIN --name N --version V --kind K
+// --write` starts the binary, checks that it reports that name, version
+// and kinds, and writes N.plugin.json with its SHA-256, which the host
+// verifies before it starts the binary. Its statements run as the database
+// role usher_plugin_<name> (created by `host setup`), which holds only the
+// grants you give it on your tables. The plugin process gets nothing of the
+// host's environment but PATH, HOME, the locale and TMPDIR, plus what the
+// operator passes with `host run --plugin-env NAME[=VALUE]`. A new version
+// dropped into the directory is hot-swapped and stays on probation: if it
+// crash-loops or fails its jobs, the host rolls back to the previous one.
+//
+// A plugin's main is one call per kind and Serve:
 //
 //	func main() {
 //		p := sdk.New("counters", "1.0.0")

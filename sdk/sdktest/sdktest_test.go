@@ -86,3 +86,16 @@ func TestKitPassesTheRightHandler(t *testing.T) {
 	t.Parallel()
 	sdktest.Run(t, bonusCase(t, rightBonus{}))
 }
+
+// The kit runs the handler as its plugin's role: a grant the schema does
+// not give fails the test with the database's refusal, as the host would
+// dead-letter the job.
+func TestKitFailsAMissingGrant(t *testing.T) {
+	t.Parallel()
+	c := bonusCase(t, rightBonus{})
+	c.Schema = strings.Replace(schema, "GRANT SELECT, UPDATE (balance, bonus_job) ON wallets", "GRANT SELECT ON wallets", 1)
+	require.NotEqual(t, schema, c.Schema)
+	failures := sdktest.Check(t, c)
+	require.NotEmpty(t, failures)
+	require.Contains(t, strings.Join(failures, "\n"), "permission denied for table wallets")
+}
