@@ -8,33 +8,37 @@
 //
 // # Which guard
 //
-//	the effect                                   guard                 register with
-//	-------------------------------------------  --------------------  --------------------
-//	a state you can read and reach once          state first           [HandleStateFirst]
+//	the effect                                 guard                register with
+//	a state you can read and reach once        state first          HandleStateFirst
 //	  (a PDF rendered and its key stored)
-//	something that leaves the process            a claim row + the     [HandleClaim]
-//	  (an email, a payment, a refund)              provider's key
-//	database writes with no state to read        the job id recorded   [HandleRecordJobID]
-//	  (a counter, a ledger entry)                  with the writes
+//	something that leaves the process          a claim row and the  HandleClaim
+//	  (an email, a payment, a refund)            provider's key
+//	database writes with no state to read      the job id recorded  HandleRecordJobID
+//	  (a counter, a ledger entry)                with the writes
 //
-//   - State first: Check reads state through a read-only handle (no
-//     transaction held) and reports "already done"; Prepare does slow work
-//     with no database at all; Commit runs in the host's transaction and must
-//     make a conditional write ([CommitTx.WriteIf]). Follow-on jobs and
-//     further writes are reachable only through the [Win] a conditional
-//     write returns, so they happen once however many runs commit.
-//   - Claim: the handler declares a claim row ([Claim]) from the job alone;
-//     the host runs the one-statement claim, calls Effect only when the
-//     claim was won, then marks the row done (send, then mark). Effect
-//     receives an [IdempotencyKey] derived from the claim's intent, the only
-//     key the SDK's provider call path ([NewProviderRequest]) accepts; the
-//     provider deduplicates the send a crash between send and mark repeats.
-//     What the provider answers (a message id) is kept with [KeepResult] into
-//     the claim's [Claim].Result columns, by the same statement as the mark.
-//   - Job id recorded: the host records the job identity in processed_jobs
-//     in the same transaction as Apply's writes, and a second run never
-//     reaches Apply. Writes Apply needs no answer from are best queued
-//     ([Tx.Queue]): they travel with Apply's answer, not a call each.
+// What each guard's phases may do:
+//
+//   - State first ([HandleStateFirst]): Check reads state through a
+//     read-only handle (no transaction held) and reports "already done";
+//     Prepare does slow work with no database at all; Commit runs in the
+//     host's transaction and must make a conditional write
+//     ([CommitTx.WriteIf]). Follow-on jobs and further writes are reachable
+//     only through the [Win] a conditional write returns, so they happen
+//     once however many runs commit.
+//   - Claim ([HandleClaim]): the handler declares a claim row ([Claim]) from
+//     the job alone; the host runs the one-statement claim, calls Effect
+//     only when the claim was won, then marks the row done (send, then
+//     mark). Effect receives an [IdempotencyKey] derived from the claim's
+//     intent, the only key the SDK's provider call path
+//     ([NewProviderRequest]) accepts; the provider deduplicates the send
+//     that a crash between send and mark repeats. What the provider answers
+//     (a message id) is kept with [KeepResult] into the claim's Result
+//     columns, by the same statement as the mark.
+//   - Job id recorded ([HandleRecordJobID]): the host records the job
+//     identity in processed_jobs in the same transaction as Apply's writes,
+//     and a second run never reaches Apply. Writes Apply needs no answer
+//     from are best queued ([Tx.Queue]): they travel with Apply's answer,
+//     not a call each.
 //
 // # What the types do not stop
 //
