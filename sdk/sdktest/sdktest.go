@@ -123,7 +123,11 @@ type scenario struct {
 	name       string
 	twice      bool
 	concurrent bool
-	crash      *crash
+	// meet, with concurrent: both copies reach this phase before either
+	// runs it (a barrier), so the interleaving is forced, not left to the
+	// scheduler.
+	meet  usherv1.Phase
+	crash *crash
 }
 
 func scenariosFor(g usherv1.Guard) []scenario {
@@ -133,6 +137,19 @@ func scenariosFor(g usherv1.Guard) []scenario {
 	}
 	at := func(name string, c crash) scenario {
 		return scenario{name: "when the run crashes " + name + " and the job is redelivered", crash: &c}
+	}
+	meet := func(after string, phase usherv1.Phase) scenario {
+		return scenario{name: "when two copies run at once, both past " + after + " before either goes on", concurrent: true, meet: phase}
+	}
+	switch g {
+	case usherv1.Guard_GUARD_STATE_FIRST:
+		s = append(s,
+			meet("check", usherv1.Phase_PHASE_PREPARE),
+			meet("prepare", usherv1.Phase_PHASE_COMMIT))
+	case usherv1.Guard_GUARD_CLAIM:
+		s = append(s, meet("the claim phase", usherv1.Phase_PHASE_EFFECT))
+	case usherv1.Guard_GUARD_JOB_ID:
+		s = append(s, meet("the record of the job id", usherv1.Phase_PHASE_APPLY))
 	}
 	switch g {
 	case usherv1.Guard_GUARD_STATE_FIRST:
@@ -194,25 +211,31 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 	}
 	job := &usherv1.Job{Id: "sdktest-1", Kind: kind, Payload: payload, RequestId: "req-sdktest", Trace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 
-	run := func(cr *crash) (guard.Outcome, error) {
+	run := func(cr *crash, b *barrier) (guard.Outcome, error) {
 		inv := newInvoker(setup.Plugin, handles, cr)
+		inv.meet, inv.barrier = s.meet, b
+		defer b.leave()
 		return runToEnd(ctx, pool, runner, inv, db, g, job)
 	}
 	switch {
 	case s.twice:
 		for range 2 {
-			if _, err := run(nil); err != nil {
+			if _, err := run(nil, nil); err != nil {
 				return nil, g, err
 			}
 		}
 	case s.concurrent:
 		var wg sync.WaitGroup
 		errs := make([]error, 2)
+		var b *barrier
+		if s.meet != usherv1.Phase_PHASE_UNSPECIFIED {
+			b = newBarrier(2)
+		}
 		for i := range 2 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, errs[i] = run(nil)
+				_, errs[i] = run(nil, b)
 			}()
 		}
 		wg.Wait()
@@ -228,11 +251,11 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 		if out.Verdict != guard.Abandoned {
 			return nil, g, fmt.Errorf("the host did not treat the crash as an unfinished run (verdict %s)", out.Verdict)
 		}
-		if _, err := run(nil); err != nil { // the redelivery
+		if _, err := run(nil, nil); err != nil { // the redelivery
 			return nil, g, err
 		}
 	default:
-		out, err := run(nil)
+		out, err := run(nil, nil)
 		if err != nil {
 			return nil, g, err
 		}
@@ -327,10 +350,54 @@ func ageClaim(ctx context.Context, pool *pgxpool.Pool, spec *usherv1.ClaimSpec) 
 	return err
 }
 
+// barrier holds copies of a run at a phase until all have reached it, or
+// ended, or meetTimeout passed (the other copy may be blocked in the
+// database by this one's locks: the guard itself forbids the
+// interleaving then).
+type barrier struct {
+	mu      sync.Mutex
+	waiting int
+	all     chan struct{}
+}
+
+const meetTimeout = 2 * time.Second
+
+func newBarrier(n int) *barrier { return &barrier{waiting: n, all: make(chan struct{})} }
+
+// arrive counts one copy in and waits for the others.
+func (b *barrier) arrive(ctx context.Context) {
+	b.leave()
+	select {
+	case <-b.all:
+	case <-ctx.Done():
+	case <-time.After(meetTimeout):
+	}
+}
+
+// leave counts one copy in without waiting (it arrived, or it ended
+// without reaching the phase). Safe on a nil barrier and after release.
+func (b *barrier) leave() {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.waiting > 0 {
+		b.waiting--
+		if b.waiting == 0 {
+			close(b.all)
+		}
+	}
+}
+
 // invoker calls the plugin in-process and crashes where told.
 type invoker struct {
 	srv   usherv1.PluginServer
 	crash *crash
+	// barrier, when set, holds this run before it first invokes meet.
+	meet    usherv1.Phase
+	barrier *barrier
+	met     bool
 
 	mu    sync.Mutex
 	fired bool
@@ -373,6 +440,10 @@ func (i *invoker) armed(phase usherv1.Phase) *crash {
 
 func (i *invoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error) {
 	phase := calls[0].GetPhase()
+	if i.barrier != nil && phase == i.meet && !i.met {
+		i.met = true
+		i.barrier.arrive(ctx)
+	}
 	c := i.armed(phase)
 	if c != nil && c.before {
 		i.fire()

@@ -3,6 +3,7 @@ package sdktest_test
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -98,4 +99,43 @@ func TestKitFailsAMissingGrant(t *testing.T) {
 	failures := sdktest.Check(t, c)
 	require.NotEmpty(t, failures)
 	require.Contains(t, strings.Join(failures, "\n"), "permission denied for table wallets")
+}
+
+// sendingBonus sends its notice from Prepare: checked, sent, then marked.
+// Run twice in a row, the second run's check finds the mark and sends
+// nothing; only two copies that both pass the check before either marks
+// send twice. The kit must force that interleaving, every time.
+type sendingBonus struct {
+	rightBonus
+	sends *atomic.Int64
+}
+
+func (b sendingBonus) Check(ctx context.Context, job sdk.Job[Bonus], db *sdk.ReadOnly) (struct{}, bool, error) {
+	var done *string
+	err := db.QueryRow(ctx, `SELECT bonus_job FROM wallets WHERE customer = $1`, job.Args.Customer).Scan(&done)
+	return struct{}{}, done != nil, err
+}
+
+func (b sendingBonus) Prepare(ctx context.Context, job sdk.Job[Bonus], s struct{}) (struct{}, error) {
+	b.sends.Add(1) // the "provider call", in the wrong phase
+	return s, nil
+}
+
+func TestKitForcesTheInterleavingThatCatchesASendInPrepare(t *testing.T) {
+	t.Parallel()
+	hosttest.EnsureRoles(t, "bonus")
+	c := sdktest.Case[Bonus]{
+		Schema: schema,
+		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[Bonus] {
+			sends := new(atomic.Int64)
+			p := sdk.New("bonus", "1")
+			sdk.HandleStateFirst(p, sendingBonus{sends: sends})
+			return sdktest.Setup[Bonus]{Plugin: p, Args: Bonus{Customer: 7},
+				Effects: func(ctx context.Context) (any, error) { return sends.Load(), nil }}
+		},
+	}
+	failures := sdktest.Check(t, c)
+	all := strings.Join(failures, "\n")
+	require.Contains(t, all, "when two copies run at once, both past check before either goes on", "the forced interleaving caught the send")
+	require.NotContains(t, all, "when it runs twice", "run one after the other, the check sees the mark")
 }
