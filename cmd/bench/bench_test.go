@@ -74,18 +74,24 @@ func TestREADMEQuickRun(t *testing.T) {
 	dir := t.TempDir()
 	plugins := filepath.Join(dir, "bin", "plugins")
 	require.NoError(t, os.MkdirAll(plugins, 0o755))
-	bin := filepath.Join(plugins, "counters")
-	b, err := os.ReadFile(hosttest.Build(t, "./plugins/counters"))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(bin, b, 0o755))
-	out, err := exec.Command(hosttest.Build(t, "./cmd/host"), "plugins", "manifest", bin,
-		"--name", "counters", "--version", "1.0.0", "--kind", "update_sales_counter", "--write").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	for name, kinds := range map[string][]string{"counters": {"update_sales_counter"}, "tickets": {"render_tickets", "send_tickets"}} {
+		bin := filepath.Join(plugins, name)
+		b, err := os.ReadFile(hosttest.Build(t, "./plugins/"+name))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(bin, b, 0o755))
+		args := []string{"plugins", "manifest", bin, "--name", name, "--version", "1.0.0", "--write"}
+		for _, k := range kinds {
+			args = append(args, "--kind", k)
+		}
+		out, err := exec.Command(hosttest.Build(t, "./cmd/host"), args...).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
 	require.NoError(t, os.Symlink(hosttest.Build(t, "./cmd/bench"), filepath.Join(dir, "bin", "bench")))
+	require.NoError(t, os.Symlink(hosttest.Build(t, "./cmd/mailprovider"), filepath.Join(dir, "bin", "mailprovider")))
 
 	cmd := exec.Command("sh", "-c", quick+services())
 	cmd.Dir = dir
-	out, err = cmd.CombinedOutput()
+	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "bench: inflight 4: throughput") // the progress lines
 
@@ -124,6 +130,12 @@ func checkResults(t *testing.T, dir string, inflight int) {
 	bound := r["boundary"].([]any)
 	require.Len(t, bound, 1)
 	require.Less(t, bound[0].(map[string]any)["cost"], 1.0)
+	// The full Stagedoor mix, against the PDFs rendered alone.
+	mix := r["mix"].(map[string]any)
+	require.Equal(t, mix["orders"], mix["sent"])
+	require.Equal(t, mix["orders"], mix["messages"])
+	require.Greater(t, mix["render_alone_cpu_seconds"], 0.0)
+	require.Greater(t, mix["cpu_seconds"], 0.0)
 	lat := r["latency"].(map[string]any)
 	for _, k := range []string{"p50_ms", "p95_ms", "p99_ms", "max_ms"} {
 		require.Greater(t, lat[k], 0.0, k)
@@ -152,7 +164,7 @@ func TestREADMEMakeBench(t *testing.T) {
 	cmd := exec.Command("sh", "-c", lines[0])
 	cmd.Dir = hosttest.ModuleRoot(t)
 	cmd.Env = append(os.Environ(),
-		"BENCH_FLAGS=--jobs 300 --inflight 4 --rate 100 --rate-seconds 2 --warmup 100 --peers=false --plots "+results+
+		"BENCH_FLAGS=--jobs 300 --inflight 4 --rate 100 --rate-seconds 2 --warmup 100 --mix 20 --peers=false --plots "+results+
 			" --json "+filepath.Join(results, "bench.json")+services(),
 		"BENCH_TIME=5x")
 	out, err := cmd.CombinedOutput()

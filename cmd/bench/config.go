@@ -48,6 +48,13 @@ type config struct {
 	RateSeconds int
 	// Peers runs bench/cmd/peers on the same workload. Default true.
 	Peers bool
+	// Mix is the orders of the full Stagedoor mix run (render, send,
+	// count through both plugins and a mail provider process); 0 skips
+	// it. Default 300.
+	Mix int
+	// MailProvider is the mail provider binary the mix sends through.
+	// Default bin/mailprovider.
+	MailProvider string
 	// InProcess also runs each level with the counters handler served
 	// inside the host (no plugin boundary). Default true.
 	InProcess bool
@@ -78,6 +85,8 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.HostPoolSize, "host-pool-size", 0, "the host's own Postgres pool size; 0 keeps pgx's default, as host run does")
 	fs.IntVar(&cfg.Rate, "rate", 1000, "latency run: offered jobs per second")
 	fs.IntVar(&cfg.RateSeconds, "rate-seconds", 10, "latency run: seconds of offered load")
+	fs.IntVar(&cfg.Mix, "mix", 300, "orders of the full Stagedoor mix (render, send, count; the PDFs also rendered alone); 0 skips it")
+	fs.StringVar(&cfg.MailProvider, "mailprovider", "bin/mailprovider", "the mail provider binary the mix sends through")
 	fs.BoolVar(&cfg.InProcess, "in-process", true, "also run each level with the counters handler inside the host (no plugin boundary) and print the boundary's cost")
 	fs.BoolVar(&cfg.Peers, "peers", true, "run bench/cmd/peers on the same workload and print usher's ratio to each")
 	fs.StringVar(&cfg.BenchDir, "bench-dir", "bench", "the bench module's directory (where go run ./cmd/peers runs)")
@@ -132,9 +141,9 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 
 // String prints the config with the URLs' passwords masked.
 func (c config) String() string {
-	return fmt.Sprintf("admin-url=%s redis-url=%s owner=%s plugin-dir=%s jobs=%d events=%d warmup=%d inflight=%v host-pool-size=%d rate=%d rate-seconds=%d in-process=%t peers=%t bench-dir=%s json=%q plots=%s log=%s timeout=%s",
+	return fmt.Sprintf("admin-url=%s redis-url=%s owner=%s plugin-dir=%s jobs=%d events=%d warmup=%d inflight=%v host-pool-size=%d rate=%d rate-seconds=%d mix=%d mailprovider=%s in-process=%t peers=%t bench-dir=%s json=%q plots=%s log=%s timeout=%s",
 		host.MaskURL(c.AdminURL), host.MaskURL(c.RedisURL), c.Owner, c.PluginDir, c.Jobs, c.Events, c.Warmup, c.Inflight, c.HostPoolSize,
-		c.Rate, c.RateSeconds, c.InProcess, c.Peers, c.BenchDir, c.JSON, c.Plots, c.Log, c.Timeout)
+		c.Rate, c.RateSeconds, c.Mix, c.MailProvider, c.InProcess, c.Peers, c.BenchDir, c.JSON, c.Plots, c.Log, c.Timeout)
 }
 
 // largest is the level the latency run uses.

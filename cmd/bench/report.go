@@ -27,10 +27,12 @@ type results struct {
 	// InProcess is each level with the counters handler inside the
 	// host (host.LoadInProcess): no process, gRPC or broker between host
 	// and handler; Boundary compares the two.
-	InProcess []levelResult  `json:"usher_in_process,omitempty"`
-	Boundary  []boundary     `json:"boundary,omitempty"`
-	Latency   *latencyResult `json:"latency"`
-	Absorbed  []absorbed     `json:"absorbed_duplicates"`
+	InProcess []levelResult `json:"usher_in_process,omitempty"`
+	Boundary  []boundary    `json:"boundary,omitempty"`
+	// Mix is the full Stagedoor mix against the PDFs rendered alone.
+	Mix      *mixResult     `json:"mix,omitempty"`
+	Latency  *latencyResult `json:"latency"`
+	Absorbed []absorbed     `json:"absorbed_duplicates"`
 	// Lost and Doubled add up every check's seats and jobs: both must be 0.
 	Lost    int64        `json:"lost"`
 	Doubled int64        `json:"doubled"`
@@ -122,6 +124,11 @@ func (r *results) tally() {
 	if r.Latency != nil {
 		add(r.Latency.check)
 	}
+	if m := r.Mix; m != nil {
+		add(m.check)
+		r.Lost += m.LostEmails
+		r.Doubled += m.DoubledMails
+	}
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
@@ -157,6 +164,12 @@ func (r *results) printTable(w io.Writer) {
 			fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.0f%%\t%.2f\t\n", b.Inflight, b.InProcess, b.Plugin, 100*b.Cost, cpu)
 		}
 		_ = tw.Flush()
+	}
+	if m := r.Mix; m != nil {
+		fmt.Fprintf(w, "\nthe full Stagedoor mix: %d orders rendered, mailed and counted in %.1fs (%d marked sent, %d messages at the provider, %d counted; lost %d, doubled %d)\n",
+			m.Orders, m.Seconds, m.Sent, m.Messages, m.Counted, m.Lost+m.LostJobs+m.LostEmails, m.Doubled+m.DoubledJobs+m.DoubledMails)
+		fmt.Fprintf(w, "  host + plugins cpu %.2fs, the same PDFs rendered and stored alone %.2fs: the runtime adds %.0f%% (mail provider, not counted: %.2fs)\n",
+			m.CPUSeconds, m.RenderAloneCPUSeconds, 100*m.Overhead, m.MailProviderCPUSeconds)
 	}
 	if l := r.Latency; l != nil {
 		fmt.Fprintf(w, "\nlatency (outbox commit -> outcome recorded), %d jobs/s offered (%.0f achieved, %.0f applied) for %ds, inflight %d:\n",

@@ -95,7 +95,7 @@ func measureUsher(ctx context.Context, cfg config, res *results, logger *slog.Lo
 		return nil, err
 	}
 	defer os.RemoveAll(pluginDir)
-	if err := stageCounters(cfg.PluginDir, pluginDir); err != nil {
+	if err := stagePlugin(cfg.PluginDir, pluginDir, "counters"); err != nil {
 		return nil, err
 	}
 	p.phase("database: create, setup, migrate", 0)
@@ -156,6 +156,26 @@ func measureUsher(ctx context.Context, cfg config, res *results, logger *slog.Lo
 		if err != nil {
 			return ms, fmt.Errorf("inflight %d: %w", level, err)
 		}
+	}
+	if cfg.Mix > 0 {
+		mixDir, err := os.MkdirTemp("", "usher-bench-mix-plugins-")
+		if err != nil {
+			return ms, err
+		}
+		defer os.RemoveAll(mixDir)
+		for _, name := range []string{"counters", "tickets"} {
+			if err := stagePlugin(cfg.PluginDir, mixDir, name); err != nil {
+				return ms, err
+			}
+		}
+		mix, stream, err := measureMix(ctx, cfg, db, mixDir, logger, p)
+		if stream != "" {
+			streams = append(streams, stream)
+		}
+		if err != nil {
+			return ms, fmt.Errorf("mix: %w", err)
+		}
+		res.Mix = mix
 	}
 	res.Absorbed, err = absorbedDuplicates(ctx, db.pool)
 	return ms, err

@@ -86,7 +86,7 @@ func (db *database) setup(ctx context.Context, owner string) error {
 		return fmt.Errorf("connect as the administrator to %s: %w", db.name, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := sandbox.Setup(ctx, conn, sandbox.SetupConfig{Owner: owner, Plugins: []string{"counters"}}); err != nil {
+	if err := sandbox.Setup(ctx, conn, sandbox.SetupConfig{Owner: owner, Plugins: []string{"counters", "tickets"}}); err != nil {
 		return err
 	}
 	pc, err := pgxpool.ParseConfig(db.ownerURL)
@@ -487,15 +487,16 @@ func deleteStreams(ctx context.Context, rdb redis.UniversalClient, streams []str
 	return errors.Join(errs...)
 }
 
-// stageCounters makes a plugin directory holding only the counters plugin
-// of cfg.PluginDir (its manifest, verbatim, and its binary), so the host
-// starts no other plugin whose role happens to exist: the numbers are the
-// counters plugin's alone. The host still verifies the manifest's SHA-256.
-func stageCounters(pluginDir, into string) error {
-	const manifest = "counters.plugin.json"
+// stagePlugin copies plugin name of cfg.PluginDir (its manifest, verbatim,
+// and its binary) into a plugin directory of the run's own, so the host
+// starts no other plugin whose role happens to exist: the throughput
+// numbers are the counters plugin's alone. The host still verifies the
+// manifest's SHA-256.
+func stagePlugin(pluginDir, into, name string) error {
+	manifest := name + ".plugin.json"
 	b, err := os.ReadFile(filepath.Join(pluginDir, manifest))
 	if err != nil {
-		return fmt.Errorf("the counters plugin's manifest (run make plugins): %w", err)
+		return fmt.Errorf("the %s plugin's manifest (run make plugins): %w", name, err)
 	}
 	var m struct {
 		Binary string `json:"binary"`

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -10,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -26,6 +24,7 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/internal/mailproc"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 	"github.com/usherhq/usher/plugins/tickets/blob"
@@ -233,29 +232,18 @@ func (d *demo) prepare(ctx context.Context) error {
 }
 
 func (d *demo) startMailProvider() (string, func(), error) {
-	cmd := exec.Command(d.mailBin, "-addr", "127.0.0.1:0", "-data", filepath.Join(d.work, "mail"))
 	logf, err := os.Create(filepath.Join(d.work, "mailprovider.log"))
 	if err != nil {
 		return "", nil, err
 	}
-	cmd.Stderr = logf
-	out, err := cmd.StdoutPipe()
+	mp, err := mailproc.Start(d.mailBin, filepath.Join(d.work, "mail"), logf)
 	if err != nil {
-		return "", nil, err
+		logf.Close()
+		return "", nil, fmt.Errorf("demo: %w", err)
 	}
-	if err := cmd.Start(); err != nil {
-		return "", nil, fmt.Errorf("demo: start mail provider %s: %w (run `make build`)", d.mailBin, err)
-	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		_ = cmd.Process.Kill()
-		return "", nil, fmt.Errorf("demo: mail provider did not start: %w", err)
-	}
-	addr := strings.TrimSpace(strings.TrimPrefix(line, "mailprovider listening on "))
-	d.say("mail provider (pid %d) at %s", cmd.Process.Pid, addr)
-	return addr, func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
+	d.say("mail provider (pid %d) at %s", mp.Pid(), mp.URL)
+	return mp.URL, func() {
+		mp.Stop()
 		logf.Close()
 	}, nil
 }
