@@ -76,13 +76,14 @@ func CheckPluginName(name string) error {
 // RuntimeTables are the runtime's own tables: no plugin role may hold any
 // privilege on them.
 var RuntimeTables = []string{"outbox", "processed_jobs", "scheduled_jobs", "dead_letters",
-	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets", "tx_gates"}
+	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets", "tx_gates", "job_history"}
 
 // functions are the runtime's SECURITY DEFINER functions a plugin role may
 // call (through the host, or by itself: each checks the caller).
 var functions = []string{"usher_check_serves(text)", "usher_applied(bigint, text)", "usher_record_job(text, text)",
 	"usher_gate_open(bytea)", "usher_gate_close(bytea)",
-	"usher_enqueue(text, text, jsonb, text, text)"}
+	"usher_enqueue(text, text, jsonb, text, text)", "usher_enqueue(text, text, jsonb, text, text, text)",
+	"usher_applied_logged(bigint, text, text, integer, integer, text, text, text, text, text, text, timestamptz)"}
 
 // CheckHostLogin refuses a host whose database login is a superuser, unless
 // allowSuperuser: a superuser host means one escape from a plugin's role is

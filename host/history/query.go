@@ -1,0 +1,284 @@
+package history
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/usherhq/usher/host/outbox"
+)
+
+// States a job is in.
+const (
+	// Pending: committed to the outbox, not yet on the stream.
+	Pending = "pending"
+	// Running: on the stream, not finished (running, or waiting for a
+	// consumer or a reclaim).
+	Running = "running"
+	// WaitingToRetry: a delayed run is scheduled.
+	WaitingToRetry = "waiting_to_retry"
+	// Done: applied (or found already applied).
+	Done = "done"
+	// DeadLetteredState: an open dead letter holds it.
+	DeadLetteredState = "dead_lettered"
+	// Unknown: only history is left (its outbox rows were trimmed).
+	Unknown = "unknown"
+)
+
+// ErrNotFound: no outbox row, dead letter or history names the job or
+// request.
+var ErrNotFound = errors.New("history: not found")
+
+// Job is one job (one identity: its outbox row's id, kept by its retries
+// and requeues) with its state and every delivery's record.
+type Job struct {
+	ID        string `json:"id"`
+	Kind      string `json:"kind"`
+	RequestID string `json:"request_id"`
+	// Parent is the job whose handler enqueued it ("" for the
+	// application's).
+	Parent string `json:"parent_job_id,omitempty"`
+	State  string `json:"state"`
+	// Outcome is its latest outbox row's recorded outcome, "" if none.
+	Outcome string `json:"outcome,omitempty"`
+	// Attempts counts its outbox rows (a retry or a requeue adds one).
+	Attempts int `json:"attempts"`
+	// RetryAt is when its scheduled run is due (WaitingToRetry).
+	RetryAt *time.Time `json:"retry_at,omitempty"`
+	// DeadLetter is its open dead letter's id and reason.
+	DeadLetter       int64  `json:"dead_letter_id,omitempty"`
+	DeadLetterReason string `json:"dead_letter_reason,omitempty"`
+	// Absorbed counts the duplicate deliveries its guard absorbed.
+	Absorbed int      `json:"absorbed"`
+	History  []Record `json:"history"`
+	Children []*Job   `json:"children,omitempty"`
+}
+
+// Workflow is the jobs one request started, as a tree: the application's
+// jobs at its roots, each job's follow-ons under it.
+type Workflow struct {
+	RequestID string `json:"request_id"`
+	Jobs      []*Job `json:"jobs"`
+	// Count of jobs in the tree, and of each state.
+	Count  int            `json:"count"`
+	States map[string]int `json:"states"`
+}
+
+// outboxRow is what a job's state is read from.
+type outboxRow struct {
+	jobID, kind, requestID, parent, outcome string
+	attempt                                 int
+	published, done                         bool
+}
+
+const outboxCols = `coalesce(job_id, id::text), kind, request_id, coalesce(parent_job_id, ''), coalesce(outcome, ''),
+	attempt, published_at IS NOT NULL, done_at IS NOT NULL`
+
+func scanOutbox(rows pgx.Rows) ([]outboxRow, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxRow, error) {
+		var o outboxRow
+		err := r.Scan(&o.jobID, &o.kind, &o.requestID, &o.parent, &o.outcome, &o.attempt, &o.published, &o.done)
+		return o, err
+	})
+}
+
+// GetJob reads one job by its identity.
+func GetJob(ctx context.Context, q outbox.Querier, id string) (*Job, error) {
+	// An outbox-born job's identity is its row's id; a retry's or a
+	// requeue's row carries it in job_id.
+	rowID, _ := strconv.ParseInt(id, 10, 64)
+	rows, err := q.Query(ctx, `SELECT `+outboxCols+` FROM outbox
+		WHERE job_id = $1 OR (job_id IS NULL AND id = $2) ORDER BY id`, id, rowID)
+	if err != nil {
+		return nil, fmt.Errorf("history: job %s: %w", id, err)
+	}
+	ors, err := scanOutbox(rows)
+	if err != nil {
+		return nil, fmt.Errorf("history: job %s: %w", id, err)
+	}
+	jobs, err := assemble(ctx, q, ors, []string{id})
+	if err != nil {
+		return nil, err
+	}
+	if len(jobs) == 0 {
+		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	return jobs[0], nil
+}
+
+// GetWorkflow reads the jobs request requestID started, as a tree.
+func GetWorkflow(ctx context.Context, q outbox.Querier, requestID string) (*Workflow, error) {
+	if requestID == "" {
+		return nil, errors.New("history: a workflow needs a request id")
+	}
+	rows, err := q.Query(ctx, `SELECT `+outboxCols+` FROM outbox
+		WHERE request_id = $1 ORDER BY id`, requestID)
+	if err != nil {
+		return nil, fmt.Errorf("history: workflow %s: %w", requestID, err)
+	}
+	ors, err := scanOutbox(rows)
+	if err != nil {
+		return nil, fmt.Errorf("history: workflow %s: %w", requestID, err)
+	}
+	// Jobs whose outbox rows were trimmed are still named by history.
+	rows, err = q.Query(ctx, `SELECT DISTINCT job_id FROM job_history WHERE request_id = $1`, requestID)
+	if err != nil {
+		return nil, fmt.Errorf("history: workflow %s: %w", requestID, err)
+	}
+	extra, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("history: workflow %s: %w", requestID, err)
+	}
+	jobs, err := assemble(ctx, q, ors, extra)
+	if err != nil {
+		return nil, err
+	}
+	if len(jobs) == 0 {
+		return nil, fmt.Errorf("request %s: %w", requestID, ErrNotFound)
+	}
+	w := &Workflow{RequestID: requestID, Count: len(jobs), States: map[string]int{}}
+	byID := make(map[string]*Job, len(jobs))
+	for _, j := range jobs {
+		byID[j.ID] = j
+		w.States[j.State]++
+	}
+	for _, j := range jobs {
+		if p := byID[j.Parent]; p != nil && p != j {
+			p.Children = append(p.Children, j)
+		} else {
+			w.Jobs = append(w.Jobs, j)
+		}
+	}
+	return w, nil
+}
+
+// assemble builds the jobs of ors (in the order their first rows came)
+// plus those of ids with no outbox row, with their state, dead letters
+// and history.
+func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []string) ([]*Job, error) {
+	byID := map[string]*Job{}
+	var jobs []*Job
+	add := func(id string) *Job {
+		if j := byID[id]; j != nil {
+			return j
+		}
+		j := &Job{ID: id, State: Unknown, History: []Record{}}
+		byID[id] = j
+		jobs = append(jobs, j)
+		return j
+	}
+	for _, o := range ors {
+		j := add(o.jobID)
+		j.Kind, j.RequestID, j.Attempts = o.kind, o.requestID, j.Attempts+1
+		if j.Parent == "" {
+			j.Parent = o.parent
+		}
+		// Rows come in id order: the last one is the latest attempt.
+		j.Outcome = o.outcome
+		switch {
+		case !o.published:
+			j.State = Pending
+		case !o.done:
+			j.State = Running
+		case o.outcome == "applied" || o.outcome == "absorbed":
+			j.State = Done
+		default:
+			// retry_scheduled or dead_letter: settled below from the
+			// scheduled run or the dead letter.
+			j.State = Running
+		}
+	}
+	for _, id := range ids {
+		add(id)
+	}
+	if len(jobs) == 0 {
+		return nil, nil
+	}
+	all := make([]string, len(jobs))
+	for i, j := range jobs {
+		all[i] = j.ID
+	}
+	rows, err := q.Query(ctx, `SELECT job_id, min(run_at) FROM scheduled_jobs
+		WHERE job_id = ANY($1) AND enqueued_at IS NULL GROUP BY job_id`, all)
+	if err != nil {
+		return nil, fmt.Errorf("history: scheduled runs: %w", err)
+	}
+	if err := eachRow(rows, func(r pgx.Rows) error {
+		var id string
+		var at time.Time
+		if err := r.Scan(&id, &at); err != nil {
+			return err
+		}
+		j := byID[id]
+		j.State, j.RetryAt = WaitingToRetry, &at
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("history: scheduled runs: %w", err)
+	}
+	rows, err = q.Query(ctx, `SELECT DISTINCT ON (job_id) job_id, id, kind, request_id, reason FROM dead_letters
+		WHERE job_id = ANY($1) AND requeued_at IS NULL ORDER BY job_id, id DESC`, all)
+	if err != nil {
+		return nil, fmt.Errorf("history: dead letters: %w", err)
+	}
+	if err := eachRow(rows, func(r pgx.Rows) error {
+		var id, kind, req, reason string
+		var letter int64
+		if err := r.Scan(&id, &letter, &kind, &req, &reason); err != nil {
+			return err
+		}
+		j := byID[id]
+		j.State, j.DeadLetter, j.DeadLetterReason = DeadLetteredState, letter, reason
+		if j.Kind == "" {
+			j.Kind, j.RequestID = kind, req
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("history: dead letters: %w", err)
+	}
+	rows, err = q.Query(ctx, `SELECT id, job_id, kind, coalesce(outbox_id, 0), request_id, attempt, deliveries, stream_id,
+		consumer, plugin, plugin_version, guard, verdict, reason, error, started_at, finished_at
+		FROM job_history WHERE job_id = ANY($1) ORDER BY finished_at, id`, all)
+	if err != nil {
+		return nil, fmt.Errorf("history: records: %w", err)
+	}
+	if err := eachRow(rows, func(r pgx.Rows) error {
+		var h Record
+		if err := r.Scan(&h.ID, &h.JobID, &h.Kind, &h.OutboxID, &h.RequestID, &h.Attempt, &h.Deliveries, &h.StreamID,
+			&h.Consumer, &h.Plugin, &h.PluginVersion, &h.Guard, &h.Verdict, &h.Reason, &h.Error, &h.StartedAt, &h.FinishedAt); err != nil {
+			return err
+		}
+		j := byID[h.JobID]
+		j.History = append(j.History, h)
+		if h.Verdict == Absorbed {
+			j.Absorbed++
+		}
+		if j.Kind == "" {
+			j.Kind, j.RequestID = h.Kind, h.RequestID
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("history: records: %w", err)
+	}
+	// A job named by nothing but the caller's id does not exist.
+	kept := jobs[:0]
+	for _, j := range jobs {
+		if j.Kind != "" {
+			kept = append(kept, j)
+		}
+	}
+	return kept, nil
+}
+
+func eachRow(rows pgx.Rows, f func(pgx.Rows) error) error {
+	defer rows.Close()
+	for rows.Next() {
+		if err := f(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
