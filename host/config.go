@@ -188,6 +188,10 @@ type Config struct {
 	ReconcileAfter time.Duration
 	// ReconcileInterval is how often the reconciler scans. Default 1m.
 	ReconcileInterval time.Duration
+	// HistoryRetention is how long a job's history records (one per
+	// delivery, see host/history) are kept; each host deletes older ones
+	// every few minutes. Default 7 days.
+	HistoryRetention time.Duration
 	// RelayAfterPublish is a fault hook for tests and the demo: an error
 	// aborts a published batch before it is marked, as a crash would.
 	RelayAfterPublish func(ids []int64) error
@@ -293,6 +297,9 @@ func (c *Config) setDefaults() error {
 	if c.RollbackMinJobs <= 0 {
 		c.RollbackMinJobs = 10
 	}
+	if c.HistoryRetention <= 0 {
+		c.HistoryRetention = 7 * 24 * time.Hour
+	}
 	if c.PluginPollInterval <= 0 {
 		c.PluginPollInterval = 2 * time.Second
 	}
@@ -314,7 +321,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("plugin_pool_size", c.PluginPoolSize), slog.Duration("rollback_window", c.RollbackWindow),
 		slog.Float64("rollback_failure_share", c.RollbackFailureShare), slog.Int("rollback_min_jobs", c.RollbackMinJobs),
 		slog.Int("concurrency", c.Concurrency), slog.Int64("max_entry_bytes_held", c.MaxEntryBytesHeld),
-		slog.Duration("reclaim_idle", c.ReclaimIdle),
+		slog.Duration("reclaim_idle", c.ReclaimIdle), slog.Duration("history_retention", c.HistoryRetention),
 		slog.Duration("job_timeout", c.JobTimeout), slog.Duration("stalled_after", c.StalledAfter), slog.Int64("max_deliveries", c.MaxDeliveries),
 		slog.Int("max_attempts", c.MaxAttempts), slog.Int("poison_crashes", c.PoisonCrashes), slog.Bool("relay", !c.DisableRelay),
 		slog.Bool("scheduler", !c.DisableScheduler), slog.String("admin_addr", c.AdminAddr),

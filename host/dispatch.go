@@ -10,8 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/guard"
+	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/schedule"
@@ -26,8 +29,10 @@ import (
 // that can never succeed is acked after its dead letter is committed, and
 // anything else stays pending to be reclaimed.
 func (h *Host) dispatch(ctx context.Context, e stream.Entry) bool {
-	outcome, ack := h.run(ctx, e)
+	d := h.newDelivery(e)
+	outcome, ack := h.run(ctx, e, d)
 	if !ack {
+		h.recordAbandoned(ctx, d)
 		return false
 	}
 	switch outcome {
@@ -40,10 +45,11 @@ func (h *Host) dispatch(ctx context.Context, e stream.Entry) bool {
 		return true
 	}
 	// Record the outcome before the ack: a row with no outcome is
-	// eventually republished, so this write is what lets it rest.
+	// eventually republished, so this write is what lets it rest. The
+	// delivery's history record commits with it.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := outbox.Finish(wctx, h.pool, e.OutboxID, outcome); err != nil {
+	if err := h.withRecord(wctx, d, func(tx pgx.Tx) error { return outbox.Finish(wctx, tx, e.OutboxID, outcome) }); err != nil {
 		h.log.Warn("could not record the job's outcome; entry left pending", "stream_id", e.StreamID, "err", err)
 		return false
 	}
@@ -51,7 +57,7 @@ func (h *Host) dispatch(ctx context.Context, e stream.Entry) bool {
 }
 
 // run runs one entry and returns its outcome and whether it may be acked.
-func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack bool) {
+func (h *Host) run(ctx context.Context, e stream.Entry, d *delivery) (outcome string, ack bool) {
 	start := time.Now()
 	defer func() {
 		if r := recover(); r != nil {
@@ -60,13 +66,14 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 		}
 	}()
 	if cause, reason := h.refuse(e); cause == causeForged {
-		return outcomeForged, h.deadLetter(ctx, e, cause, reason, "")
+		return outcomeForged, h.deadLetter(ctx, e, d, cause, reason, "")
 	} else if cause != "" {
-		return "dead_letter", h.deadLetter(ctx, e, cause, reason, "")
+		return "dead_letter", h.deadLetter(ctx, e, d, cause, reason, "")
 	}
 	h.mu.RLock()
 	rt := h.routes[e.Kind]
 	h.mu.RUnlock()
+	d.served(rt)
 	if !rt.plugin.Ready() {
 		// Unhealthy (its kinds wait in the stream, not in dead letters,
 		// until the plugin is reloaded) or between a crash and its
@@ -84,12 +91,12 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 		return "", false
 	}
 	if e.Deliveries > h.cfg.MaxDeliveries {
-		return "dead_letter", h.deadLetter(ctx, e, "max_deliveries",
+		return "dead_letter", h.deadLetter(ctx, e, d, "max_deliveries",
 			fmt.Sprintf("delivered %d times (max %d) without finishing; the last runs crashed, hung or lost their host", e.Deliveries, h.cfg.MaxDeliveries), "")
 	}
 	crashes := h.crashes(ctx, e)
 	if crashes >= int64(h.cfg.PoisonCrashes) {
-		return "dead_letter", h.poison(ctx, e, crashes, nil)
+		return "dead_letter", h.poison(ctx, e, d, crashes, nil)
 	}
 	defer func() {
 		if ack && crashes > 0 {
@@ -131,7 +138,7 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 			}
 		}()
 	}
-	out := h.runner.Run(jobCtx, rt.plugin, rt.db, rt.guard, job, e.OutboxID)
+	out := h.runner.Run(jobCtx, rt.plugin, rt.db, rt.guard, job, d.guardDelivery())
 	if out.Verdict != guard.Applied && out.Verdict != guard.Absorbed && errors.Is(jobCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
 		// The handler overran its deadline: its statements were cancelled
 		// and its transaction rolled back. Retry it like a transient
@@ -155,26 +162,31 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 		if h.log.Enabled(ctx, slog.LevelDebug) {
 			jobLog().Debug("job applied")
 		}
+		d.verdict(history.Applied, "", "")
 		if out.Recorded {
+			d.written = true // in the job's own transaction
 			return outcomeRecorded, true
 		}
 		return "applied", true
 	case guard.Absorbed:
 		jobLog().Info("duplicate absorbed", "guard", guardName(rt.guard), "reason", out.Reason)
+		d.verdict(history.Absorbed, out.Reason, "")
 		return "absorbed", true
 	case guard.Retry:
+		d.verdict(history.Retry, retryReason(out), errText(out.Err))
 		if out.Err != nil && e.Attempt+1 >= h.cfg.MaxAttempts {
-			return "dead_letter", h.deadLetter(ctx, e, "max_attempts",
+			return "dead_letter", h.deadLetter(ctx, e, d, "max_attempts",
 				fmt.Sprintf("failed %d attempts (max %d)", e.Attempt+1, h.cfg.MaxAttempts), out.Reason)
 		}
-		return "retry_scheduled", h.retry(ctx, e, out, jobLog())
+		return "retry_scheduled", h.retry(ctx, e, d, out, jobLog())
 	case guard.Permanent:
-		return "dead_letter", h.deadLetter(ctx, e, "permanent", out.Reason, out.Reason)
+		return "dead_letter", h.deadLetter(ctx, e, d, "permanent", out.Reason, out.Reason)
 	default: // Abandoned
+		d.verdict(history.Abandoned, "", out.Reason)
 		var crash *pluginhost.CrashError
 		if errors.As(out.Err, &crash) {
 			if n := h.chargeCrash(ctx, e); n >= int64(h.cfg.PoisonCrashes) {
-				return "dead_letter", h.poison(ctx, e, n, crash)
+				return "dead_letter", h.poison(ctx, e, d, n, crash)
 			}
 			// Its plugin is restarted: run it again then, here.
 			h.redispatchWhenReady(e, rt)
@@ -246,15 +258,19 @@ func (h *Host) refuse(e stream.Entry) (cause, reason string) {
 	return "", ""
 }
 
-func (h *Host) retry(ctx context.Context, e stream.Entry, out guard.Outcome, log interface {
+func (h *Host) retry(ctx context.Context, e stream.Entry, d *delivery, out guard.Outcome, log interface {
 	Info(string, ...any)
 	Warn(string, ...any)
 }) bool {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	added, err := schedule.Add(wctx, h.pool, schedule.Run{
-		JobID: e.JobID, Attempt: e.Attempt + 1, Kind: e.Kind, Payload: e.Payload,
-		RequestID: e.RequestID, Trace: e.Trace, Reason: storedError(out.Reason), RunAt: time.Now().Add(out.RetryAfter),
+	var added bool
+	err := h.withRecord(wctx, d, func(tx pgx.Tx) (err error) {
+		added, err = schedule.Add(wctx, tx, schedule.Run{
+			JobID: e.JobID, Attempt: e.Attempt + 1, Kind: e.Kind, Payload: e.Payload,
+			RequestID: e.RequestID, Trace: e.Trace, Reason: storedError(out.Reason), RunAt: time.Now().Add(out.RetryAfter),
+		})
+		return err
 	})
 	if err != nil {
 		log.Warn("could not schedule retry; entry left pending", "err", err)
@@ -269,7 +285,7 @@ func (h *Host) retry(ctx context.Context, e stream.Entry, out guard.Outcome, log
 // last_error; the reason, the history and the log line carry it cut short.
 // An entry refused before any plugin saw it (e.Err) keeps its fields'
 // bytes as received in raw; its text columns hold them escaped.
-func (h *Host) deadLetter(ctx context.Context, e stream.Entry, cause, reason, lastErr string) bool {
+func (h *Host) deadLetter(ctx context.Context, e stream.Entry, d *delivery, cause, reason, lastErr string) bool {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if lastErr == "" {
@@ -291,6 +307,11 @@ func (h *Host) deadLetter(ctx context.Context, e stream.Entry, cause, reason, la
 		// Never under the identity or kind it claims: those belong to a
 		// real job, and a requeue by kind must not pick it up.
 		jobID, kind = "forged:"+e.StreamID, deadletter.ForgedKind
+		d = nil // it is no job's delivery: no history
+	}
+	if d != nil {
+		d.rec.JobID, d.rec.Kind = jobID, kind
+		d.verdict(history.DeadLettered, cause+": "+reason, lastErr)
 	}
 	var raw []deadletter.RawField
 	if e.Err != nil {
@@ -299,9 +320,12 @@ func (h *Host) deadLetter(ctx context.Context, e stream.Entry, cause, reason, la
 			raw = append(raw, deadletter.RawField{Name: []byte(f.Name), Value: []byte(f.Value), NameBytes: f.NameLen, ValueBytes: f.ValueLen})
 		}
 	}
-	_, err := deadletter.Add(wctx, h.pool, deadletter.Letter{
-		JobID: jobID, Kind: kind, Payload: e.Payload, RequestID: e.RequestID, Trace: e.Trace,
-		Reason: reason, LastError: storedError(lastErr), Attempts: e.Attempt + 1, StreamID: e.StreamID, History: hist, Raw: raw,
+	err := h.withRecord(wctx, d, func(tx pgx.Tx) error {
+		_, err := deadletter.Add(wctx, tx, deadletter.Letter{
+			JobID: jobID, Kind: kind, Payload: e.Payload, RequestID: e.RequestID, Trace: e.Trace,
+			Reason: reason, LastError: storedError(lastErr), Attempts: e.Attempt + 1, StreamID: e.StreamID, History: hist, Raw: raw,
+		})
+		return err
 	})
 	if err != nil {
 		h.log.Error("could not write dead letter; entry left pending", "stream_id", e.StreamID, "err", err)

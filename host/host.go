@@ -30,6 +30,7 @@ import (
 
 	"github.com/usherhq/usher/host/admin"
 	"github.com/usherhq/usher/host/guard"
+	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/reclaim"
@@ -832,6 +833,11 @@ func (h *Host) Run(ctx context.Context) error {
 		}
 		loops["scheduler"] = sched.Run
 	}
+	trim, err := history.NewTrimmer(history.TrimmerConfig{Pool: h.pool, Retention: h.cfg.HistoryRetention, Logger: h.log})
+	if err != nil {
+		return err
+	}
+	loops["history-trim"] = trim.Run
 	if h.watcher != nil {
 		loops["plugin-watch"] = h.watcher.Run
 	}

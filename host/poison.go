@@ -83,7 +83,7 @@ func (h *Host) clearCrashes(ctx context.Context, e stream.Entry) {
 // often is suspected first: it is rolled back, and the entry keeps one
 // crash short of the limit, to run alone on the version before, which
 // dead-letters it if it crashes that one too.
-func (h *Host) poison(ctx context.Context, e stream.Entry, n int64, crash *pluginhost.CrashError) bool {
+func (h *Host) poison(ctx context.Context, e stream.Entry, d *delivery, n int64, crash *pluginhost.CrashError) bool {
 	last := "counted earlier"
 	if crash != nil {
 		last = crash.Error()
@@ -103,7 +103,7 @@ func (h *Host) poison(ctx context.Context, e stream.Entry, n int64, crash *plugi
 	}
 	reason := fmt.Sprintf("poison: its runs crashed the plugin's process %d times (max %d; last: %s); dead-lettered so the plugin's other jobs go on",
 		n, h.cfg.PoisonCrashes, last)
-	if !h.deadLetter(ctx, e, "poison", reason, "") {
+	if !h.deadLetter(ctx, e, d, "poison", reason, "") {
 		return false
 	}
 	h.clearCrashes(ctx, e)

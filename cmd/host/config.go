@@ -111,6 +111,8 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fromEnv(fs, "reconcile-after", "USHER_RECONCILE_AFTER")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", time.Minute, "how often to look for them (USHER_RECONCILE_INTERVAL)")
 	fromEnv(fs, "reconcile-interval", "USHER_RECONCILE_INTERVAL")
+	fs.DurationVar(&cfg.HistoryRetention, "history-retention", 7*24*time.Hour, "keep each job's delivery history this long (USHER_HISTORY_RETENTION)")
+	fromEnv(fs, "history-retention", "USHER_HISTORY_RETENTION")
 	fs.Func("plugin-env", "NAME=VALUE for every plugin's environment, or NAME to pass the host's own NAME on (repeat for each); nothing else of the host's environment reaches a plugin",
 		func(v string) error {
 			name, _, set := strings.Cut(v, "=")

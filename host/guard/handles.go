@@ -465,8 +465,9 @@ func (hs *Handles) Enqueue(ctx context.Context, req *usherv1.EnqueueRequest) (*u
 			return nil, status.Errorf(codes.InvalidArgument, "enqueue: a message needs a kind and a JSON payload")
 		}
 		var id int64
-		err := h.tx.QueryRow(ctx, "SELECT "+hs.fn("usher_enqueue")+"($1, $2, $3, $4, $5)",
-			h.job.GetKind(), m.GetKind(), string(m.GetPayload()), h.job.GetRequestId(), h.job.GetTrace()).Scan(&id)
+		// The enqueuing job is the follow-on's parent in its workflow.
+		err := h.tx.QueryRow(ctx, "SELECT "+hs.fn("usher_enqueue")+"($1, $2, $3, $4, $5, $6)",
+			h.job.GetKind(), m.GetKind(), string(m.GetPayload()), h.job.GetRequestId(), h.job.GetTrace(), h.job.GetId()).Scan(&id)
 		if err != nil {
 			return nil, h.noteDenied(sqlStatus(err))
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
@@ -90,6 +89,22 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Delivery is the stream delivery a run belongs to. An applied run of a
+// job with an outbox row writes its history record (host/history) from
+// it, in the job's own transaction.
+type Delivery struct {
+	// OutboxID is the outbox row the job came from; 0 for none (then
+	// nothing is recorded in the job's transaction).
+	OutboxID   int64
+	StreamID   string
+	Deliveries int64
+	Consumer   string
+	Plugin     string
+	Version    string
+	Guard      string
+	Started    time.Time
+}
+
 // Runner executes guards.
 type Runner struct {
 	cfg Config
@@ -115,20 +130,20 @@ func NewRunner(cfg Config) (*Runner, error) {
 
 // Run executes job's guard against the plugin behind inv, on the plugin's
 // database db. ctx's deadline is the job's: every statement, the plugin's
-// and the host's, is cancelled when it passes. outboxID, when not 0, is
-// the outbox row the job came from: an applied run records its outcome in
-// the job's own transaction (Outcome.Recorded).
-func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, job *usherv1.Job, outboxID int64) Outcome {
+// and the host's, is cancelled when it passes. d.OutboxID, when not 0, is
+// the outbox row the job came from: an applied run records its outcome and
+// its history record in the job's own transaction (Outcome.Recorded).
+func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, job *usherv1.Job, d Delivery) Outcome {
 	var out Outcome
 	switch {
 	case db.Pool == nil:
 		out = permanent(fmt.Errorf("kind %s: its plugin has no database pool of its own", job.GetKind()))
 	case g == usherv1.Guard_GUARD_STATE_FIRST:
-		out = r.stateFirst(ctx, inv, db, job, outboxID)
+		out = r.stateFirst(ctx, inv, db, job, d)
 	case g == usherv1.Guard_GUARD_CLAIM:
-		out = r.claim(ctx, inv, db, job, outboxID)
+		out = r.claim(ctx, inv, db, job, d)
 	case g == usherv1.Guard_GUARD_JOB_ID:
-		out = r.jobID(ctx, inv, db, job, outboxID)
+		out = r.jobID(ctx, inv, db, job, d)
 	default:
 		out = permanent(fmt.Errorf("kind %s has no guard", job.GetKind()))
 	}
@@ -201,7 +216,7 @@ func refused(job *usherv1.Job, h *handle) (Outcome, bool) {
 }
 
 // stateFirst: check → prepare → commit with a conditional write.
-func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, outboxID int64) Outcome {
+func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, d Delivery) Outcome {
 	ro := r.cfg.Handles.issue(ctx, capReadOnly, job, db.Pool, nil, db.Role)
 	res, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_CHECK, Job: job, Handle: ro.id})
 	r.cfg.Handles.release(ro)
@@ -250,16 +265,16 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 		}
 		return absorbed("conditional write lost to another run")
 	}
-	if err := tx.Commit(ctx, r.outcome(job, outboxID)...); err != nil {
+	if err := tx.Commit(ctx, r.outcome(job, d)...); err != nil {
 		return abandoned(fmt.Errorf("commit: %w", err))
 	}
-	return Outcome{Verdict: Applied, Recorded: outboxID != 0}
+	return Outcome{Verdict: Applied, Recorded: d.OutboxID != 0}
 }
 
 // jobID: record the identity and apply in one transaction. The identity
 // is recorded by usher_record_job, which runs as the runtime's owner and
 // checks that the plugin's role serves the kind.
-func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, outboxID int64) Outcome {
+func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, d Delivery) Outcome {
 	// BEGIN and the identity's record in one round trip.
 	var recorded bool
 	tx, err := beginWith(ctx, db.Pool, r.cfg.Handles.schema, func(row pgx.Row) error { return row.Scan(&recorded) },
@@ -286,10 +301,10 @@ func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 	if !ok {
 		return out
 	}
-	if err := tx.Commit(ctx, r.outcome(job, outboxID)...); err != nil {
+	if err := tx.Commit(ctx, r.outcome(job, d)...); err != nil {
 		return abandoned(fmt.Errorf("commit: %w", err))
 	}
-	return Outcome{Verdict: Applied, Recorded: outboxID != 0}
+	return Outcome{Verdict: Applied, Recorded: d.OutboxID != 0}
 }
 
 // writes runs the writes an apply phase returned with its answer, in
@@ -322,14 +337,29 @@ func (r *Runner) writes(job *usherv1.Job, h *handle, ws []*usherv1.Statement) (O
 }
 
 // outcome is the statement that records an applied job's outbox outcome
-// in its own transaction, sent with the COMMIT; none for a job with no
-// outbox row (outboxID 0).
-func (r *Runner) outcome(job *usherv1.Job, outboxID int64) []lastStatement {
-	if outboxID == 0 {
+// and its history record in its own transaction, sent with the COMMIT;
+// none for a job with no outbox row (d.OutboxID 0).
+func (r *Runner) outcome(job *usherv1.Job, d Delivery) []lastStatement {
+	if d.OutboxID == 0 {
 		return nil
 	}
-	return []lastStatement{{sql: "SELECT " + r.cfg.Handles.fn("usher_applied") + "($1, $2)",
-		args: [][]byte{[]byte(strconv.FormatInt(outboxID, 10)), []byte(job.GetKind())}}}
+	args := appliedArgs(job, d)
+	text := make([][]byte, len(args))
+	for i, a := range args {
+		text[i] = []byte(fmt.Sprint(a))
+	}
+	text[len(text)-1] = []byte(d.Started.UTC().Format("2006-01-02T15:04:05.999999Z07:00"))
+	return []lastStatement{{sql: r.appliedSQL(), args: text}}
+}
+
+// appliedSQL calls usher_applied_logged with appliedArgs.
+func (r *Runner) appliedSQL() string {
+	return "SELECT " + r.cfg.Handles.fn("usher_applied_logged") + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+}
+
+func appliedArgs(job *usherv1.Job, d Delivery) []any {
+	return []any{d.OutboxID, job.GetKind(), job.GetId(), job.GetAttempt(), d.Deliveries, job.GetRequestId(),
+		d.StreamID, d.Consumer, d.Plugin, d.Version, d.Guard, d.Started}
 }
 
 // claimSQL is a validated claim spec turned into SQL.
@@ -422,7 +452,7 @@ func identifier(s string) bool {
 }
 
 // claim: the host claims, the plugin sends, the host marks.
-func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, outboxID int64) Outcome {
+func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, d Delivery) Outcome {
 	res, out, ok := r.call(ctx, inv, &usherv1.Call{Phase: usherv1.Phase_PHASE_CLAIM, Job: job})
 	if !ok {
 		return out
@@ -505,10 +535,10 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 		if _, err := tx.Exec(ctx, mark, args...); err != nil {
 			return err
 		}
-		if outboxID == 0 {
+		if d.OutboxID == 0 {
 			return nil
 		}
-		_, err := tx.Exec(ctx, "SELECT "+r.cfg.Handles.fn("usher_applied")+"($1, $2)", outboxID, job.GetKind())
+		_, err := tx.Exec(ctx, r.appliedSQL(), appliedArgs(job, d)...)
 		return err
 	}); err != nil {
 		if out := claimError(err); out != nil {
@@ -522,7 +552,7 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 	if unkept != nil {
 		return permanent(unkept)
 	}
-	return Outcome{Verdict: Applied, Recorded: outboxID != 0}
+	return Outcome{Verdict: Applied, Recorded: d.OutboxID != 0}
 }
 
 // claimError turns a claim statement that can never work (no such table or

@@ -244,7 +244,7 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 		}
 	case s.crash != nil:
 		inv := newInvoker(setup.Plugin, handles, s.crash)
-		out := runner.Run(ctx, inv, db, g, job, 0)
+		out := runner.Run(ctx, inv, db, g, job, guard.Delivery{})
 		if !inv.crashed() {
 			return nil, g, fmt.Errorf("the crash point was never reached (the run ended %s: %s)", out.Verdict, out.Reason)
 		}
@@ -316,7 +316,7 @@ func runToEnd(ctx context.Context, pool *pgxpool.Pool, runner *guard.Runner, inv
 	for attempt := range 6 {
 		j := proto.Clone(job).(*usherv1.Job)
 		j.Attempt = int32(attempt)
-		out := runner.Run(ctx, inv, db, g, j, 0)
+		out := runner.Run(ctx, inv, db, g, j, guard.Delivery{})
 		switch out.Verdict {
 		case guard.Applied, guard.Absorbed:
 			return out, nil
