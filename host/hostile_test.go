@@ -40,6 +40,8 @@ var hostileCases = []hostileCase{
 	{"hostile_apply", "other-table", "permission denied for table events", false},
 	{"hostile_apply", "record-other", "does not serve kind update_sales_counter", false},
 	{"hostile_apply", "enqueue-other", "may not enqueue kind update_sales_counter", false},
+	{"hostile_apply", "write-history", "permission denied for table job_history", false},
+	{"hostile_apply", "history-other", "does not serve kind update_sales_counter", false},
 	{"hostile_apply", "pin-kind", "permission denied for table plugin_kinds", false},
 	{"hostile_apply", "alter-role", "must be superuser to alter superuser roles", false},
 	{"hostile_apply", "create-table", "permission denied for schema public", false},

@@ -113,6 +113,8 @@ var attacks = map[string][]string{
 	"other-table":     {"UPDATE events SET seats_sold = seats_sold + 1000"},
 	"record-other":    {"SELECT usher_record_job('999999', 'update_sales_counter')"},
 	"enqueue-other":   {"SELECT usher_enqueue('hostile_apply', 'update_sales_counter', '{\"order_id\": 1}', '', '')"},
+	"write-history":   {"INSERT INTO job_history (job_id, kind, verdict, started_at) VALUES ('999999', 'hostile_apply', 'applied', now())"},
+	"history-other":   {"SELECT usher_applied_logged(1, 'update_sales_counter', '1', 0, 1, '', '', '', '', '', '', now())"},
 	"pin-kind":        {"INSERT INTO plugin_kinds (kind, plugin, db_role) VALUES ('stolen', 'hostile', 'usher_plugin_hostile')"},
 	"alter-role":      {"ALTER ROLE usher_plugin_hostile SUPERUSER"},
 	"create-table":    {"CREATE TABLE public.processed_jobs_shadow (job_id text)"},
