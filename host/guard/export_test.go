@@ -26,3 +26,9 @@ func ClaimStatement(spec *usherv1.ClaimSpec) (string, []any, error) {
 	}
 	return c.claim, append(append([]any{}, c.keys...), c.lease.Seconds()), nil
 }
+
+// AppliedStatements are the statements an applied run's Commit sends to record its
+// outbox outcome and history record (none when d.OutboxID is 0).
+func AppliedStatements(r *Runner, job *usherv1.Job, d Delivery) []lastStatement {
+	return r.outcome(job, d)
+}
