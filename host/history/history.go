@@ -45,6 +45,8 @@ type Record struct {
 	Error         string    `json:"error,omitempty"`
 	StartedAt     time.Time `json:"started_at"`
 	FinishedAt    time.Time `json:"finished_at"`
+	// TookMS is Duration in milliseconds, filled in when read.
+	TookMS int64 `json:"took_ms"`
 }
 
 // Duration is how long the delivery ran.

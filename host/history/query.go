@@ -251,6 +251,7 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 			&h.Consumer, &h.Plugin, &h.PluginVersion, &h.Guard, &h.Verdict, &h.Reason, &h.Error, &h.StartedAt, &h.FinishedAt); err != nil {
 			return err
 		}
+		h.TookMS = h.Duration().Milliseconds()
 		j := byID[h.JobID]
 		j.History = append(j.History, h)
 		if h.Verdict == Absorbed {
