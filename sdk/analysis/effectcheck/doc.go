@@ -1,0 +1,56 @@
+// Package effectcheck is usher-vet's analyzer: it reports, in plugin code,
+// what Go's types cannot stop a handler from doing.
+//
+//   - An effect outside the effect phase. A network call (package net's
+//     Dial*, Listen* and Lookup*, net/http's client calls and servers,
+//     net/smtp, sdk.NewProviderRequest), a file write (os.Create,
+//     os.WriteFile, os.OpenFile with a write flag or a flag that is not a
+//     constant, os.Mkdir*, os.Remove*, os.Rename, their os.Root
+//     counterparts, ...), a process started (os/exec's Run, Start, Output,
+//     CombinedOutput, os.StartProcess, syscall.Exec) or a call into a
+//     function or package marked //usher:effect is reported when it is
+//     reachable from a handler's Check, Commit, Apply or Claim, and from
+//     Prepare unless it is declared //usher:idempotent-by-key. Only a
+//     ClaimEffect's Effect may run any effect.
+//   - sdk.KeyForTest outside a _test.go file.
+//   - A ClaimEffect's Effect that ignores its key: the IdempotencyKey
+//     parameter is unnamed, named _, or never used.
+//
+// Handlers are the methods of the types that implement sdk.StateFirst,
+// sdk.ClaimEffect or sdk.RecordJobID, instantiated with the type arguments
+// their methods use, generic handler types included.
+//
+// # How deep it looks
+//
+// Reachability follows static calls (functions, methods on concrete types,
+// function literals in the body, go and defer statements) to any depth: in
+// a package to a fixed point, and across packages through facts, so a
+// handler calling a helper in another package of the module (or of a
+// dependency) that calls os.WriteFile is reported. The standard library is
+// not walked: its effects are the list above. Calls through interfaces and
+// function values are not followed, and a fact on an unexported method of
+// another package is not visible; mark such a callee //usher:effect.
+//
+// # Directives
+//
+// A directive is a comment line in a declaration's doc comment, with no
+// space after the slashes:
+//
+//	//usher:effect
+//
+// on a func or method makes every call to it an effect; in the doc comment
+// of a package clause, every function and method of the package.
+//
+//	//usher:idempotent-by-key
+//
+// on a func or method declares that what it does is keyed by the job (a
+// store under a key derived from the order overwrites identical bytes): a
+// call to it is allowed in Prepare, and still reported in the other
+// phases.
+//
+//	//usher:no-effect reason
+//
+// on a func or method declares that what it does is not an effect of the
+// job (a test hook writing marker files): calls to it are not reported.
+// It is an escape hatch, visible in review; say why.
+package effectcheck

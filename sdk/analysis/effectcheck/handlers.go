@@ -1,0 +1,180 @@
+package effectcheck
+
+import (
+	"go/ast"
+	"go/token"
+	"go/types"
+	"strings"
+
+	"golang.org/x/tools/go/analysis"
+)
+
+// guards lists each SDK guard interface with its methods; the first names
+// the method whose parameters give the interface's type arguments.
+var guards = []struct {
+	iface   string
+	methods []string
+	jobArg  int // index of the sdk.Job parameter in methods[0]
+}{
+	{"StateFirst", []string{"Check", "Prepare", "Commit"}, 1},
+	{"ClaimEffect", []string{"Effect", "Claim"}, 1},
+	{"RecordJobID", []string{"Apply"}, 1},
+}
+
+// checkHandlers checks the methods of every handler type declared in the
+// package.
+func checkHandlers(pass *analysis.Pass, sdk *types.Package, funcs map[*types.Func]*funcInfo) {
+	known := map[*types.TypeName]map[string]bool{} // handler type -> its guard's methods
+	for _, f := range pass.Files {
+		for _, d := range f.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Recv == nil || fd.Body == nil {
+				continue
+			}
+			fn, ok := pass.TypesInfo.Defs[fd.Name].(*types.Func)
+			if !ok {
+				continue
+			}
+			recv := fn.Type().(*types.Signature).Recv().Type()
+			named, ok := deref(recv).(*types.Named)
+			if !ok {
+				continue
+			}
+			obj := named.Obj()
+			methods, seen := known[obj]
+			if !seen {
+				methods = guardOf(sdk, recv)
+				known[obj] = methods
+			}
+			if !methods[fn.Name()] {
+				continue
+			}
+			phase := obj.Name() + "." + fn.Name()
+			switch fn.Name() {
+			case "Effect":
+				checkKeyUsed(pass, fd, fn, phase)
+			default:
+				checkPhase(pass, fd, fn.Name() == "Prepare", phase, funcs)
+			}
+		}
+	}
+}
+
+// guardOf returns the methods of the SDK guard that recv's type (or a
+// pointer to it) implements, or nil. The guard's type arguments are read
+// from the methods' own parameters, so generic handler types are checked
+// with their type parameters as arguments.
+func guardOf(sdk *types.Package, recv types.Type) map[string]bool {
+	base := deref(recv)
+	for _, g := range guards {
+		gen, ok := sdk.Scope().Lookup(g.iface).(*types.TypeName)
+		if !ok {
+			continue
+		}
+		sig := methodSig(base, g.methods[0])
+		if sig == nil || sig.Params().Len() <= g.jobArg {
+			continue
+		}
+		job, ok := sig.Params().At(g.jobArg).Type().(*types.Named)
+		if !ok || job.Obj().Pkg() != sdk || job.Obj().Name() != "Job" || job.TypeArgs().Len() != 1 {
+			continue
+		}
+		args := []types.Type{job.TypeArgs().At(0)}
+		if g.iface == "StateFirst" {
+			if sig.Results().Len() == 0 {
+				continue
+			}
+			args = append(args, sig.Results().At(0).Type())
+		}
+		inst, err := types.Instantiate(nil, gen.Type(), args, false)
+		if err != nil {
+			continue
+		}
+		iface, ok := inst.Underlying().(*types.Interface)
+		if !ok {
+			continue
+		}
+		if types.Implements(base, iface) || types.Implements(types.NewPointer(base), iface) {
+			return set(g.methods...)
+		}
+	}
+	return nil
+}
+
+// methodSig returns the signature of t's (or *t's) method name.
+func methodSig(t types.Type, name string) *types.Signature {
+	obj, _, _ := types.LookupFieldOrMethod(types.NewPointer(t), false, nil, name)
+	if fn, ok := obj.(*types.Func); ok {
+		return fn.Type().(*types.Signature)
+	}
+	return nil
+}
+
+// checkPhase reports each call in a phase that must not run an effect
+// whose callee reaches one. Prepare may reach effects declared
+// idempotent by key.
+func checkPhase(pass *analysis.Pass, fd *ast.FuncDecl, prepare bool, phase string, funcs map[*types.Func]*funcInfo) {
+	forEachCall(pass, fd.Body, func(call *ast.CallExpr, callee *types.Func) {
+		e, name, ok := calleeEffects(pass, funcs, call, callee)
+		if !ok {
+			return
+		}
+		w := e.Unkeyed.via(name)
+		hint := "effects belong in a ClaimEffect's Effect"
+		if prepare {
+			hint = "only a call declared //usher:idempotent-by-key may have an effect in Prepare"
+		} else if e.Unkeyed.zero() {
+			w = e.Keyed.via(name)
+			hint = "an effect idempotent by key belongs in Prepare or a ClaimEffect's Effect"
+		}
+		if w.zero() {
+			return
+		}
+		pass.Reportf(call.Pos(), "%s: %s outside the effect phase: %s (%s)", phase, w.Kind, strings.Join(w.Path, " -> "), hint)
+	})
+}
+
+// checkKeyUsed reports a claim effect whose IdempotencyKey parameter is
+// unnamed, blank or never used: a provider call without it cannot be
+// deduplicated.
+func checkKeyUsed(pass *analysis.Pass, fd *ast.FuncDecl, fn *types.Func, phase string) {
+	params := fn.Type().(*types.Signature).Params()
+	const keyIdx = 3
+	if params.Len() <= keyIdx {
+		return
+	}
+	key := params.At(keyIdx)
+	pos := paramPos(fd, keyIdx)
+	if key.Name() == "" || key.Name() == "_" {
+		pass.Reportf(pos, "%s ignores its idempotency key: name it and send it with the effect (sdk.NewProviderRequest)", phase)
+		return
+	}
+	used := false
+	ast.Inspect(fd.Body, func(n ast.Node) bool {
+		if id, ok := n.(*ast.Ident); ok && pass.TypesInfo.Uses[id] == key {
+			used = true
+		}
+		return !used
+	})
+	if !used {
+		pass.Reportf(pos, "%s never uses its idempotency key %s: send it with the effect (sdk.NewProviderRequest)", phase, key.Name())
+	}
+}
+
+// paramPos is the position of the i-th parameter of fd.
+func paramPos(fd *ast.FuncDecl, i int) token.Pos {
+	for _, f := range fd.Type.Params.List {
+		n := len(f.Names)
+		if n == 0 {
+			n = 1
+		}
+		if i < n {
+			if len(f.Names) > 0 {
+				return f.Names[i].Pos()
+			}
+			return f.Type.Pos()
+		}
+		i -= n
+	}
+	return fd.Pos()
+}
