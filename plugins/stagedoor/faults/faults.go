@@ -39,7 +39,11 @@ type Spec struct {
 	Once     bool     `json:"once,omitempty"`
 }
 
-// At applies the fault armed for point, if any, to jobID.
+// At applies the fault armed for point, if any, to jobID. The files it
+// writes are the test's markers, not an effect of the job, and only when
+// the host passed USHER_FAULT_DIR.
+//
+//usher:no-effect test hook: writes marker files in USHER_FAULT_DIR only
 func At(ctx context.Context, point, jobID string) error {
 	dir := os.Getenv(DirEnv)
 	if dir == "" {

@@ -66,6 +66,12 @@ func NewFS(root string) (*FS, error) {
 // which is fsynced and then renamed over the final name, after which the
 // directory itself is fsynced. Readers never see a partial file, and of
 // several concurrent Puts of one key exactly one wins in full.
+//
+// A second Put of the same bytes under the same key leaves the store as
+// the first left it, so a handler may call Put from Prepare with a key
+// derived from the job (usher-vet reads the directive below).
+//
+//usher:idempotent-by-key
 func (s *FS) Put(ctx context.Context, key string, data []byte) error {
 	final, err := s.path(ctx, key)
 	if err != nil {
