@@ -127,17 +127,16 @@ func run(pass *analysis.Pass) (any, error) {
 				continue
 			}
 			fi := &funcInfo{decl: fd}
-			name := funcName(fn)
 			dirs := directives(pass, fd.Doc)
 			switch {
 			case has(dirs, dirNone):
 				fi.fixed = true
 			case has(dirs, dirKeyed):
 				fi.fixed = true
-				fi.effects.Keyed = Witness{Kind: "effect idempotent by key", Path: []string{name}}
+				fi.effects.Keyed = Witness{Kind: "effect idempotent by key", Path: []string{"//" + dirKeyed}}
 			case has(dirs, dirEffect) || pkgEffect:
 				fi.fixed = true
-				fi.effects.Unkeyed = Witness{Kind: "marked effect", Path: []string{name}}
+				fi.effects.Unkeyed = Witness{Kind: "marked effect", Path: []string{"//" + dirEffect}}
 			}
 			funcs[fn] = fi
 			order = append(order, fn)
