@@ -6,7 +6,7 @@ export PATH := $(GOBIN):$(PATH)
 BIN     := bin
 PLUGINS := $(BIN)/plugins
 
-.PHONY: all build plugins demo test test-short bench chaos generate check-generate lint services tools clean
+.PHONY: all build plugins demo test test-short bench chaos generate check-generate lint vet-plugins services tools clean
 
 all: build
 
@@ -77,7 +77,14 @@ generate:
 check-generate: generate
 	@git diff --exit-code -- proto/ || { echo "generated protobuf code is stale: run make generate and commit" >&2; exit 1; }
 
-lint:
+# usher-vet (cmd/usher-vet) on the shipped plugins, as the README's "Vet
+# your plugin" runs it: no effect outside its phase, no KeyForTest outside
+# tests, no claim effect that ignores its key.
+vet-plugins:
+	$(GO) build -o $(BIN)/usher-vet ./cmd/usher-vet
+	cd plugins && $(GO) vet -vettool=$(CURDIR)/$(BIN)/usher-vet ./...
+
+lint: vet-plugins
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
 	$(GO) vet ./...
 	staticcheck ./...
