@@ -1,0 +1,59 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The README's "Vet your plugin" lines, run as written by sh: in the
+// shipped plugins they pass, in the testdata plugin that commits each
+// mistake they fail and name it. go install writes to a GOBIN of the
+// test's own, first on PATH, so which finds that build.
+func TestREADMEVetYourPlugin(t *testing.T) {
+	t.Parallel()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	require.NoError(t, err)
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	_, after, ok := strings.Cut(string(readme), "### Vet your plugin")
+	require.True(t, ok, "README has no Vet your plugin section")
+	_, after, ok = strings.Cut(after, "```sh\n")
+	require.True(t, ok, "no sh block in Vet your plugin")
+	block, _, ok := strings.Cut(after, "```")
+	require.True(t, ok)
+	lines := strings.Split(strings.TrimSpace(block), "\n")
+	require.Len(t, lines, 2)
+
+	gobin := t.TempDir()
+	run := func(dir, line string) (string, error) {
+		cmd := exec.Command("sh", "-c", line)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GOBIN="+gobin, "PATH="+gobin+string(os.PathListSeparator)+os.Getenv("PATH"))
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	plugins := filepath.Join(root, "plugins")
+	for _, line := range lines {
+		out, err := run(plugins, line)
+		require.NoError(t, err, "%s: %s", line, out)
+	}
+	require.FileExists(t, filepath.Join(gobin, "usher-vet"))
+
+	out, err := run(filepath.Join(root, "sdk", "analysis", "effectcheck", "testdata", "badplugin"), lines[1])
+	require.Error(t, err, "the vet line passed the plugin that commits each mistake")
+	for _, want := range []string{
+		"CheckSendMark.Prepare: network call outside the effect phase",
+		"SendFromApply.Apply: network call outside the effect phase",
+		"CheckSendMark.Commit: network call outside the effect phase",
+		"CheckSendMark.Check: marked effect outside the effect phase",
+		"sdk.KeyForTest outside a _test.go file",
+		"BlankKey.Effect ignores its idempotency key",
+	} {
+		require.Contains(t, out, want)
+	}
+}
