@@ -20,7 +20,7 @@ const SDKPath = "github.com/usherhq/usher/sdk"
 // Analyzer reports effects outside a handler's effect phase,
 // sdk.KeyForTest outside tests and claim effects that ignore their key.
 var Analyzer = &analysis.Analyzer{
-	Name:      "usherhandler",
+	Name:      "effectcheck",
 	Doc:       "report effects outside a handler's effect phase, sdk.KeyForTest outside tests, and claim effects that ignore their key",
 	URL:       "https://pkg.go.dev/github.com/usherhq/usher/sdk/analysis/effectcheck",
 	Run:       run,
@@ -213,7 +213,8 @@ var (
 		"Server":    set("ListenAndServe", "ListenAndServeTLS", "Serve", "ServeTLS"),
 	}
 	fileFuncs = set("Create", "CreateTemp", "WriteFile", "Mkdir", "MkdirAll", "MkdirTemp", "Remove", "RemoveAll",
-		"Rename", "Symlink", "Link", "Chmod", "Chown", "Lchown", "Chtimes", "Truncate", "CopyFS")
+		"Rename", "Symlink", "Link", "Chmod", "Chown", "Lchown", "Chtimes", "Truncate", "CopyFS",
+		"TempFile", "TempDir") // the last two are io/ioutil's
 	execMethods = set("Run", "Start", "Output", "CombinedOutput")
 )
 

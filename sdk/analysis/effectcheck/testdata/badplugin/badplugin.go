@@ -121,7 +121,8 @@ func (s *Send) Effect(ctx context.Context, job sdk.Job[Order], db *sdk.ReadOnly,
 // BlankKey throws its key away and makes one up.
 type BlankKey struct{ Mailer *mailer.Client }
 
-func (s BlankKey) Claim(job sdk.Job[Order]) (sdk.Claim, error) {
+func (s BlankKey) Claim(job sdk.Job[Order]) (sdk.Claim, error) { // want Claim:`effect: marked effect audit.Record`
+	audit.Record("claimed") // want `BlankKey.Claim: marked effect outside the effect phase: audit.Record -> //usher:effect`
 	return sdk.Claim{Table: "email_sends", Intent: "order-1"}, nil
 }
 
