@@ -7,6 +7,7 @@ import (
 	"go/types"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/tools/go/analysis"
@@ -104,7 +105,9 @@ type funcInfo struct {
 }
 
 func run(pass *analysis.Pass) (any, error) {
-	stdlib := inGOROOT(pass)
+	if inGOROOT(pass) {
+		return nil, nil // the standard library's effects are the list, its bodies are not walked
+	}
 	pkgEffect := false
 	for _, f := range pass.Files {
 		for _, d := range directives(pass, f.Doc) {
@@ -129,12 +132,12 @@ func run(pass *analysis.Pass) (any, error) {
 			fi := &funcInfo{decl: fd}
 			dirs := directives(pass, fd.Doc)
 			switch {
-			case has(dirs, dirNone):
+			case slices.Contains(dirs, dirNone):
 				fi.fixed = true
-			case has(dirs, dirKeyed):
+			case slices.Contains(dirs, dirKeyed):
 				fi.fixed = true
 				fi.effects.Keyed = Witness{Kind: "effect idempotent by key", Path: []string{"//" + dirKeyed}}
-			case has(dirs, dirEffect) || pkgEffect:
+			case slices.Contains(dirs, dirEffect) || pkgEffect:
 				fi.fixed = true
 				fi.effects.Unkeyed = Witness{Kind: "marked effect", Path: []string{"//" + dirEffect}}
 			}
@@ -143,26 +146,24 @@ func run(pass *analysis.Pass) (any, error) {
 		}
 	}
 
-	// Without the standard library's bodies: its effects are the list.
-	if !stdlib {
-		for changed := true; changed; {
-			changed = false
-			for _, fn := range order {
-				fi := funcs[fn]
-				if fi.fixed || fi.decl.Body == nil {
-					continue
-				}
-				forEachCall(pass, fi.decl.Body, func(call *ast.CallExpr, callee *types.Func) {
-					if e, name, ok := calleeEffects(pass, funcs, call, callee); ok && fi.effects.merge(e, name) {
-						changed = true
-					}
-				})
-			}
-		}
+	// The package's functions to a fixed point: a witness, once found, stays.
+	for changed := true; changed; {
+		changed = false
 		for _, fn := range order {
-			if e := funcs[fn].effects; !e.empty() {
-				pass.ExportObjectFact(fn, &e)
+			fi := funcs[fn]
+			if fi.fixed || fi.decl.Body == nil {
+				continue
 			}
+			forEachCall(pass, fi.decl.Body, func(call *ast.CallExpr, callee *types.Func) {
+				if e, name, ok := calleeEffects(pass, funcs, call, callee); ok && fi.effects.merge(e, name) {
+					changed = true
+				}
+			})
+		}
+	}
+	for _, fn := range order {
+		if e := funcs[fn].effects; !e.empty() {
+			pass.ExportObjectFact(fn, &e)
 		}
 	}
 
@@ -345,15 +346,6 @@ func directives(pass *analysis.Pass, doc *ast.CommentGroup) []string {
 		}
 	}
 	return out
-}
-
-func has(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func set(names ...string) map[string]bool {
