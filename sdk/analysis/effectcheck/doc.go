@@ -27,7 +27,8 @@
 // a package to a fixed point, and across packages through facts, so a
 // handler calling a helper in another package of the module (or of a
 // dependency) that calls os.WriteFile is reported. The standard library is
-// not walked: its effects are the list above. Calls through interfaces and
+// not walked: its effects are the list above. Nor is the SDK: its handles
+// go through the host, which enforces each phase's capability itself. Calls through interfaces and
 // function values are not followed, and a fact on an unexported method of
 // another package is not visible; mark such a callee //usher:effect.
 //

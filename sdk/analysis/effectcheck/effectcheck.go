@@ -183,6 +183,11 @@ func calleeEffects(pass *analysis.Pass, funcs map[*types.Func]*funcInfo, call *a
 	if fi, ok := funcs[callee]; ok {
 		return fi.effects, funcName(callee), !fi.effects.empty()
 	}
+	if callee.Pkg() != nil && callee.Pkg().Path() == SDKPath {
+		// The SDK's handles reach the host, which decides what a phase may
+		// do; only its provider call path is an effect, listed above.
+		return Effects{}, "", false
+	}
 	var e Effects
 	if pass.ImportObjectFact(callee, &e) {
 		return e, funcName(callee), true
