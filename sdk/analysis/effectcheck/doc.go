@@ -28,9 +28,9 @@
 // handler calling a helper in another package of the module (or of a
 // dependency) that calls os.WriteFile is reported. The standard library is
 // not walked: its effects are the list above. Nor is the SDK: its handles
-// go through the host, which enforces each phase's capability itself. Calls through interfaces and
-// function values are not followed, and a fact on an unexported method of
-// another package is not visible; mark such a callee //usher:effect.
+// go through the host, which enforces each phase's capability itself.
+// Calls through interfaces and function values are not followed, so an
+// effect behind an interface (an io.Writer that is a socket) is not seen.
 //
 // # Directives
 //
@@ -54,4 +54,7 @@
 // on a func or method declares that what it does is not an effect of the
 // job (a test hook writing marker files): calls to it are not reported.
 // It is an escape hatch, visible in review; say why.
+//
+// Any other //usher: directive is reported, so a misspelt one does not
+// silently change nothing.
 package effectcheck
