@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +60,9 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 	}()
 	if cause, reason := h.refuse(e); cause == causeForged {
 		return outcomeForged, h.deadLetter(ctx, e, cause, reason, "")
+	} else if cause == waitForKind {
+		h.waitForKind(ctx, e)
+		return "", false
 	} else if cause != "" {
 		return "dead_letter", h.deadLetter(ctx, e, cause, reason, "")
 	}
@@ -238,7 +240,7 @@ func (h *Host) refuse(e stream.Entry) (cause, reason string) {
 	_, known := h.routes[e.Kind]
 	h.mu.RUnlock()
 	if !known {
-		return causeBadInput, fmt.Sprintf("unknown kind %q: no loaded plugin serves it (served: %s)", e.Kind, strings.Join(h.Kinds(), ", "))
+		return h.unknownKind(e) // waits for a host that serves it, up to UnknownKindWait
 	}
 	if !json.Valid(e.Payload) {
 		return causeBadInput, fmt.Sprintf("payload of %s job %s is not valid JSON", e.Kind, e.JobID)
