@@ -60,7 +60,7 @@ func (h *Host) run(ctx context.Context, e stream.Entry) (outcome string, ack boo
 	}()
 	if cause, reason := h.refuse(e); cause == causeForged {
 		return outcomeForged, h.deadLetter(ctx, e, cause, reason, "")
-	} else if cause == waitForKind {
+	} else if cause == causeWaitForKind {
 		h.waitForKind(ctx, e)
 		return "", false
 	} else if cause != "" {
@@ -210,7 +210,8 @@ const (
 )
 
 // refuse checks what can be checked before any plugin sees the entry and
-// returns the dead letter's cause and reason, or "" to run it. The
+// returns the dead letter's cause and reason, causeWaitForKind to leave it
+// pending (see unknownKind), or "" to run it. The
 // signature comes first: an entry no relay of this cluster signed is
 // forged whatever else it holds, and nothing it claims (its job id, its
 // outbox id) is trusted.

@@ -14,10 +14,10 @@ import (
 	"github.com/usherhq/usher/host/stream"
 )
 
-// waitForKind is refuse's verdict on an entry whose kind no plugin here
+// causeWaitForKind is refuse's verdict on an entry whose kind no plugin here
 // serves and which is younger than UnknownKindWait: not a dead letter, a
 // wait for a host that serves it (the new kind of a rolling deploy).
-const waitForKind = "wait_for_kind"
+const causeWaitForKind = "wait_for_kind"
 
 // unknownKind decides on an entry whose kind no loaded plugin serves: it
 // waits while younger than UnknownKindWait, then is dead-lettered.
@@ -28,7 +28,7 @@ func (h *Host) unknownKind(e stream.Entry) (cause, reason string) {
 	}
 	age, ok := entryAge(e.StreamID, time.Now())
 	if ok && age < h.cfg.UnknownKindWait {
-		return waitForKind, ""
+		return causeWaitForKind, ""
 	}
 	return causeBadInput, fmt.Sprintf("unknown kind %q: no host served it within UnknownKindWait (%s; the entry is %s old): deploy a plugin that serves it, then requeue (served here: %s)",
 		e.Kind, h.cfg.UnknownKindWait, age.Round(time.Second), served)
