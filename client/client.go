@@ -22,7 +22,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/usherhq/usher/internal/jobmsg"
 )
@@ -52,7 +51,6 @@ type Job struct {
 // PgxTx is what Enqueue needs of a pgx transaction: pgx.Tx satisfies it,
 // and so do *pgx.Conn and *pgxpool.Pool (then the job commits on its own).
 type PgxTx interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 

@@ -157,7 +157,7 @@ type Config struct {
 	// ReclaimIdle, so a host serving the kind runs it within ReclaimIdle
 	// of starting. An entry older than this (its stream id's timestamp) is
 	// dead-lettered as bad_input, its reason naming the wait. Waiting
-	// entries show in `host inspect` and usher_entries_waiting_for_kind.
+	// entries show in `host inspect` and usher_jobs_waiting_for_kind.
 	// Default 1h; negative: dead-lettered at once.
 	UnknownKindWait time.Duration
 	// ReclaimIdle is the reclaim threshold. Default 60s.
