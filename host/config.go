@@ -150,6 +150,16 @@ type Config struct {
 	// nothing (the read is a script, and Redis refuses to block in one).
 	// Default 200ms.
 	IdlePoll time.Duration
+	// UnknownKindWait is how long an entry whose kind no plugin of this
+	// host serves waits for a host that does (a rolling deploy of a new
+	// kind): it stays pending, its deliveries not counted towards
+	// MaxDeliveries, and the reclaimer of any host hands it on every
+	// ReclaimIdle, so a host serving the kind runs it within ReclaimIdle
+	// of starting. An entry older than this (its stream id's timestamp) is
+	// dead-lettered as bad_input, its reason naming the wait. Waiting
+	// entries show in `host inspect` and usher_jobs_waiting_for_kind.
+	// Default 1h; negative: dead-lettered at once.
+	UnknownKindWait time.Duration
 	// ReclaimIdle is the reclaim threshold. Default 60s.
 	ReclaimIdle time.Duration
 	// ReclaimInterval is how often the reclaimer scans. Default
@@ -264,6 +274,9 @@ func (c *Config) setDefaults() error {
 	if c.ReclaimIdle <= 0 {
 		c.ReclaimIdle = 60 * time.Second
 	}
+	if c.UnknownKindWait == 0 {
+		c.UnknownKindWait = time.Hour
+	}
 	if c.JobTimeout <= 0 {
 		c.JobTimeout = 30 * time.Second
 	}
@@ -322,6 +335,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Float64("rollback_failure_share", c.RollbackFailureShare), slog.Int("rollback_min_jobs", c.RollbackMinJobs),
 		slog.Int("concurrency", c.Concurrency), slog.Int64("max_entry_bytes_held", c.MaxEntryBytesHeld),
 		slog.Duration("reclaim_idle", c.ReclaimIdle), slog.Duration("history_retention", c.HistoryRetention),
+		slog.Duration("unknown_kind_wait", c.UnknownKindWait),
 		slog.Duration("job_timeout", c.JobTimeout), slog.Duration("stalled_after", c.StalledAfter), slog.Int64("max_deliveries", c.MaxDeliveries),
 		slog.Int("max_attempts", c.MaxAttempts), slog.Int("poison_crashes", c.PoisonCrashes), slog.Bool("relay", !c.DisableRelay),
 		slog.Bool("scheduler", !c.DisableScheduler), slog.String("admin_addr", c.AdminAddr),

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -67,6 +66,9 @@ func (h *Host) run(ctx context.Context, e stream.Entry, d *delivery) (outcome st
 	}()
 	if cause, reason := h.refuse(e); cause == causeForged {
 		return outcomeForged, h.deadLetter(ctx, e, d, cause, reason, "")
+	} else if cause == causeWaitForKind {
+		h.waitForKind(ctx, e)
+		return "", false
 	} else if cause != "" {
 		return "dead_letter", h.deadLetter(ctx, e, d, cause, reason, "")
 	}
@@ -220,7 +222,8 @@ const (
 )
 
 // refuse checks what can be checked before any plugin sees the entry and
-// returns the dead letter's cause and reason, or "" to run it. The
+// returns the dead letter's cause and reason, causeWaitForKind to leave it
+// pending (see unknownKind), or "" to run it. The
 // signature comes first: an entry no relay of this cluster signed is
 // forged whatever else it holds, and nothing it claims (its job id, its
 // outbox id) is trusted.
@@ -250,7 +253,7 @@ func (h *Host) refuse(e stream.Entry) (cause, reason string) {
 	_, known := h.routes[e.Kind]
 	h.mu.RUnlock()
 	if !known {
-		return causeBadInput, fmt.Sprintf("unknown kind %q: no loaded plugin serves it (served: %s)", e.Kind, strings.Join(h.Kinds(), ", "))
+		return h.unknownKind(e) // waits for a host that serves it, up to UnknownKindWait
 	}
 	if !json.Valid(e.Payload) {
 		return causeBadInput, fmt.Sprintf("payload of %s job %s is not valid JSON", e.Kind, e.JobID)

@@ -152,6 +152,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		tracer: otel.Tracer("github.com/usherhq/usher/host"),
 		routes: map[string]route{}, plugins: map[string]*loaded{}}
 	h.metrics.entryBytes(func() int64 { held, _ := h.EntryBytes(); return held })
+	h.metrics.kindWait(h)
 	if h.pool == nil {
 		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 		if err != nil {
@@ -1093,6 +1094,19 @@ local n = math.min(math.max(tonumber(ARGV[4]) - 1, 0), tonumber(p[1][4]))
 redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'RETRYCOUNT', n, 'JUSTID')
 return n`)
 
+// giveBack runs parkScript: the delivery of e no longer counts towards
+// MaxDeliveries. It returns the entry's delivery count after, and false
+// (logged) when Redis could not be asked.
+func (h *Host) giveBack(ctx context.Context, e stream.Entry) (int64, bool) {
+	n, err := parkScript.Run(context.WithoutCancel(ctx), h.rdb, []string{h.cfg.Stream},
+		h.cfg.Group, h.cfg.Consumer, e.StreamID, e.Deliveries).Int64()
+	if err != nil {
+		h.log.Warn("could not give back the delivery of a parked entry", "stream_id", e.StreamID, "job_id", e.JobID, "err", err)
+		return 0, false
+	}
+	return n, true
+}
+
 // park leaves an entry pending without holding the delivery against it,
 // when its plugin cannot take it: marked unhealthy (crash-looping), or
 // crashed and not restarted yet.
@@ -1113,10 +1127,8 @@ return n`)
 // entry more often.
 func (h *Host) park(ctx context.Context, e stream.Entry, rt route, why string) {
 	rt.parked.Add(1)
-	n, err := parkScript.Run(context.WithoutCancel(ctx), h.rdb, []string{h.cfg.Stream},
-		h.cfg.Group, h.cfg.Consumer, e.StreamID, e.Deliveries).Int64()
-	if err != nil {
-		h.log.Warn("could not give back the delivery of a parked entry", "stream_id", e.StreamID, "job_id", e.JobID, "err", err)
+	n, ok := h.giveBack(ctx, e)
+	if !ok {
 		return
 	}
 	h.log.Debug("entry parked: "+why, "stream_id", e.StreamID, "job_id", e.JobID, "kind", e.Kind,

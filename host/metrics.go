@@ -17,6 +17,8 @@ type metrics struct {
 	duration    *prometheus.HistogramVec
 	restarts    *prometheus.CounterVec
 	rollbacks   *prometheus.CounterVec
+	// waitedForKind: see kindWait.
+	waitedForKind *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {

@@ -96,6 +96,9 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&cfg.Consumer, "consumer", env("USHER_CONSUMER", ""), "consumer name, unique per host (USHER_CONSUMER; default hostname-pid)")
 	fs.DurationVar(&cfg.ReclaimIdle, "reclaim-idle", 60*time.Second, "reclaim entries idle longer than this (USHER_RECLAIM_IDLE)")
 	fromEnv(fs, "reclaim-idle", "USHER_RECLAIM_IDLE")
+	fs.DurationVar(&cfg.UnknownKindWait, "unknown-kind-wait", time.Hour,
+		"a job whose kind no plugin here serves waits this long for a host that does, then is dead-lettered; negative: at once (USHER_UNKNOWN_KIND_WAIT)")
+	fromEnv(fs, "unknown-kind-wait", "USHER_UNKNOWN_KIND_WAIT")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 16, "jobs in flight (USHER_CONCURRENCY)")
 	fromEnv(fs, "concurrency", "USHER_CONCURRENCY")
 	fs.DurationVar(&cfg.JobTimeout, "job-timeout", 30*time.Second, "deadline of one handler run (USHER_JOB_TIMEOUT)")

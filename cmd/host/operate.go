@@ -38,8 +38,11 @@ type inspection struct {
 	ScheduledDue      int64          `json:"scheduled_due"`
 	ScheduledLater    int64          `json:"scheduled_later"`
 	ProcessedJobs     int64          `json:"processed_jobs"`
-	DeadLetters       []kindCount    `json:"dead_letters_open"`
-	Absorbed          []absorbed     `json:"duplicates_absorbed"`
+	// WaitingForKind counts, by kind, the unfinished jobs whose entry
+	// waits for a host serving its kind (host.Config.UnknownKindWait).
+	WaitingForKind []kindCount `json:"waiting_for_kind,omitempty"`
+	DeadLetters    []kindCount `json:"dead_letters_open"`
+	Absorbed       []absorbed  `json:"duplicates_absorbed"`
 }
 
 type consumerLoad struct {
@@ -119,21 +122,29 @@ func inspect(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient,
 		(SELECT count(*) FROM processed_jobs)`).Scan(&in.OutboxUnpublished, &in.ScheduledDue, &in.ScheduledLater, &in.ProcessedJobs); err != nil {
 		return in, err
 	}
-	rows, err := pool.Query(ctx, `SELECT kind, count(*) FROM dead_letters WHERE requeued_at IS NULL GROUP BY kind ORDER BY kind`)
-	if err != nil {
-		return in, err
-	}
-	if err := forEach(rows, func(r pgx.Rows) error {
-		var k kindCount
-		if err := r.Scan(&k.Kind, &k.Count); err != nil {
-			return err
+	for _, q := range []struct {
+		sql string
+		to  *[]kindCount
+	}{
+		{`SELECT kind, count(*) FROM outbox WHERE done_at IS NULL AND kind_waited_at IS NOT NULL GROUP BY kind ORDER BY kind`, &in.WaitingForKind},
+		{`SELECT kind, count(*) FROM dead_letters WHERE requeued_at IS NULL GROUP BY kind ORDER BY kind`, &in.DeadLetters},
+	} {
+		rows, err := pool.Query(ctx, q.sql)
+		if err != nil {
+			return in, err
 		}
-		in.DeadLetters = append(in.DeadLetters, k)
-		return nil
-	}); err != nil {
-		return in, err
+		if err := forEach(rows, func(r pgx.Rows) error {
+			var k kindCount
+			if err := r.Scan(&k.Kind, &k.Count); err != nil {
+				return err
+			}
+			*q.to = append(*q.to, k)
+			return nil
+		}); err != nil {
+			return in, err
+		}
 	}
-	rows, err = pool.Query(ctx, `SELECT guard, kind, reason, count FROM absorbed_duplicates ORDER BY guard, kind, reason`)
+	rows, err := pool.Query(ctx, `SELECT guard, kind, reason, count FROM absorbed_duplicates ORDER BY guard, kind, reason`)
 	if err != nil {
 		return in, err
 	}
@@ -167,6 +178,17 @@ func (in inspection) print(out io.Writer) error {
 	fmt.Fprintf(w, "processed job ids\t%d\n", in.ProcessedJobs)
 	if err := w.Flush(); err != nil {
 		return err
+	}
+	if len(in.WaitingForKind) > 0 {
+		// Shown only when there are any: a new kind's rolling deploy.
+		fmt.Fprintln(out, "\nwaiting for a host serving their kind")
+		fmt.Fprintln(w, "  KIND\tJOBS")
+		for _, k := range in.WaitingForKind {
+			fmt.Fprintf(w, "  %s\t%d\n", k.Kind, k.Count)
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintln(out, "\ndead letters (open)")
 	if len(in.DeadLetters) == 0 {

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/usherhq/usher/sdk/wire"
+	"github.com/usherhq/usher/internal/jobmsg"
 )
 
 // Querier is what Add needs of a transaction: pgx.Tx satisfies it.
@@ -41,18 +41,20 @@ type Message struct {
 	Attempt int
 }
 
-// Limits of a message, so that its stream entry always fits the host's
-// entry limit (wire.MaxPayloadBytes for the whole entry): an entry over it
-// cannot be verified and is dead-lettered as a forgery would be.
+// Limits of a message (the client's, see internal/jobmsg), so that its
+// stream entry always fits the host's entry limit (wire.MaxPayloadBytes for
+// the whole entry): an entry over it cannot be verified and is
+// dead-lettered as a forgery would be.
 const (
-	MaxPayloadBytes = wire.MaxPayloadBytes - 16<<10
-	MaxKindBytes    = 200
-	MaxMetaBytes    = 2 << 10 // request_id, trace, job_id each
+	MaxPayloadBytes = jobmsg.MaxPayloadBytes
+	MaxKindBytes    = jobmsg.MaxKindBytes
+	MaxMetaBytes    = jobmsg.MaxMetaBytes
 )
 
 // Add inserts msgs into the outbox inside the caller's transaction and
 // returns their ids. The rows become visible to the relay when the caller
-// commits.
+// commits. A message with no Trace gets a new W3C traceparent.
+// Applications enqueue with package client, which shares these rules.
 func Add(ctx context.Context, tx Querier, msgs ...Message) ([]int64, error) {
 	if len(msgs) == 0 {
 		return nil, nil
@@ -64,20 +66,10 @@ func Add(ctx context.Context, tx Querier, msgs ...Message) ([]int64, error) {
 	jobIDs := make([]*string, len(msgs))
 	attempts := make([]int32, len(msgs))
 	for i, m := range msgs {
-		if m.Kind == "" {
-			return nil, fmt.Errorf("outbox: message %d has no kind", i)
+		if err := jobmsg.Check(m.Kind, m.Payload, m.RequestID, m.Trace, m.JobID); err != nil {
+			return nil, fmt.Errorf("outbox: message %d: %w", i, err)
 		}
-		if !json.Valid(m.Payload) {
-			return nil, fmt.Errorf("outbox: %s payload is not valid JSON", m.Kind)
-		}
-		switch {
-		case len(m.Payload) > MaxPayloadBytes:
-			return nil, fmt.Errorf("outbox: %s payload of %d bytes is over the %d-byte limit", m.Kind, len(m.Payload), MaxPayloadBytes)
-		case len(m.Kind) > MaxKindBytes:
-			return nil, fmt.Errorf("outbox: kind of %d bytes is over the %d-byte limit", len(m.Kind), MaxKindBytes)
-		case len(m.RequestID) > MaxMetaBytes || len(m.Trace) > MaxMetaBytes || len(m.JobID) > MaxMetaBytes:
-			return nil, fmt.Errorf("outbox: %s request_id, trace or job_id is over the %d-byte limit", m.Kind, MaxMetaBytes)
-		}
+		m.Trace = jobmsg.Trace(m.Trace)
 		kinds[i], payloads[i], reqs[i], traces[i], attempts[i] = m.Kind, string(m.Payload), m.RequestID, m.Trace, int32(m.Attempt)
 		if m.JobID != "" {
 			id := m.JobID

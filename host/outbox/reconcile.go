@@ -79,7 +79,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 func (r *Reconciler) Reconcile(ctx context.Context) (int64, error) {
 	tag, err := r.cfg.Pool.Exec(ctx, `
 		UPDATE outbox SET published_at = NULL, republished = republished + 1
-		WHERE done_at IS NULL AND published_at < now() - make_interval(secs => $1)`, r.cfg.StaleAfter.Seconds())
+		WHERE done_at IS NULL AND published_at < now() - make_interval(secs => $1)
+		  -- A host saw its entry lately, waiting for a host that serves its kind.
+		  AND (kind_waited_at IS NULL OR kind_waited_at < now() - make_interval(secs => $1))`, r.cfg.StaleAfter.Seconds())
 	if err != nil {
 		return 0, fmt.Errorf("outbox: reconcile: %w", err)
 	}

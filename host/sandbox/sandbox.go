@@ -78,6 +78,11 @@ func CheckPluginName(name string) error {
 var RuntimeTables = []string{"outbox", "processed_jobs", "scheduled_jobs", "dead_letters",
 	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets", "tx_gates", "job_history"}
 
+// AppEnqueueFunction is the applications' enqueue (package client, and any
+// language's driver): an operator grants EXECUTE on it to an application's
+// role, never to a plugin's.
+const AppEnqueueFunction = "usher_enqueue_job(text, jsonb, text, text)"
+
 // functions are the runtime's SECURITY DEFINER functions a plugin role may
 // call (through the host, or by itself: each checks the caller).
 var functions = []string{"usher_check_serves(text)", "usher_applied(bigint, text)", "usher_record_job(text, text)",
@@ -153,6 +158,17 @@ func CheckPluginRole(ctx context.Context, pool *pgxpool.Pool, plugin, role strin
 	}
 	if len(privileged) > 0 {
 		bad = append(bad, "it holds privileges on the runtime's tables "+strings.Join(privileged, ", "))
+	}
+	// The application's enqueue checks no kinds: a plugin enqueues only
+	// through usher_enqueue, which allows the kinds of its manifest.
+	var appEnqueue bool
+	err = pool.QueryRow(ctx, `SELECT to_regprocedure($2) IS NOT NULL AND has_function_privilege($1, $2, 'EXECUTE')`,
+		role, AppEnqueueFunction).Scan(&appEnqueue)
+	if err != nil {
+		return fmt.Errorf("check role %s's privileges: %w", role, err)
+	}
+	if appEnqueue {
+		bad = append(bad, "it may call "+AppEnqueueFunction+", the applications' enqueue (REVOKE EXECUTE ON FUNCTION "+AppEnqueueFunction+" FROM "+role+", and from PUBLIC)")
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("plugin %s's Postgres role %s is refused: %s", plugin, role, strings.Join(bad, "; "))
