@@ -832,6 +832,11 @@ func (h *Host) Run(ctx context.Context) error {
 		}
 		loops["scheduler"] = sched.Run
 	}
+	ret, err := h.retainer()
+	if err != nil {
+		return err
+	}
+	loops["retention"] = ret.Run
 	if h.watcher != nil {
 		loops["plugin-watch"] = h.watcher.Run
 	}
