@@ -67,7 +67,7 @@ func TestSoak(t *testing.T) {
 	pluginPid := h.Plugins()[0].Pid
 
 	warmup := window + cfg.RetentionMargin + 10*time.Second
-	every := max(2*time.Second, time.Duration(n/rate)*time.Second/60)
+	every := max(2*time.Second, (time.Duration(n/rate) * time.Second / 60).Truncate(time.Second))
 	t.Logf("soak: %d jobs at %d/s; retention windows %s (the bound), margin %s, trim every %s; warm-up %s; a sample every %s",
 		n, rate, window, cfg.RetentionMargin, cfg.StreamTrimInterval, warmup, every)
 	t.Logf("%8s %9s %7s %10s %7s %9s %9s %s", "elapsed", "enqueued", "backlog", "redis_mem", "xlen", "host_rss", "plug_rss",

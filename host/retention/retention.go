@@ -17,7 +17,9 @@
 //   - A done outbox row, a delayed run moved to the outbox and a dead letter
 //     are deleted only past their retention and the stream's low-water mark.
 //
-// Retention windows are off (rows kept for ever) unless configured.
+// Retention windows are off (rows kept for ever) unless configured. A
+// table rows were deleted from is vacuumed right after, so its space is
+// reused even where autovacuum is off or lags.
 package retention
 
 import (
@@ -339,6 +341,12 @@ func (r *Retainer) Purge(ctx context.Context, streamBefore time.Time) (map[strin
 		if n == 0 {
 			delete(deleted, p.table)
 			continue
+		}
+		// The deleted rows' space is reused once the table is vacuumed:
+		// done here so the table stays flat where autovacuum is off or
+		// lags. SKIP_LOCKED: another host vacuuming it is enough.
+		if _, err := r.cfg.Pool.Exec(ctx, `VACUUM (SKIP_LOCKED) `+p.table); err != nil && ctx.Err() == nil {
+			errs = append(errs, fmt.Errorf("retention: vacuum %s: %w", p.table, err))
 		}
 		if r.cfg.OnDeleted != nil {
 			r.cfg.OnDeleted(p.table, n)
