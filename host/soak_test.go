@@ -152,9 +152,8 @@ func TestSoak(t *testing.T) {
 	flat("host RSS", 64<<20, func(s soakSample) int64 { return s.hostRSS })
 	flat("plugin RSS", 32<<20, func(s soakSample) int64 { return s.pluginRSS })
 	for i, tb := range soakTables {
-		// Rows are deleted as they pass their window; the space they
-		// leave is reused once autovacuum has been by (every minute at
-		// most), so sizes settle later than row counts.
+		// Rows are deleted as they pass their window, and the table
+		// vacuumed: sizes settle a little later than row counts.
 		flat(tb+" rows", 5*rate, func(s soakSample) int64 { return s.rows[i] })
 		flat(tb+" size", 16<<20, func(s soakSample) int64 { return s.tables[i] })
 	}

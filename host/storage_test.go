@@ -2,6 +2,7 @@ package host_test
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
@@ -46,7 +47,8 @@ func TestHostKeepsStorageBounded(t *testing.T) {
 	cfg.ProcessedJobsRetention, cfg.OutboxRetention = time.Minute, time.Minute
 	require.Less(t, cfg.RetentionBound(), time.Minute)
 	cfg.Consumer = "storage-test-host"
-	hosttest.Start(t, cfg)
+	cfg.AdminAddr = "127.0.0.1:0"
+	h := hosttest.Start(t, cfg)
 	b.waitDrained(t, 40)
 	b.requireCounters(t, want)
 
@@ -84,4 +86,12 @@ func TestHostKeepsStorageBounded(t *testing.T) {
 	})
 	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM processed_jobs p JOIN outbox o ON o.id::text = p.job_id WHERE o.done_at < now() - interval '30 minutes'`))
 	b.requireCounters(t, want)
+
+	hosttest.Eventually(t, 10*time.Second, "the admin API listening", func() bool { return h.AdminAddr() != "" })
+	code, _, metrics := adminCall{method: "GET", path: "/metrics", token: h.AdminToken}.do(t, h.AdminAddr())
+	require.Equal(t, http.StatusOK, code)
+	for _, m := range []string{"usher_stream_entries_trimmed_total 25", `usher_retention_rows_deleted_total{table="processed_jobs"} 20`,
+		`usher_retention_rows_deleted_total{table="outbox"} 20`, "usher_consumers_removed_total 1"} {
+		require.Contains(t, metrics, m)
+	}
 }
