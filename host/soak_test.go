@@ -20,9 +20,12 @@ type soakSample struct {
 	enqueued    int64
 	outstanding int64
 	redisMem    int64
-	xlen        int64
-	hostRSS     int64
-	pluginRSS   int64
+	// streamMem is MEMORY USAGE of the stream key: used_memory is the
+	// whole Redis server's, which other tests on the machine share.
+	streamMem int64
+	xlen      int64
+	hostRSS   int64
+	pluginRSS int64
 	// tables holds pg_total_relation_size of soakTables, rows their
 	// row counts.
 	tables, rows []int64
@@ -35,12 +38,14 @@ var soakTables = []string{"processed_jobs", "outbox", "scheduled_jobs", "dead_le
 // the counters plugin at a steady USHER_SOAK_RATE jobs/s (default 400; the
 // producer holds back when the host falls behind), with trimming, gone
 // consumer removal and every retention window on at the shortest the
-// configuration allows. It samples Redis's used_memory, the stream's
-// length, the host's and the plugin's RSS and the runtime tables' sizes,
-// prints them with the tables' row counts, and requires them to stay flat
-// after a warm-up (the retention window and margin, plus a little) within
-// a generous tolerance: the peak of the second half of the samples after
-// warm-up at most 1.5 times the first half's plus a slack. Nothing is asserted about speed. Every job must be applied once.
+// configuration allows. It samples Redis's used_memory (the server's,
+// shared with whatever else uses it), the stream key's memory and length,
+// the host's and the plugin's RSS and the runtime tables' sizes, prints
+// them with the tables' row counts, and requires them to stay flat after a
+// warm-up (the retention window and margin, plus a little) within a
+// generous tolerance: the peak of the second half of the samples after
+// warm-up at most 1.5 times the first half's plus a slack. Nothing is
+// asserted about speed. Every job must be applied once.
 func TestSoak(t *testing.T) {
 	n, _ := strconv.ParseInt(os.Getenv("USHER_SOAK_JOBS"), 10, 64)
 	if n <= 0 {
@@ -70,7 +75,7 @@ func TestSoak(t *testing.T) {
 	every := max(2*time.Second, (time.Duration(n/rate) * time.Second / 60).Truncate(time.Second))
 	t.Logf("soak: %d jobs at %d/s; retention windows %s (the bound), margin %s, trim every %s; warm-up %s; a sample every %s",
 		n, rate, window, cfg.RetentionMargin, cfg.StreamTrimInterval, warmup, every)
-	t.Logf("%8s %9s %7s %10s %7s %9s %9s %s", "elapsed", "enqueued", "backlog", "redis_mem", "xlen", "host_rss", "plug_rss",
+	t.Logf("%8s %9s %7s %10s %10s %7s %9s %9s %s", "elapsed", "enqueued", "backlog", "redis_mem", "stream_mem", "xlen", "host_rss", "plug_rss",
 		"size (rows) of processed_jobs / outbox / scheduled_jobs / dead_letters")
 
 	enqueue := func(k int64) {
@@ -83,14 +88,15 @@ func TestSoak(t *testing.T) {
 	}
 	outstanding := func() int64 { return hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE done_at IS NULL`) }
 	sample := func(at time.Duration, enqueued int64) soakSample {
-		s := soakSample{at: at, enqueued: enqueued, outstanding: outstanding(), xlen: rdb.XLen(ctx, stream).Val(),
-			redisMem: redisUsedMemory(t, rdb.Info(ctx, "memory").Val()), hostRSS: rssOf(t, "self"), pluginRSS: rssOf(t, strconv.Itoa(pluginPid))}
+		s := soakSample{at: at, enqueued: enqueued, outstanding: outstanding(),
+			redisMem: redisUsedMemory(t, rdb.Info(ctx, "memory").Val()), streamMem: rdb.MemoryUsage(ctx, stream, 0).Val(),
+			xlen: rdb.XLen(ctx, stream).Val(), hostRSS: rssOf(t, "self"), pluginRSS: rssOf(t, strconv.Itoa(pluginPid))}
 		for _, tb := range soakTables {
 			s.tables = append(s.tables, hosttest.Count(t, pool, `SELECT pg_total_relation_size($1::regclass)`, tb))
 			s.rows = append(s.rows, hosttest.Count(t, pool, `SELECT count(*) FROM `+tb))
 		}
-		t.Logf("%8s %9d %7d %9.1fM %7d %8.1fM %8.1fM %s", s.at.Truncate(time.Second), s.enqueued, s.outstanding, mib(s.redisMem), s.xlen,
-			mib(s.hostRSS), mib(s.pluginRSS), tableSizes(s.tables, s.rows))
+		t.Logf("%8s %9d %7d %9.1fM %9.0fK %7d %8.1fM %8.1fM %s", s.at.Truncate(time.Second), s.enqueued, s.outstanding,
+			mib(s.redisMem), float64(s.streamMem)/1024, s.xlen, mib(s.hostRSS), mib(s.pluginRSS), tableSizes(s.tables, s.rows))
 		return s
 	}
 
@@ -148,6 +154,7 @@ func TestSoak(t *testing.T) {
 		require.LessOrEqual(t, latePeak, peak*3/2+slack, "%s grew after warm-up", what)
 	}
 	flat("redis used_memory", 16<<20, func(s soakSample) int64 { return s.redisMem })
+	flat("stream memory", 4<<20, func(s soakSample) int64 { return s.streamMem })
 	flat("stream length", 4*rate, func(s soakSample) int64 { return s.xlen })
 	flat("host RSS", 64<<20, func(s soakSample) int64 { return s.hostRSS })
 	flat("plugin RSS", 32<<20, func(s soakSample) int64 { return s.pluginRSS })
