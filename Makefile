@@ -6,7 +6,7 @@ export PATH := $(GOBIN):$(PATH)
 BIN     := bin
 PLUGINS := $(BIN)/plugins
 
-.PHONY: all build plugins demo test test-short bench chaos generate check-generate lint vet-plugins services tools clean
+.PHONY: all build plugins demo test test-short bench chaos soak generate check-generate lint vet-plugins services tools clean
 
 all: build
 
@@ -51,6 +51,17 @@ chaos: services build
 chaos-short: services build
 	$(GO) build -o $(BIN)/chaos ./cmd/chaos
 	$(BIN)/chaos --short --host-bin $(BIN)/host --plugin-dir $(PLUGINS) --mailprovider $(BIN)/mailprovider $(if $(SEED),--seed $(SEED)) $(CHAOS_FLAGS)
+
+# Soak: SOAK_JOBS small counter jobs (default a million) through a real host
+# and the counters plugin at SOAK_RATE jobs/s, with stream trimming and every
+# retention window on; prints Redis used_memory, the stream's length, host
+# and plugin RSS and the runtime tables' sizes over time, and fails if they
+# grow after warm-up (host/soak_test.go). About 45 minutes at the defaults;
+# CI runs SOAK_JOBS=20000.
+SOAK_JOBS ?= 1000000
+SOAK_RATE ?= 400
+soak: services
+	USHER_SOAK_JOBS=$(SOAK_JOBS) USHER_SOAK_RATE=$(SOAK_RATE) $(GO) test -run '^TestSoak$$' -count=1 -v -timeout 6h ./host
 
 # -race everywhere: most packages have concurrency. -p 2 matches the
 # machine's cores; each test package uses its own database and stream.

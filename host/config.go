@@ -202,6 +202,33 @@ type Config struct {
 	// delivery, see host/history) are kept; each host deletes older ones
 	// every few minutes. Default 7 days.
 	HistoryRetention time.Duration
+	// StreamTrimInterval is how often the stream is trimmed behind the
+	// oldest entry any consumer group still owes (pending, or not yet
+	// delivered): never past it, by a Lua script any number of hosts may
+	// run at once. Default 5s; negative: this host never trims.
+	StreamTrimInterval time.Duration
+	// CleanupInterval is how often this host removes gone consumers and
+	// applies the retention windows below. Default 1m.
+	CleanupInterval time.Duration
+	// ConsumerIdleRemove: a consumer of Group with nothing pending that
+	// has been idle this long belongs to a host gone for good and is
+	// removed (a live one is created again by its next read). Default
+	// 24h; negative: consumers are never removed.
+	ConsumerIdleRemove time.Duration
+	// ProcessedJobsRetention, OutboxRetention and DeadLetterRetention are
+	// how long processed job ids (guard 4), done outbox rows (with the
+	// delayed runs moved to the outbox) and dead letters are kept. 0 (the
+	// default): for ever. A window set must be at least RetentionBound(),
+	// the longest a job can still come back, or New refuses it; and a row
+	// is deleted only when nothing could still bring its job back (see
+	// host/retention).
+	ProcessedJobsRetention time.Duration
+	OutboxRetention        time.Duration
+	DeadLetterRetention    time.Duration
+	// RetentionMargin is how much older than the oldest entry the stream
+	// still owes a row must be to be deleted: it covers the clocks of
+	// Redis and Postgres drifting apart. Default 5 minutes.
+	RetentionMargin time.Duration
 	// RelayAfterPublish is a fault hook for tests and the demo: an error
 	// aborts a published batch before it is marked, as a crash would.
 	RelayAfterPublish func(ids []int64) error
@@ -313,6 +340,21 @@ func (c *Config) setDefaults() error {
 	if c.HistoryRetention <= 0 {
 		c.HistoryRetention = 7 * 24 * time.Hour
 	}
+	if c.StreamTrimInterval == 0 {
+		c.StreamTrimInterval = 5 * time.Second
+	}
+	if c.CleanupInterval <= 0 {
+		c.CleanupInterval = time.Minute
+	}
+	if c.ConsumerIdleRemove == 0 {
+		c.ConsumerIdleRemove = 24 * time.Hour
+	}
+	if c.RetentionMargin <= 0 {
+		c.RetentionMargin = 5 * time.Minute
+	}
+	if err := c.checkRetention(); err != nil {
+		return err
+	}
 	if c.PluginPollInterval <= 0 {
 		c.PluginPollInterval = 2 * time.Second
 	}
@@ -341,6 +383,10 @@ func (c Config) LogValue() slog.Value {
 		slog.Bool("scheduler", !c.DisableScheduler), slog.String("admin_addr", c.AdminAddr),
 		slog.String("admin_token", maskSecret(c.AdminToken)), slog.String("admin_token_file", c.AdminTokenFile),
 		slog.Any("admin_allowed_hosts", c.AdminAllowedHosts),
+		slog.Duration("stream_trim_interval", c.StreamTrimInterval), slog.Duration("cleanup_interval", c.CleanupInterval),
+		slog.Duration("consumer_idle_remove", c.ConsumerIdleRemove), slog.Duration("processed_jobs_retention", c.ProcessedJobsRetention),
+		slog.Duration("outbox_retention", c.OutboxRetention), slog.Duration("dead_letter_retention", c.DeadLetterRetention),
+		slog.Duration("retention_margin", c.RetentionMargin),
 	)
 }
 

@@ -839,6 +839,11 @@ func (h *Host) Run(ctx context.Context) error {
 		return err
 	}
 	loops["history-trim"] = trim.Run
+	ret, err := h.retainer()
+	if err != nil {
+		return err
+	}
+	loops["retention"] = ret.Run
 	if h.watcher != nil {
 		loops["plugin-watch"] = h.watcher.Run
 	}

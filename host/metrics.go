@@ -19,6 +19,11 @@ type metrics struct {
 	rollbacks   *prometheus.CounterVec
 	// waitedForKind: see kindWait.
 	waitedForKind *prometheus.CounterVec
+	// trimmed, retained and consumersRemoved count what host/retention
+	// removed: stream entries, rows per table, gone consumers.
+	trimmed          prometheus.Counter
+	retained         *prometheus.CounterVec
+	consumersRemoved prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -49,7 +54,17 @@ func newMetrics() *metrics {
 			Name: "usher_plugin_rollbacks_total",
 			Help: "Plugin versions rolled back to the version before, by plugin and cause (crash_loop, failures, crashes, requested).",
 		}, []string{"plugin", "cause"}),
+		trimmed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "usher_stream_entries_trimmed_total", Help: "Stream entries trimmed: read and acked by every consumer group.",
+		}),
+		retained: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_retention_rows_deleted_total", Help: "Rows deleted past their retention window, by table.",
+		}, []string{"table"}),
+		consumersRemoved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "usher_consumers_removed_total", Help: "Consumers removed from the group: idle, with nothing pending.",
+		}),
 	}
+	m.reg.MustRegister(m.trimmed, m.retained, m.consumersRemoved)
 	m.reg.MustRegister(m.jobs, m.absorbed, m.deadLetters, m.published, m.reclaimed, m.duration, m.restarts, m.rollbacks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -116,6 +116,26 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fromEnv(fs, "reconcile-interval", "USHER_RECONCILE_INTERVAL")
 	fs.DurationVar(&cfg.HistoryRetention, "history-retention", 7*24*time.Hour, "keep each job's delivery history this long (USHER_HISTORY_RETENTION)")
 	fromEnv(fs, "history-retention", "USHER_HISTORY_RETENTION")
+	fs.DurationVar(&cfg.StreamTrimInterval, "stream-trim-interval", 5*time.Second,
+		"trim the stream this often, never past an entry any group has pending or not yet read; negative: this host never trims (USHER_STREAM_TRIM_INTERVAL)")
+	fromEnv(fs, "stream-trim-interval", "USHER_STREAM_TRIM_INTERVAL")
+	fs.DurationVar(&cfg.CleanupInterval, "cleanup-interval", time.Minute, "remove gone consumers and apply the retention windows this often (USHER_CLEANUP_INTERVAL)")
+	fromEnv(fs, "cleanup-interval", "USHER_CLEANUP_INTERVAL")
+	fs.DurationVar(&cfg.ConsumerIdleRemove, "consumer-idle-remove", 24*time.Hour,
+		"remove a consumer of the group idle this long with nothing pending (a host gone for good); negative: never (USHER_CONSUMER_IDLE_REMOVE)")
+	fromEnv(fs, "consumer-idle-remove", "USHER_CONSUMER_IDLE_REMOVE")
+	fs.DurationVar(&cfg.ProcessedJobsRetention, "processed-jobs-retention", 0,
+		"delete processed job ids older than this that nothing can bring back; 0 keeps them, and a window under the redelivery bound is refused (USHER_PROCESSED_JOBS_RETENTION)")
+	fromEnv(fs, "processed-jobs-retention", "USHER_PROCESSED_JOBS_RETENTION")
+	fs.DurationVar(&cfg.OutboxRetention, "outbox-retention", 0,
+		"delete outbox rows done and published longer ago than this; 0 keeps them; at least the redelivery bound (USHER_OUTBOX_RETENTION)")
+	fromEnv(fs, "outbox-retention", "USHER_OUTBOX_RETENTION")
+	fs.DurationVar(&cfg.DeadLetterRetention, "dead-letter-retention", 0,
+		"delete dead letters older than this, requeued or not; 0 keeps them; at least the redelivery bound (USHER_DEAD_LETTER_RETENTION)")
+	fromEnv(fs, "dead-letter-retention", "USHER_DEAD_LETTER_RETENTION")
+	fs.DurationVar(&cfg.RetentionMargin, "retention-margin", 5*time.Minute,
+		"how much older than the oldest entry the stream still owes a row must be to be deleted: the clock skew between Redis and Postgres (USHER_RETENTION_MARGIN)")
+	fromEnv(fs, "retention-margin", "USHER_RETENTION_MARGIN")
 	fs.Func("plugin-env", "NAME=VALUE for every plugin's environment, or NAME to pass the host's own NAME on (repeat for each); nothing else of the host's environment reaches a plugin",
 		func(v string) error {
 			name, _, set := strings.Cut(v, "=")

@@ -1,0 +1,401 @@
+// Package retention keeps the runtime's storage bounded: it trims the
+// stream behind the oldest entry any consumer group still owes, removes the
+// consumers of hosts gone for good, and, when configured, deletes processed
+// job ids, done outbox rows (with their delayed runs) and dead letters past
+// their retention windows.
+//
+// The safety rule: nothing is removed that could still bring a job back.
+//
+//   - A stream entry is trimmed only when every group has read it and none
+//     holds it pending. The scan and the trim are one Lua script, so any
+//     number of hosts may run it at once.
+//   - A job id is deleted from processed_jobs only when it is older than its
+//     retention (at least Redelivery.Bound), older than the oldest entry the
+//     stream still owes (less Config.Margin), no outbox row that carries it is
+//     unfinished, unpublished or recent, no delayed run of it is waiting, and
+//     no open dead letter of it could be requeued.
+//   - A done outbox row, a delayed run moved to the outbox and a dead letter
+//     are deleted only past their retention and the stream's low-water mark.
+//
+// Retention windows are off (rows kept for ever) unless configured. A
+// table rows were deleted from is vacuumed right after, so its space is
+// reused even where autovacuum is off or lags.
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/host/internal/periodic"
+)
+
+// DefaultMargin is Config.Margin's default.
+const DefaultMargin = 5 * time.Minute
+
+// Config configures a Retainer. Every field says its default.
+type Config struct {
+	// Redis holds the stream. Required.
+	Redis redis.UniversalClient
+	// Pool is the runtime's database. Required.
+	Pool *pgxpool.Pool
+	// Stream is the stream key; Group the consumer group whose gone
+	// consumers are removed; Self this host's consumer, never removed.
+	// Required. Trimming respects every group of the stream.
+	Stream, Group, Self string
+
+	// TrimInterval is how often the stream is trimmed. Default 5s;
+	// negative: never.
+	TrimInterval time.Duration
+	// CleanupInterval is how often gone consumers are removed and the
+	// retention windows applied. Default 1m.
+	CleanupInterval time.Duration
+	// ConsumerIdle: a consumer of Group with nothing pending, idle this
+	// long, is removed (XGROUP DELCONSUMER). Default 24h; negative: never.
+	ConsumerIdle time.Duration
+
+	// ProcessedJobs, Outbox and DeadLetters are the retention windows of
+	// processed_jobs (by processed_at), of done outbox rows and the
+	// delayed runs moved to the outbox (by when they were done and
+	// published), and of dead letters (by created_at). 0: kept for ever
+	// (the default). A window set must be at least Redelivery.Bound(),
+	// or New refuses it.
+	ProcessedJobs, Outbox, DeadLetters time.Duration
+	// Redelivery gives the bound the windows are checked against.
+	Redelivery Redelivery
+	// Margin is taken off the stream's low-water mark before it is
+	// compared with Postgres's times: it covers the clocks of Redis and
+	// Postgres drifting apart and the relay's transaction (published_at
+	// is its start, before its entries were added). Default 5 minutes.
+	Margin time.Duration
+	// BatchSize is how many rows one delete removes. Default 5000.
+	BatchSize int
+
+	// OnTrimmed, OnDeleted and OnConsumersRemoved, when set, are told
+	// what each pass removed.
+	OnTrimmed          func(n int64)
+	OnDeleted          func(table string, n int64)
+	OnConsumersRemoved func(n int)
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Redis == nil || c.Pool == nil || c.Stream == "" || c.Group == "" || c.Self == "" {
+		return errors.New("retention: needs Redis, Pool, Stream, Group and Self")
+	}
+	for _, w := range []struct {
+		name string
+		d    time.Duration
+	}{{"ProcessedJobs", c.ProcessedJobs}, {"Outbox", c.Outbox}, {"DeadLetters", c.DeadLetters}} {
+		if err := c.Redelivery.Check("retention: "+w.name, w.d); err != nil {
+			return err
+		}
+	}
+	if c.TrimInterval == 0 {
+		c.TrimInterval = 5 * time.Second
+	}
+	if c.CleanupInterval <= 0 {
+		c.CleanupInterval = time.Minute
+	}
+	if c.ConsumerIdle == 0 {
+		c.ConsumerIdle = 24 * time.Hour
+	}
+	if c.Margin <= 0 {
+		c.Margin = DefaultMargin
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 5000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Retainer runs the trims and deletes.
+type Retainer struct {
+	cfg Config
+}
+
+// New validates cfg, refusing a retention window below the bound, and
+// fills its defaults.
+func New(cfg Config) (*Retainer, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	return &Retainer{cfg: cfg}, nil
+}
+
+// Run trims every TrimInterval and cleans up every CleanupInterval until
+// ctx is done.
+func (r *Retainer) Run(ctx context.Context) error {
+	log := r.cfg.Logger.With("stream", r.cfg.Stream)
+	var wg sync.WaitGroup
+	if r.cfg.TrimInterval > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = periodic.Run(ctx, r.cfg.TrimInterval, log, "stream trim failed", func(ctx context.Context) error {
+				_, err := r.Trim(ctx)
+				return err
+			})
+		}()
+	}
+	err := periodic.Run(ctx, r.cfg.CleanupInterval, log, "storage cleanup failed", r.Cleanup)
+	wg.Wait()
+	return err
+}
+
+// Cleanup removes gone consumers and applies the retention windows once.
+func (r *Retainer) Cleanup(ctx context.Context) error {
+	_, cerr := r.RemoveIdleConsumers(ctx)
+	if r.cfg.ProcessedJobs == 0 && r.cfg.Outbox == 0 && r.cfg.DeadLetters == 0 {
+		return cerr
+	}
+	// The low-water mark is read with a trim (when trimming is off, the
+	// scan still reads it and trims nothing it must keep).
+	low, err := r.Trim(ctx)
+	if err != nil {
+		return errors.Join(cerr, err)
+	}
+	_, perr := r.Purge(ctx, low.Before)
+	return errors.Join(cerr, perr)
+}
+
+// trimScript trims KEYS[1] behind the oldest entry any group still owes:
+// for each group, its oldest pending entry and the first entry after its
+// last-delivered id. With no group, nothing is trimmed. It returns the
+// entries trimmed, the owed id ("" when none: every entry was read and
+// acked by every group) and Redis's clock in milliseconds.
+var trimScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, '', now} end
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function less(a, b)
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  if am ~= bm then return am < bm end
+  return as < bs
+end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups == 0 then
+  local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+  if #first == 0 then return {0, '', now} end
+  return {0, first[1][1], now}
+end
+local owed = nil
+local function consider(id)
+  if owed == nil or less(id, owed) then owed = id end
+end
+for _, g in ipairs(groups) do
+  local f = {}
+  for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+  local p = redis.call('XPENDING', KEYS[1], f['name'])
+  if p[1] > 0 then consider(p[2]) end
+  local nxt = redis.call('XRANGE', KEYS[1], '(' .. f['last-delivered-id'], '+', 'COUNT', 1)
+  if #nxt > 0 then consider(nxt[1][1]) end
+end
+if ARGV[1] == '0' then return {0, owed or '', now} end
+local n
+if owed then
+  n = redis.call('XTRIM', KEYS[1], 'MINID', '=', owed)
+else
+  n = redis.call('XTRIM', KEYS[1], 'MAXLEN', '=', 0)
+end
+return {n, owed or '', now}
+`)
+
+// Trimmed is what a trim did and found.
+type Trimmed struct {
+	// Entries is how many entries it removed.
+	Entries int64
+	// Owed is the oldest entry id some group still owes (pending or not
+	// yet delivered); empty when none.
+	Owed string
+	// Before is the stream's low-water mark as a time: every entry added
+	// before it was read and acked by every group. It is Owed's time, or
+	// Redis's clock when nothing is owed.
+	Before time.Time
+}
+
+// Trim trims the stream once (unless TrimInterval is negative, when it only
+// reads the low-water mark).
+func (r *Retainer) Trim(ctx context.Context) (Trimmed, error) {
+	trim := "1"
+	if r.cfg.TrimInterval < 0 {
+		trim = "0"
+	}
+	res, err := trimScript.Run(ctx, r.cfg.Redis, []string{r.cfg.Stream}, trim).Slice()
+	if err != nil {
+		return Trimmed{}, fmt.Errorf("retention: trim %s: %w", r.cfg.Stream, err)
+	}
+	if len(res) != 3 {
+		return Trimmed{}, fmt.Errorf("retention: trim %s: unexpected reply %v", r.cfg.Stream, res)
+	}
+	n, _ := res[0].(int64)
+	owed, _ := res[1].(string)
+	now, _ := res[2].(int64)
+	t := Trimmed{Entries: n, Owed: owed, Before: time.UnixMilli(now)}
+	if owed != "" {
+		var ms, seq int64
+		if _, err := fmt.Sscanf(owed, "%d-%d", &ms, &seq); err != nil {
+			return t, fmt.Errorf("retention: owed id %q: %w", owed, err)
+		}
+		t.Before = time.UnixMilli(ms)
+	}
+	if n > 0 {
+		if r.cfg.OnTrimmed != nil {
+			r.cfg.OnTrimmed(n)
+		}
+		r.cfg.Logger.Debug("stream trimmed", "stream", r.cfg.Stream, "entries", n, "owed", owed)
+	}
+	return t, nil
+}
+
+// removeScript removes the consumers of group ARGV[1] with nothing pending
+// and idle at least ARGV[2] ms, except ARGV[3]; the check and the removal
+// are atomic, so no pending entry is lost with its consumer.
+var removeScript = redis.NewScript(`
+local cs = redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
+local min = tonumber(ARGV[2])
+local gone = {}
+for _, c in ipairs(cs) do
+  local f = {}
+  for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
+  if f['pending'] == 0 and tonumber(f['idle']) >= min and f['name'] ~= ARGV[3] then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+    table.insert(gone, f['name'])
+  end
+end
+return gone
+`)
+
+// RemoveIdleConsumers removes Group's consumers with nothing pending that
+// were idle for ConsumerIdle (a consumer still alive is created again by
+// its next read), and returns their names.
+func (r *Retainer) RemoveIdleConsumers(ctx context.Context) ([]string, error) {
+	if r.cfg.ConsumerIdle < 0 {
+		return nil, nil
+	}
+	gone, err := removeScript.Run(ctx, r.cfg.Redis, []string{r.cfg.Stream}, r.cfg.Group, r.cfg.ConsumerIdle.Milliseconds(), r.cfg.Self).StringSlice()
+	if err != nil {
+		if msg := err.Error(); strings.HasPrefix(msg, "NOGROUP") || strings.Contains(msg, "no such key") {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("retention: remove idle consumers: %w", err)
+	}
+	if len(gone) > 0 {
+		if r.cfg.OnConsumersRemoved != nil {
+			r.cfg.OnConsumersRemoved(len(gone))
+		}
+		r.cfg.Logger.Info("removed consumers idle with nothing pending", "stream", r.cfg.Stream, "group", r.cfg.Group,
+			"consumers", gone, "idle_over", r.cfg.ConsumerIdle)
+	}
+	return gone, nil
+}
+
+// Purge deletes what the retention windows let go, given the stream's
+// low-water mark (Trimmed.Before), and returns the rows deleted per table.
+func (r *Retainer) Purge(ctx context.Context, streamBefore time.Time) (map[string]int64, error) {
+	limit := streamBefore.Add(-r.cfg.Margin)
+	deleted := map[string]int64{}
+	var errs []error
+	for _, p := range []struct {
+		table  string
+		window time.Duration
+		sql    string
+	}{
+		{"outbox", r.cfg.Outbox, deleteOutbox},
+		{"scheduled_jobs", r.cfg.Outbox, deleteScheduled},
+		{"dead_letters", r.cfg.DeadLetters, deleteDeadLetters},
+		{"processed_jobs", r.cfg.ProcessedJobs, deleteProcessed},
+	} {
+		if p.window == 0 {
+			continue
+		}
+		for ctx.Err() == nil {
+			tag, err := r.cfg.Pool.Exec(ctx, p.sql, p.window.Seconds(), limit, r.cfg.BatchSize)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("retention: delete from %s: %w", p.table, err))
+				break
+			}
+			n := tag.RowsAffected()
+			deleted[p.table] += n
+			if n < int64(r.cfg.BatchSize) {
+				break
+			}
+		}
+		n := deleted[p.table]
+		if n == 0 {
+			delete(deleted, p.table)
+			continue
+		}
+		// The deleted rows' space is reused once the table is vacuumed:
+		// done here so the table stays flat where autovacuum is off or
+		// lags. SKIP_LOCKED: another host vacuuming it is enough.
+		if _, err := r.cfg.Pool.Exec(ctx, `VACUUM (SKIP_LOCKED) `+p.table); err != nil && ctx.Err() == nil {
+			errs = append(errs, fmt.Errorf("retention: vacuum %s: %w", p.table, err))
+		}
+		if r.cfg.OnDeleted != nil {
+			r.cfg.OnDeleted(p.table, n)
+		}
+		r.cfg.Logger.Info("deleted rows past their retention", "table", p.table, "rows", n, "retention", p.window)
+	}
+	return deleted, errors.Join(errs...)
+}
+
+// The deletes take $1 the window in seconds, $2 the stream's low-water
+// mark less Config.Margin and $3 the batch size; a row goes only when it is
+// older than both. FOR UPDATE SKIP LOCKED lets several hosts purge at once.
+const (
+	cutoff = `least(now() - make_interval(secs => $1), $2::timestamptz)`
+
+	deleteOutbox = `
+WITH doomed AS (
+	SELECT id FROM outbox
+	WHERE done_at IS NOT NULL AND published_at IS NOT NULL AND greatest(done_at, published_at) < ` + cutoff + `
+	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED)
+DELETE FROM outbox o USING doomed d WHERE o.id = d.id`
+
+	deleteScheduled = `
+WITH doomed AS (
+	SELECT job_id, attempt FROM scheduled_jobs
+	WHERE enqueued_at < ` + cutoff + `
+	LIMIT $3 FOR UPDATE SKIP LOCKED)
+DELETE FROM scheduled_jobs s USING doomed d WHERE s.job_id = d.job_id AND s.attempt = d.attempt`
+
+	deleteDeadLetters = `
+WITH doomed AS (
+	SELECT id FROM dead_letters WHERE created_at < ` + cutoff + `
+	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED)
+DELETE FROM dead_letters l USING doomed d WHERE l.id = d.id`
+
+	// An outbox row still live for the job: unfinished, unpublished (the
+	// relay would publish it again) or done or published within the
+	// window.
+	liveRow = `(o.done_at IS NULL OR o.published_at IS NULL OR greatest(o.done_at, o.published_at) >= ` + cutoff + `)`
+
+	deleteProcessed = `
+WITH doomed AS (
+	SELECT p.kind, p.job_id FROM processed_jobs p
+	WHERE p.processed_at < ` + cutoff + `
+	  AND NOT EXISTS (SELECT 1 FROM outbox o
+	                  WHERE o.id = CASE WHEN p.job_id ~ '^[0-9]{1,18}$' THEN p.job_id::bigint END AND ` + liveRow + `)
+	  AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.job_id = p.job_id AND ` + liveRow + `)
+	  AND NOT EXISTS (SELECT 1 FROM scheduled_jobs s WHERE s.job_id = p.job_id AND (s.enqueued_at IS NULL OR s.enqueued_at >= ` + cutoff + `))
+	  AND NOT EXISTS (SELECT 1 FROM dead_letters l WHERE l.job_id = p.job_id AND l.requeued_at IS NULL)
+	ORDER BY p.processed_at LIMIT $3 FOR UPDATE OF p SKIP LOCKED)
+DELETE FROM processed_jobs p USING doomed d WHERE p.kind = d.kind AND p.job_id = d.job_id`
+)

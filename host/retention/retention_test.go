@@ -1,0 +1,326 @@
+package retention_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/retention"
+)
+
+type testBundle struct {
+	pool   *pgxpool.Pool
+	rdb    *redis.Client
+	stream string
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	pool, _ := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	return &testBundle{pool: pool, rdb: rdb, stream: stream}
+}
+
+func (b *testBundle) retainer(t *testing.T, cfg retention.Config) *retention.Retainer {
+	t.Helper()
+	cfg.Redis, cfg.Pool, cfg.Stream = b.rdb, b.pool, b.stream
+	if cfg.Group == "" {
+		cfg.Group = "usher"
+	}
+	if cfg.Self == "" {
+		cfg.Self = "self"
+	}
+	cfg.Logger = hosttest.Logger(t, -4)
+	r, err := retention.New(cfg)
+	require.NoError(t, err)
+	return r
+}
+
+func (b *testBundle) add(t *testing.T, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		id, err := b.rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: b.stream, Values: []any{"n", i}}).Result()
+		require.NoError(t, err)
+		ids[i] = id
+	}
+	return ids
+}
+
+func (b *testBundle) read(t *testing.T, group, consumer string, n int64) []string {
+	t.Helper()
+	res, err := b.rdb.XReadGroup(context.Background(), &redis.XReadGroupArgs{
+		Group: group, Consumer: consumer, Streams: []string{b.stream, ">"}, Count: n, Block: -1,
+	}).Result()
+	require.NoError(t, err)
+	var ids []string
+	for _, m := range res[0].Messages {
+		ids = append(ids, m.ID)
+	}
+	return ids
+}
+
+func (b *testBundle) left(t *testing.T) []string {
+	t.Helper()
+	msgs, err := b.rdb.XRange(context.Background(), b.stream, "-", "+").Result()
+	require.NoError(t, err)
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.ID
+	}
+	return ids
+}
+
+// Trimming never removes an entry a group still owes: one read but not
+// acked (pending), or one a lagging group has not read yet. Once every
+// group has read and acked, the stream shrinks to nothing.
+func TestTrimKeepsPendingAndUndelivered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r := b.retainer(t, retention.Config{})
+	ids := b.add(t, 10)
+
+	tr, err := r.Trim(ctx)
+	require.NoError(t, err)
+	require.Zero(t, tr.Entries, "no group yet: nobody has read anything, nothing is trimmed")
+	require.Len(t, b.left(t), 10)
+
+	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "usher", "0").Err())
+	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "audit", "0").Err())
+	require.Equal(t, ids, b.read(t, "usher", "c1", 10))
+	require.NoError(t, b.rdb.XAck(ctx, b.stream, "usher", ids[:4]...).Err()) // 4..9 stay pending
+	require.Equal(t, ids[:2], b.read(t, "audit", "a1", 2))
+	require.NoError(t, b.rdb.XAck(ctx, b.stream, "audit", ids[:2]...).Err()) // audit lags at 2
+
+	tr, err = r.Trim(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, tr.Entries)
+	require.Equal(t, ids[2], tr.Owed, "the lagging group's next entry")
+	require.Equal(t, ids[2:], b.left(t))
+
+	require.Equal(t, ids[2:], b.read(t, "audit", "a1", 100))
+	require.NoError(t, b.rdb.XAck(ctx, b.stream, "audit", ids[2:]...).Err())
+	tr, err = r.Trim(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ids[4], tr.Owed, "the oldest pending entry")
+	require.Equal(t, ids[4:], b.left(t))
+
+	// A pending entry in the middle holds everything after it.
+	require.NoError(t, b.rdb.XAck(ctx, b.stream, "usher", ids[4], ids[6], ids[7], ids[8], ids[9]).Err())
+	_, err = r.Trim(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ids[5:], b.left(t))
+
+	require.NoError(t, b.rdb.XAck(ctx, b.stream, "usher", ids[5]).Err())
+	tr, err = r.Trim(ctx)
+	require.NoError(t, err)
+	require.Empty(t, tr.Owed)
+	require.Empty(t, b.left(t), "every group read and acked everything")
+	require.WithinDuration(t, time.Now(), tr.Before, 5*time.Second, "nothing owed: the low-water mark is Redis's clock")
+
+	// New entries after the trim are owed again.
+	more := b.add(t, 3)
+	tr, err = r.Trim(ctx)
+	require.NoError(t, err)
+	require.Equal(t, more[0], tr.Owed)
+	require.Equal(t, more, b.left(t))
+}
+
+// Hosts trim at once while entries are added, read and acked: no entry is
+// lost to any group.
+func TestConcurrentTrimsLoseNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	require.NoError(t, b.rdb.XGroupCreateMkStream(ctx, b.stream, "usher", "0").Err())
+	require.NoError(t, b.rdb.XGroupCreate(ctx, b.stream, "audit", "0").Err())
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 3 {
+		r := b.retainer(t, retention.Config{})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := r.Trim(ctx)
+				require.NoError(t, err)
+			}
+		}()
+	}
+	const n = 500
+	seen := map[string]map[string]bool{"usher": {}, "audit": {}}
+	for i := range n {
+		b.add(t, 1)
+		for _, g := range []string{"usher", "audit"} {
+			if g == "audit" && i%3 != 0 {
+				continue // audit reads in bursts
+			}
+			for _, id := range b.read(t, g, "c", 100) {
+				seen[g][id] = true
+				require.NoError(t, b.rdb.XAck(ctx, b.stream, g, id).Err())
+			}
+		}
+	}
+	for _, id := range b.read(t, "audit", "c", 1000) {
+		seen["audit"][id] = true
+	}
+	close(stop)
+	wg.Wait()
+	require.Len(t, seen["usher"], n)
+	require.Len(t, seen["audit"], n)
+}
+
+// A consumer of a host gone for good is removed once it is idle with
+// nothing pending; one still holding entries, and the host's own, stay.
+func TestIdleConsumersWithNothingPendingAreRemoved(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	require.NoError(t, b.rdb.XGroupCreateMkStream(ctx, b.stream, "usher", "0").Err())
+	ids := b.add(t, 2)
+	b.read(t, "usher", "gone-idle", 1)
+	require.NoError(t, b.rdb.XAck(ctx, b.stream, "usher", ids[0]).Err())
+	b.read(t, "usher", "gone-pending", 1) // never acked
+	require.NoError(t, b.rdb.XGroupCreateConsumer(ctx, b.stream, "usher", "self").Err())
+
+	r := b.retainer(t, retention.Config{ConsumerIdle: 300 * time.Millisecond})
+	gone, err := r.RemoveIdleConsumers(ctx)
+	require.NoError(t, err)
+	require.Empty(t, gone, "none idle long enough yet")
+	var names []string
+	hosttest.Eventually(t, 5*time.Second, "the idle consumer removed", func() bool {
+		gone, err := r.RemoveIdleConsumers(ctx)
+		require.NoError(t, err)
+		names = append(names, gone...)
+		return len(names) > 0
+	})
+	require.Equal(t, []string{"gone-idle"}, names)
+	cs, err := b.rdb.XInfoConsumers(ctx, b.stream, "usher").Result()
+	require.NoError(t, err)
+	var left []string
+	for _, c := range cs {
+		left = append(left, c.Name)
+	}
+	require.ElementsMatch(t, []string{"gone-pending", "self"}, left)
+	require.EqualValues(t, 1, hosttest.Pending(t, b.rdb, b.stream, "usher"), "the pending entry is still there")
+
+	// A stream with no group yet is not an error.
+	_, rdbKey := hosttest.Redis(t)
+	r2, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Stream: rdbKey, Group: "usher", Self: "self"})
+	require.NoError(t, err)
+	_, err = r2.RemoveIdleConsumers(ctx)
+	require.NoError(t, err)
+}
+
+// A retention window below the redelivery bound is refused, naming it.
+func TestRetentionBelowTheBoundIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	red := retention.Redelivery{MaxDeliveries: 10, ReclaimIdle: time.Minute, ReclaimInterval: 15 * time.Second, JobTimeout: 30 * time.Second,
+		MaxAttempts: 8, RetryBackoff: time.Second, MaxBackoff: 5 * time.Minute, ReconcileAfter: 15 * time.Minute, ReconcileInterval: time.Minute}
+	require.Equal(t, 17*time.Minute+30*time.Second+255*time.Second+16*time.Minute, red.Bound())
+	for _, cfg := range []retention.Config{{ProcessedJobs: time.Hour, Outbox: 10 * time.Minute}, {DeadLetters: 37 * time.Minute}} {
+		cfg.Redis, cfg.Pool, cfg.Stream, cfg.Group, cfg.Self, cfg.Redelivery = b.rdb, b.pool, b.stream, "usher", "self", red
+		_, err := retention.New(cfg)
+		require.ErrorContains(t, err, "is shorter than the redelivery bound 37m45s = MaxDeliveries 10")
+	}
+	_, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Stream: b.stream, Group: "g", Self: "s",
+		Redelivery: red, ProcessedJobs: red.Bound(), Outbox: 2 * time.Hour})
+	require.NoError(t, err)
+}
+
+// Purge deletes processed job ids, done outbox rows and dead letters only
+// past their window and the stream's low-water mark, and never a job id
+// something could still bring back.
+func TestPurgeKeepsWhatCouldComeBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := b.pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	outboxRow := func(done, published string, jobID any) string {
+		var id int64
+		require.NoError(t, b.pool.QueryRow(ctx, fmt.Sprintf(`INSERT INTO outbox (kind, payload, job_id, done_at, published_at, outcome)
+			VALUES ('k', '{}', $1, %s, %s, 'applied') RETURNING id`, done, published), jobID).Scan(&id))
+		return fmt.Sprint(id)
+	}
+	processed := func(jobID, at string) {
+		exec(`INSERT INTO processed_jobs (job_id, kind, processed_at) VALUES ($1, 'k', `+at+`)`, jobID)
+	}
+	old, recent := `now() - interval '3 hours'`, `now() - interval '10 minutes'`
+	gone := outboxRow(old, old, nil)                                        // done and published long ago
+	unpublished := outboxRow(old, "NULL", nil)                              // done, but the relay will publish it again
+	unfinished := outboxRow("NULL", old, nil)                               // no outcome yet
+	young := outboxRow(recent, recent, nil)                                 // done within the window
+	republishedLate := outboxRow(old, `now() - interval '30 minutes'`, nil) // published again after it was done
+	outboxRow("NULL", old, "s-retried")                                     // a scheduled run of s-retried, not done
+	for _, id := range []string{gone, unpublished, unfinished, young, republishedLate} {
+		processed(id, old)
+	}
+	processed("s-retried", old)
+	processed("s-waiting", old)
+	exec(`INSERT INTO scheduled_jobs (job_id, attempt, kind, payload, run_at) VALUES ('s-waiting', 1, 'k', '{}', now() + interval '1 hour')`)
+	processed("s-moved", old)
+	exec(`INSERT INTO scheduled_jobs (job_id, attempt, kind, payload, run_at, enqueued_at) VALUES ('s-moved', 1, 'k', '{}', ` + old + `, ` + old + `)`)
+	processed("dl-open", old)
+	exec(`INSERT INTO dead_letters (job_id, kind, payload, reason, last_error, attempts, stream_id, created_at)
+		VALUES ('dl-open', 'k', '', 'permanent', '', 1, '1-1', ` + old + `)`)
+	processed("dl-requeued", old)
+	exec(`INSERT INTO dead_letters (job_id, kind, payload, reason, last_error, attempts, stream_id, created_at, requeued_at)
+		VALUES ('dl-requeued', 'k', '', 'permanent', '', 1, '1-2', ` + old + `, ` + old + `)`)
+	processed("outbox-row-deleted", old)
+	processed("fresh", recent)
+
+	r := b.retainer(t, retention.Config{Redelivery: retention.Redelivery{ReconcileAfter: time.Hour},
+		ProcessedJobs: time.Hour, Outbox: time.Hour, Margin: time.Minute, BatchSize: 2})
+
+	// The stream still owes an entry added 4 hours ago (every host was
+	// down): nothing may go, however old.
+	deleted, err := r.Purge(ctx, time.Now().Add(-4*time.Hour))
+	require.NoError(t, err)
+	require.Empty(t, deleted)
+
+	deleted, err = r.Purge(ctx, time.Now())
+	require.NoError(t, err)
+	require.Equal(t, map[string]int64{"outbox": 1, "scheduled_jobs": 1, "processed_jobs": 4}, deleted)
+	left := func() []string {
+		t.Helper()
+		rows, err := b.pool.Query(ctx, `SELECT job_id FROM processed_jobs`)
+		require.NoError(t, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return ids
+	}
+	kept := []string{unpublished, unfinished, young, republishedLate, "s-retried", "s-waiting", "dl-open", "fresh"}
+	require.ElementsMatch(t, kept, left(),
+		"kept: a job id whose outbox row is unpublished, unfinished or recent, with a delayed run waiting or an open dead letter, or recent itself")
+	require.EqualValues(t, 5, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox`))
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE id = $1`, gone))
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`), "dead letters are kept unless configured")
+
+	// With a dead letter window, the old dead letters go, and with the
+	// open one the last thing that could requeue dl-open.
+	r = b.retainer(t, retention.Config{Redelivery: retention.Redelivery{ReconcileAfter: time.Hour},
+		ProcessedJobs: time.Hour, DeadLetters: time.Hour, Margin: time.Minute})
+	deleted, err = r.Purge(ctx, time.Now())
+	require.NoError(t, err)
+	require.Equal(t, map[string]int64{"dead_letters": 2, "processed_jobs": 1}, deleted)
+	require.ElementsMatch(t, []string{unpublished, unfinished, young, republishedLate, "s-retried", "s-waiting", "fresh"}, left())
+}

@@ -1,0 +1,75 @@
+package host
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/usherhq/usher/host/retention"
+)
+
+// maxRetryBackoff is guard.Runner's cap on a transient failure's backoff.
+const maxRetryBackoff = 5 * time.Minute
+
+// redelivery is what bounds how long a job can come back, a setting left
+// zero counting as its default.
+func (c *Config) redelivery() retention.Redelivery {
+	or := func(d, def time.Duration) time.Duration {
+		if d <= 0 {
+			return def
+		}
+		return d
+	}
+	reclaimIdle := or(c.ReclaimIdle, 60*time.Second)
+	reclaimInterval := or(c.ReclaimInterval, max(reclaimIdle/4, 100*time.Millisecond))
+	maxDeliveries, maxAttempts := c.MaxDeliveries, c.MaxAttempts
+	if maxDeliveries <= 0 {
+		maxDeliveries = 10
+	}
+	if maxAttempts <= 0 {
+		maxAttempts = 8
+	}
+	return retention.Redelivery{
+		MaxDeliveries: maxDeliveries, ReclaimIdle: reclaimIdle, ReclaimInterval: reclaimInterval, JobTimeout: or(c.JobTimeout, 30*time.Second),
+		MaxAttempts: maxAttempts, RetryBackoff: or(c.RetryBackoff, time.Second), MaxBackoff: maxRetryBackoff,
+		ReconcileAfter: or(c.ReconcileAfter, 15*time.Minute), ReconcileInterval: or(c.ReconcileInterval, time.Minute),
+	}
+}
+
+// RetentionBound is the shortest retention window New accepts with this
+// configuration (a zero setting counting as its default): the longest its redeliveries,
+// retries and republications can bring a job back (retention.Redelivery).
+// With the defaults it is about 38 minutes.
+func (c Config) RetentionBound() time.Duration {
+	return c.redelivery().Bound()
+}
+
+func (c *Config) checkRetention() error {
+	r := c.redelivery()
+	for _, w := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"ProcessedJobsRetention", c.ProcessedJobsRetention},
+		{"OutboxRetention", c.OutboxRetention},
+		{"DeadLetterRetention", c.DeadLetterRetention},
+	} {
+		if err := r.Check(w.name, w.d); err != nil {
+			return fmt.Errorf("host: %w", err)
+		}
+	}
+	return nil
+}
+
+// retainer is the loop that keeps storage bounded (host/retention).
+func (h *Host) retainer() (*retention.Retainer, error) {
+	c := &h.cfg
+	return retention.New(retention.Config{
+		Redis: h.rdb, Pool: h.pool, Stream: c.Stream, Group: c.Group, Self: c.Consumer,
+		TrimInterval: c.StreamTrimInterval, CleanupInterval: c.CleanupInterval, ConsumerIdle: c.ConsumerIdleRemove,
+		ProcessedJobs: c.ProcessedJobsRetention, Outbox: c.OutboxRetention, DeadLetters: c.DeadLetterRetention,
+		Redelivery: c.redelivery(), Margin: c.RetentionMargin, Logger: h.log,
+		OnTrimmed:          func(n int64) { h.metrics.trimmed.Add(float64(n)) },
+		OnDeleted:          func(table string, n int64) { h.metrics.retained.WithLabelValues(table).Add(float64(n)) },
+		OnConsumersRemoved: func(n int) { h.metrics.consumersRemoved.Add(float64(n)) },
+	})
+}
