@@ -233,6 +233,13 @@ func TestConsoleInBrowser(t *testing.T) {
 	})
 	run("jobs", chromedp.Navigate(base+"/console/jobs?id="+deadJob), chromedp.WaitVisible(chromedp.ID("jobs")))
 	require.Equal(t, []string{"applied", "dead_letter"}, outcomes(), "newest first")
+	// Its history: dead-lettered on 1.0.0, then applied on 2.0.0.
+	require.Equal(t, "done", text("#job-state"))
+	deliveries, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](
+		`Array.from(document.querySelectorAll('#deliveries tbody tr')).map(r => r.querySelector('.verdict').textContent.trim() + " " + r.querySelector('.plugin-version').textContent.trim())`))
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"dead_lettered counters 1.0.0", "applied counters 2.0.0"}, deliveries)
+	shot("job-history")
 	run("by request id", chromedp.Navigate(base+"/console/jobs?request=req-console-missing&outcome=dead_letter"), chromedp.WaitVisible(chromedp.ID("jobs")))
 	require.Equal(t, []string{"dead_letter"}, outcomes())
 	shot("jobs")

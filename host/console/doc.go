@@ -8,9 +8,10 @@
 // letters (filter by kind, show, requeue one or every one of a kind);
 // plugins (version, checksum, health, restarts, parked, probation and
 // rollback; reload); and jobs (outbox rows searched by id, kind, outcome
-// and request id). Every number comes from the functions the CLI uses:
-// host/ops for the state, host/deadletter for dead letters, the host's
-// Plugins and Reload for plugins.
+// and request id, and for one job id its state and every delivery's
+// record). Every number comes from the functions the CLI uses: host/ops for
+// the state, host/deadletter for dead letters, host/history for a job's
+// history, the host's Plugins and Reload for plugins.
 //
 // # Authentication and CSRF
 //

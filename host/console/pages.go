@@ -3,6 +3,7 @@ package console
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/usherhq/usher/host/deadletter"
+	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/ops"
 )
 
@@ -222,5 +224,19 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	c.render(w, r, "jobs.html", map[string]any{"F": f, "Jobs": jobs})
+	data := map[string]any{"F": f, "Jobs": jobs}
+	// One job searched by id: its state and every delivery's record, as
+	// `host jobs show ID` prints them.
+	if f.ID != "" {
+		job, err := history.GetJob(r.Context(), c.cfg.Pool, f.ID)
+		switch {
+		case errors.Is(err, history.ErrNotFound):
+		case err != nil:
+			c.fail(w, r, err)
+			return
+		default:
+			data["Job"] = job
+		}
+	}
+	c.render(w, r, "jobs.html", data)
 }
