@@ -242,6 +242,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	shot("job-history")
 	run("by request id", chromedp.Navigate(base+"/console/jobs?request=req-console-missing&outcome=dead_letter"), chromedp.WaitVisible(chromedp.ID("jobs")))
 	require.Equal(t, []string{"dead_letter"}, outcomes())
+	require.Contains(t, text(fmt.Sprintf(`#workflow li[data-job="%s"] .state`, deadJob)), "done")
 	shot("jobs")
 
 	checkCSRF(t, base, h.AdminToken)

@@ -29,7 +29,10 @@ var funcs = template.FuncMap{
 	// outcomes are the outcomes the host writes on an outbox row, offered
 	// by the jobs search.
 	"outcomes": func() []string { return []string{"applied", "absorbed", "retry_scheduled", "dead_letter"} },
-	"text":     func(b []byte) string { return deadletter.Text(string(b)) },
+	// wfnode carries a workflow's job and the prefix into the recursive
+	// template that draws the tree.
+	"wfnode": func(j *history.Job, prefix string) map[string]any { return map[string]any{"J": j, "Prefix": prefix} },
+	"text":   func(b []byte) string { return deadletter.Text(string(b)) },
 	"short": func(s string) string {
 		if len(s) > 12 {
 			return s[:12] + "…"
@@ -236,6 +239,19 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request) {
 			return
 		default:
 			data["Job"] = job
+		}
+	}
+	// A request searched: the jobs it started, as a tree (`host workflows
+	// show`).
+	if f.RequestID != "" {
+		wf, err := history.GetWorkflow(r.Context(), c.cfg.Pool, f.RequestID)
+		switch {
+		case errors.Is(err, history.ErrNotFound):
+		case err != nil:
+			c.fail(w, r, err)
+			return
+		default:
+			data["Workflow"] = wf
 		}
 	}
 	c.render(w, r, "jobs.html", data)
