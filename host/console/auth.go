@@ -123,8 +123,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	next := safeNext(r.PostFormValue("next"))
 	if !c.tokenOK(r.PostFormValue("token")) {
 		c.log.Warn("console: login refused: wrong token", "remote", r.RemoteAddr)
-		w.WriteHeader(http.StatusUnauthorized)
-		c.render(w, r, "login.html", map[string]any{"Next": next, "Error": "That is not this host's admin token."})
+		c.renderStatus(w, r, http.StatusUnauthorized, "login.html", map[string]any{"Next": next, "Error": "That is not this host's admin token."})
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: c.sessions.create(), Path: Prefix,

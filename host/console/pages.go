@@ -62,6 +62,10 @@ func (c *Console) routes() {
 // render writes page with data; data's "Flash" is the message a POST
 // redirected with (?msg=).
 func (c *Console) render(w http.ResponseWriter, r *http.Request, page string, data map[string]any) {
+	c.renderStatus(w, r, http.StatusOK, page, data)
+}
+
+func (c *Console) renderStatus(w http.ResponseWriter, r *http.Request, status int, page string, data map[string]any) {
 	data["Page"] = page
 	data["Flash"] = r.URL.Query().Get("msg")
 	data["Prefix"] = Prefix
@@ -75,13 +79,13 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, page string, da
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'")
+	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())
 }
 
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 	c.log.Warn("console: page failed", "path", r.URL.Path, "err", err)
-	w.WriteHeader(http.StatusInternalServerError)
-	c.render(w, r, "error.html", map[string]any{"Error": err.Error()})
+	c.renderStatus(w, r, http.StatusInternalServerError, "error.html", map[string]any{"Error": err.Error()})
 }
 
 // back redirects a POST to to, with msg shown there.
