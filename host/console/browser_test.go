@@ -69,11 +69,13 @@ func install(t *testing.T, dir, bin, version string) {
 	require.NoError(t, err)
 }
 
-// After a known flow (orders placed, one job dead-lettered for an order
-// that does not exist) the console, in Chromium, shows the numbers the
-// database and Redis hold; reloading a plugin from its page swaps it; and
-// requeueing the dead letter from its page puts it back (no longer open)
-// and the job runs again, on the new version.
+// After a known flow (orders placed, two jobs dead-lettered for orders
+// that do not exist) the console, in Chromium, shows the numbers the
+// database and Redis hold; reloading a plugin from its page swaps it;
+// requeueing one dead letter, then the rest of its kind, puts them back (no
+// longer open) and the jobs run again, on the new version; the job search
+// shows a job's rows, history and workflow; and a POST without the
+// console's Origin or session is refused.
 func TestConsoleInBrowser(t *testing.T) {
 	t.Parallel()
 	chromium := chromiumPath(t)
@@ -90,8 +92,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	hosttest.Eventually(t, 10*time.Second, "the admin listener", func() bool { return h.AdminAddr() != "" })
 	base := "http://" + h.AdminAddr()
 
-	// The flow: 12 orders counted, and a counter job for an order that
-	// does not exist, which the counters plugin fails permanently.
+	// The flow: 12 orders counted, and two counter jobs for orders that
+	// do not exist, which the counters plugin fails permanently.
 	const n = 12
 	ev, err := orders.CreateEvent(ctx, pool, "Console Night", "Stagedoor Hall")
 	require.NoError(t, err)
@@ -104,9 +106,14 @@ func TestConsoleInBrowser(t *testing.T) {
 		RequestID: "req-console-missing"})
 	require.NoError(t, err)
 	deadJob := strconv.FormatInt(ids[0], 10)
-	hosttest.Eventually(t, 30*time.Second, "the orders counted and the missing one dead-lettered", func() bool {
+	const missing2 = 900000002
+	ids, err = outbox.Add(ctx, pool, outbox.Message{Kind: "update_sales_counter", Payload: json.RawMessage(fmt.Sprintf(`{"order_id":%d}`, missing2)),
+		RequestID: "req-console-missing-2"})
+	require.NoError(t, err)
+	deadJob2 := strconv.FormatInt(ids[0], 10)
+	hosttest.Eventually(t, 30*time.Second, "the orders counted and the missing ones dead-lettered", func() bool {
 		return hosttest.Count(t, pool, `SELECT count(*) FROM counter_applies`) == n &&
-			hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL`) == 1 &&
+			hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL`) == 2 &&
 			hosttest.Pending(t, rdb, stream, "usher") == 0
 	})
 	letterID := hosttest.Count(t, pool, `SELECT id FROM dead_letters WHERE job_id = $1`, deadJob)
@@ -175,20 +182,20 @@ func TestConsoleInBrowser(t *testing.T) {
 		run("reload the overview", chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(chromedp.ID("totals")))
 		return text(`#totals tr[data-kind="update_sales_counter"] .applied`) == strconv.Itoa(n)
 	})
-	require.Equal(t, "1", text(`#totals tr[data-kind="update_sales_counter"] .dead-letter`))
+	require.Equal(t, "2", text(`#totals tr[data-kind="update_sales_counter"] .dead-letter`))
 	require.Equal(t, "0", text("#pending"))
 	require.EqualValues(t, 0, in.Pending)
 	require.Equal(t, strconv.FormatInt(hosttest.Count(t, pool, `SELECT count(*) FROM processed_jobs`), 10), text("#processed-jobs"))
 	require.Equal(t, strconv.FormatInt(hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`), 10), text("#outbox-unpublished"))
-	require.Equal(t, "1", text("#dead-open"))
-	require.Equal(t, "1", text(`#dead-by-kind tr[data-kind="update_sales_counter"] td.n`))
+	require.Equal(t, "2", text("#dead-open"))
+	require.Equal(t, "2", text(`#dead-by-kind tr[data-kind="update_sales_counter"] td.n`))
 	require.Equal(t, strconv.FormatInt(in.Entries, 10), text("#entries"))
 	require.Equal(t, 3, count(`figure[data-kind="update_sales_counter"] polyline`), "applied, absorbed and dead_letter lines")
 	shot("overview")
 
-	// Dead letters: the one letter, filtered by kind, and shown whole.
+	// Dead letters: the two letters, filtered by kind, and one shown whole.
 	run("dead letters", chromedp.Navigate(base+"/console/deadletters?kind=update_sales_counter"), chromedp.WaitVisible(chromedp.ID("letters")))
-	require.Equal(t, 1, count("#letters tbody tr"))
+	require.Equal(t, 2, count("#letters tbody tr"))
 	require.Contains(t, text(fmt.Sprintf(`#letters tr[data-job="%s"] .reason`, deadJob)), "does not exist")
 	shot("deadletters")
 	run("show the letter", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#letters tr[data-job="%s"] a`, deadJob))),
@@ -212,17 +219,28 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	shot("plugins-reloaded")
 
-	// The order appears; requeueing the letter from its page runs the job
-	// again (on 2.0.0) with its identity kept.
-	_, err = pool.Exec(ctx, `INSERT INTO orders (id, public_id, event_id, buyer, email, seats) VALUES ($1, 'console-late', $2, 'Late', 'l@example.com', 3)`,
-		missing, ev)
-	require.NoError(t, err)
-	run("requeue", chromedp.Navigate(fmt.Sprintf("%s/console/deadletters/%d", base, letterID)), chromedp.WaitVisible(chromedp.ID("requeue-one")),
-		chromedp.Submit(chromedp.ID("requeue-one")), chromedp.WaitVisible(chromedp.ID("no-letters")))
+	// The orders appear; requeueing a letter from its page, then every
+	// open one of the kind from the list, runs the jobs again (on 2.0.0)
+	// with their identities kept.
+	for i, id := range []int{missing, missing2} {
+		_, err = pool.Exec(ctx, `INSERT INTO orders (id, public_id, event_id, buyer, email, seats) VALUES ($1, $2, $3, 'Late', 'l@example.com', 3)`,
+			id, fmt.Sprintf("console-late-%d", i), ev)
+		require.NoError(t, err)
+	}
+	run("requeue one", chromedp.Navigate(fmt.Sprintf("%s/console/deadletters/%d", base, letterID)), chromedp.WaitVisible(chromedp.ID("requeue-one")),
+		chromedp.Submit(chromedp.ID("requeue-one")), chromedp.WaitVisible(chromedp.ID("flash")))
 	require.Contains(t, text("#flash"), "requeued 1 dead letter(s)")
+	require.Equal(t, 1, count("#letters tbody tr"))
+	require.Equal(t, 1, count(fmt.Sprintf(`#letters tr[data-job="%s"]`, deadJob2)))
+	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL`))
+	run("requeue the kind", chromedp.Navigate(base+"/console/deadletters?kind=update_sales_counter"), chromedp.WaitVisible(chromedp.ID("requeue-kind")))
+	_, err = chromedp.Run(bctx, chromedp.Evaluate[bool](`window.confirm = () => true; true`)) // the page asks first
+	require.NoError(t, err)
+	run("requeue the kind", chromedp.Click(chromedp.CSS("#requeue-kind button")), chromedp.WaitVisible(chromedp.ID("no-letters")))
+	require.Contains(t, text("#flash"), "requeued 1 dead letter(s) of kind update_sales_counter")
 	require.EqualValues(t, 0, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL`))
-	hosttest.Eventually(t, 30*time.Second, "the requeued job applied by 2.0.0", func() bool {
-		return hosttest.Count(t, pool, `SELECT count(*) FROM counter_applies WHERE job_id = $1 AND plugin_version = '2.0.0'`, deadJob) == 1
+	hosttest.Eventually(t, 30*time.Second, "the requeued jobs applied by 2.0.0", func() bool {
+		return hosttest.Count(t, pool, `SELECT count(*) FROM counter_applies WHERE job_id IN ($1, $2) AND plugin_version = '2.0.0'`, deadJob, deadJob2) == 2
 	})
 	shot("deadletters-requeued")
 
