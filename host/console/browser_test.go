@@ -190,7 +190,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Equal(t, "2", text("#dead-open"))
 	require.Equal(t, "2", text(`#dead-by-kind tr[data-kind="update_sales_counter"] td.n`))
 	require.Equal(t, strconv.FormatInt(in.Entries, 10), text("#entries"))
-	require.Equal(t, 3, count(`figure[data-kind="update_sales_counter"] polyline`), "applied, absorbed and dead_letter lines")
+	require.Equal(t, 3, count(`figure.throughput[data-kind="update_sales_counter"] polyline`), "applied, absorbed and dead_letter lines")
+	require.Equal(t, 1, count(`figure.took[data-kind="update_sales_counter"] polyline`), "the mean duration's line")
 	shot("overview")
 
 	// Dead letters: the two letters, filtered by kind, and one shown whole.

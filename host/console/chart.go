@@ -19,10 +19,11 @@ const (
 // lineColors are the series' colours, in order (colour-blind safe).
 var lineColors = []string{"#1b7837", "#2166ac", "#b2182b", "#762a83", "#e08214", "#4d4d4d"}
 
-// drawChart draws lines (rates over time) as an SVG line chart with a
-// title, a y axis from 0 to the largest rate, a time axis and a legend.
-// Every text it writes is escaped: it is inserted into the page as HTML.
-func drawChart(title string, lines []series) string {
+// drawChart draws lines (values over time) as an SVG line chart with a
+// title, a y axis from 0 to the largest value labelled by unit, a time
+// axis and a legend. Every text it writes is escaped: it is inserted into
+// the page as HTML.
+func drawChart(title string, unit func(float64) string, lines []series) string {
 	var t0, t1 time.Time
 	maxY := 0.0
 	for _, l := range lines {
@@ -33,7 +34,7 @@ func drawChart(title string, lines []series) string {
 			if p.At.After(t1) {
 				t1 = p.At
 			}
-			maxY = math.Max(maxY, p.Rate)
+			maxY = math.Max(maxY, p.Value)
 		}
 	}
 	if maxY == 0 {
@@ -48,7 +49,7 @@ func drawChart(title string, lines []series) string {
 	for _, f := range []float64{0, 0.5, 1} {
 		y := padT + plotH - f*plotH
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" class="grid"/>`, padL, y, padL+plotW, y)
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" class="tick" text-anchor="end">%s</text>`, padL-6, y+4, fmtRate(f*maxY))
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" class="tick" text-anchor="end">%s</text>`, padL-6, y+4, html.EscapeString(unit(f*maxY)))
 	}
 	if t1.After(t0) {
 		fmt.Fprintf(&b, `<text x="%d" y="%d" class="tick">%s</text>`, padL, chartH-8, t0.UTC().Format("15:04:05"))
@@ -67,7 +68,7 @@ func drawChart(title string, lines []series) string {
 			if span > 0 {
 				x += p.At.Sub(t0).Seconds() / span * plotW
 			}
-			y := padT + plotH - p.Rate/maxY*plotH
+			y := padT + plotH - p.Value/maxY*plotH
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x, y))
 		}
 		if len(pts) == 1 {
@@ -96,9 +97,16 @@ func niceCeil(v float64) float64 {
 	return 10 * p
 }
 
-func fmtRate(v float64) string {
+func perSecond(v float64) string {
 	if v == 0 {
 		return "0"
 	}
 	return strconv.FormatFloat(v, 'g', 3, 64) + "/s"
+}
+
+func millis(v float64) string {
+	if v == 0 {
+		return "0"
+	}
+	return strconv.FormatFloat(v, 'g', 3, 64) + " ms"
 }

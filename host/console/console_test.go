@@ -24,7 +24,7 @@ func TestPagesParse(t *testing.T) {
 func TestChartEscapes(t *testing.T) {
 	t.Parallel()
 	at := time.Unix(1000, 0)
-	svg := drawChart(`<b>kind</b>`, []series{{Name: `<script>x</script>`, Points: []point{{At: at, Rate: 1}, {At: at.Add(time.Second), Rate: 3}}}})
+	svg := drawChart(`<b>kind</b>`, perSecond, []series{{Name: `<script>x</script>`, Points: []point{{At: at, Value: 1}, {At: at.Add(time.Second), Value: 3}}}})
 	require.NotContains(t, svg, "<script>")
 	require.NotContains(t, svg, "<b>")
 	require.Contains(t, svg, "&lt;script&gt;")
@@ -43,7 +43,23 @@ func TestRates(t *testing.T) {
 	}
 	pts := rates(samples, func(s sample) float64 { return s.jobs["k"]["applied"] })
 	require.Len(t, pts, 3)
-	require.Equal(t, []float64{5, 10, 2.5}, []float64{pts[0].Rate, pts[1].Rate, pts[2].Rate})
+	require.Equal(t, []float64{5, 10, 2.5}, []float64{pts[0].Value, pts[1].Value, pts[2].Value})
+}
+
+// The mean duration between samples is the runs' added time over their
+// number; an interval in which none ended has no point.
+func TestMeanTook(t *testing.T) {
+	t.Parallel()
+	at := time.Unix(1000, 0)
+	took := []sumCount{{0, 0}, {0.5, 10}, {0.5, 10}, {2.5, 20}}
+	var samples []sample
+	for i := range took {
+		samples = append(samples, sample{at: at.Add(time.Duration(i) * time.Second), took: map[string]sumCount{"k": took[i]}})
+	}
+	pts := meanTook(samples, "k")
+	require.Len(t, pts, 2)
+	require.InDeltaSlice(t, []float64{50, 200}, []float64{pts[0].Value, pts[1].Value}, 1e-9)
+	require.Equal(t, at.Add(3*time.Second), pts[1].At)
 }
 
 func TestSafeNext(t *testing.T) {

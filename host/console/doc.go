@@ -1,7 +1,8 @@
 // Package console is the host's web console: server-rendered pages on the
 // admin listener, under /console/, for an operator's browser.
 //
-// Pages: an overview (job throughput per kind over time, drawn as SVG from
+// Pages: an overview (job throughput and mean run duration per kind over
+// time, drawn as SVG from
 // samples of the host's Prometheus counters that the console keeps in
 // memory, and the state `host inspect` prints: pending, lag, oldest
 // pending age, relay lag, open dead letters, absorbed duplicates); dead

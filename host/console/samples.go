@@ -13,6 +13,7 @@ import (
 const (
 	jobsMetric     = "usher_jobs_total"
 	absorbedMetric = "usher_duplicates_absorbed_total"
+	durationMetric = "usher_job_duration_seconds"
 )
 
 var chartVerdicts = []string{"applied", "absorbed", "dead_letter"}
@@ -26,7 +27,11 @@ type sample struct {
 	// absorbed is usher_duplicates_absorbed_total by guard (summed over
 	// kinds and reasons).
 	absorbed map[string]float64
+	// took is usher_job_duration_seconds's sum and count by kind.
+	took map[string]sumCount
 }
+
+type sumCount struct{ sum, count float64 }
 
 // sampler keeps the last n samples.
 type sampler struct {
@@ -47,7 +52,7 @@ func (s *sampler) sample() error {
 	if err != nil {
 		return err
 	}
-	sm := sample{at: s.now(), jobs: map[string]map[string]float64{}, absorbed: map[string]float64{}}
+	sm := sample{at: s.now(), jobs: map[string]map[string]float64{}, absorbed: map[string]float64{}, took: map[string]sumCount{}}
 	for _, mf := range mfs {
 		switch mf.GetName() {
 		case jobsMetric:
@@ -57,6 +62,11 @@ func (s *sampler) sample() error {
 					sm.jobs[l["kind"]] = map[string]float64{}
 				}
 				sm.jobs[l["kind"]][l["verdict"]] += m.GetCounter().GetValue()
+			}
+		case durationMetric:
+			for _, m := range mf.GetMetric() {
+				h := m.GetHistogram()
+				sm.took[labels(m.GetLabel())["kind"]] = sumCount{h.GetSampleSum(), float64(h.GetSampleCount())}
 			}
 		case absorbedMetric:
 			for _, m := range mf.GetMetric() {
@@ -91,16 +101,16 @@ func (s *sampler) snapshot() []sample {
 	return append([]sample(nil), s.ring...)
 }
 
-// series is one line of a chart: a rate per second at each sample after
-// the first.
+// series is one line of a chart: a value (a rate per second, a mean
+// duration) at each sample after the first.
 type series struct {
 	Name   string
 	Points []point
 }
 
 type point struct {
-	At   time.Time
-	Rate float64
+	At    time.Time
+	Value float64
 }
 
 // rates turns counter values into per-second rates between samples; a
@@ -116,7 +126,24 @@ func rates(samples []sample, value func(sample) float64) []point {
 		if d < 0 {
 			d = value(samples[i])
 		}
-		pts = append(pts, point{At: samples[i].at, Rate: d / dt})
+		pts = append(pts, point{At: samples[i].at, Value: d / dt})
+	}
+	return pts
+}
+
+// meanTook is the mean duration, in milliseconds, of the runs of kind
+// that ended between samples; an interval in which none ended has no
+// point.
+func meanTook(samples []sample, kind string) []point {
+	var pts []point
+	for i := 1; i < len(samples); i++ {
+		a, b := samples[i-1].took[kind], samples[i].took[kind]
+		if b.count < a.count { // the host restarted
+			a = sumCount{}
+		}
+		if n := b.count - a.count; n > 0 {
+			pts = append(pts, point{At: samples[i].at, Value: (b.sum - a.sum) / n * 1000})
+		}
 	}
 	return pts
 }
@@ -140,7 +167,8 @@ type charts struct {
 
 type kindChart struct {
 	Kind string
-	SVG  string
+	// SVG charts the kind's throughput, Took its mean run duration.
+	SVG, Took string
 }
 
 func (s *sampler) charts(interval time.Duration) charts {
@@ -165,7 +193,9 @@ func (s *sampler) charts(interval time.Duration) charts {
 		for _, v := range chartVerdicts {
 			lines = append(lines, series{Name: v, Points: rates(samples, func(sm sample) float64 { return sm.jobs[k][v] })})
 		}
-		out.Kinds = append(out.Kinds, kindChart{Kind: k, SVG: drawChart(k+": jobs per second", lines)})
+		took := []series{{Name: "mean", Points: meanTook(samples, k)}}
+		out.Kinds = append(out.Kinds, kindChart{Kind: k, SVG: drawChart(k+": jobs per second", perSecond, lines),
+			Took: drawChart(k+": mean run duration (dispatch to verdict)", millis, took)})
 		j := last.jobs[k]
 		out.Totals = append(out.Totals, kindTotals{Kind: k, Applied: j["applied"], Absorbed: j["absorbed"], DeadLetter: j["dead_letter"],
 			Retry: j["retry"], Permanent: j["permanent"], Abandoned: j["abandoned"]})
@@ -174,7 +204,7 @@ func (s *sampler) charts(interval time.Duration) charts {
 	for _, g := range sortedKeys(guards) {
 		lines = append(lines, series{Name: g, Points: rates(samples, func(sm sample) float64 { return sm.absorbed[g] })})
 	}
-	out.Absorbed = drawChart("duplicates absorbed per second, by guard", lines)
+	out.Absorbed = drawChart("duplicates absorbed per second, by guard", perSecond, lines)
 	return out
 }
 
