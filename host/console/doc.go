@@ -2,9 +2,8 @@
 // admin listener, under /console/, for an operator's browser.
 //
 // Pages: an overview (job throughput and mean run duration per kind over
-// time, drawn as SVG from
-// samples of the host's Prometheus counters that the console keeps in
-// memory, and the state `host inspect` prints: pending, lag, oldest
+// time, drawn as SVG from samples of the host's Prometheus counters that
+// the console keeps in memory, and the state `host inspect` prints: pending, lag, oldest
 // pending age, relay lag, open dead letters, absorbed duplicates); dead
 // letters (filter by kind, show, requeue one or every one of a kind);
 // plugins (version, checksum, health, restarts, parked, probation and
