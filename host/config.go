@@ -260,6 +260,10 @@ type Config struct {
 	// [::1]. Any other Host (DNS rebinding) or foreign Origin (a web page's
 	// request) is refused with 403.
 	AdminAllowedHosts []string
+	// ConsoleSampleInterval is how often the web console (served under
+	// /console/ on the admin listener) samples the job counters for its
+	// charts. Default 10s (the console's default).
+	ConsoleSampleInterval time.Duration
 
 	// Logger defaults to a JSON slog logger on stderr.
 	Logger *slog.Logger

@@ -29,6 +29,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/usherhq/usher/host/admin"
+	"github.com/usherhq/usher/host/console"
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/outbox"
@@ -862,7 +863,7 @@ func (h *Host) Run(ctx context.Context) error {
 	h.mu.Unlock()
 	var admin *http.Server
 	if h.cfg.AdminAddr != "" {
-		admin, err = h.serveAdmin()
+		admin, err = h.serveAdmin(loops)
 		if err != nil {
 			stopPlugins()
 			return err
@@ -953,8 +954,9 @@ func resolveAdminToken(cfg *Config) (string, error) {
 
 // serveAdmin serves the admin API on AdminAddr behind admin.Guard: Host
 // and Origin checked on every request, the token required on all but
-// /healthz.
-func (h *Host) serveAdmin() (*http.Server, error) {
+// /healthz and the console (which asks for it on its login form). The
+// console's sampler joins loops.
+func (h *Host) serveAdmin(loops map[string]func(context.Context) error) (*http.Server, error) {
 	ln, err := net.Listen("tcp", h.cfg.AdminAddr)
 	if err != nil {
 		return nil, fmt.Errorf("host: admin listener: %w", err)
@@ -968,9 +970,14 @@ func (h *Host) serveAdmin() (*http.Server, error) {
 	})
 	mux.HandleFunc("POST /plugins/reload", h.serveReload)
 	mux.HandleFunc("POST /plugins/rollback", h.serveRollback)
+	if err := h.serveConsole(mux, loops); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
 	bound := ln.Addr().String()
 	handler, err := admin.Guard(admin.GuardConfig{Token: h.adminToken, ListenAddr: h.cfg.AdminAddr, BoundAddr: bound,
-		AllowedHosts: h.cfg.AdminAllowedHosts, OpenPaths: []string{"/healthz"}, Logger: h.log}, mux)
+		AllowedHosts: h.cfg.AdminAllowedHosts, OpenPaths: []string{"/healthz"}, SelfAuthPrefixes: []string{console.Prefix},
+		Logger: h.log}, mux)
 	if err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("host: admin API: %w", err)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -21,46 +20,8 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/deadletter"
+	"github.com/usherhq/usher/host/ops"
 )
-
-// inspection is what `host inspect` reports.
-type inspection struct {
-	Stream string `json:"stream"`
-	Group  string `json:"group"`
-	// Entries is the stream's length; Pending its entries delivered and not
-	// acknowledged, per consumer. PendingError says why there is no count
-	// (the group does not exist on that stream).
-	Entries           int64          `json:"entries"`
-	Pending           int64          `json:"pending"`
-	PendingError      string         `json:"pending_error,omitempty"`
-	Consumers         []consumerLoad `json:"consumers"`
-	OutboxUnpublished int64          `json:"outbox_unpublished"`
-	ScheduledDue      int64          `json:"scheduled_due"`
-	ScheduledLater    int64          `json:"scheduled_later"`
-	ProcessedJobs     int64          `json:"processed_jobs"`
-	// WaitingForKind counts, by kind, the unfinished jobs whose entry
-	// waits for a host serving its kind (host.Config.UnknownKindWait).
-	WaitingForKind []kindCount `json:"waiting_for_kind,omitempty"`
-	DeadLetters    []kindCount `json:"dead_letters_open"`
-	Absorbed       []absorbed  `json:"duplicates_absorbed"`
-}
-
-type consumerLoad struct {
-	Consumer string `json:"consumer"`
-	Pending  int64  `json:"pending"`
-}
-
-type kindCount struct {
-	Kind  string `json:"kind"`
-	Count int64  `json:"count"`
-}
-
-type absorbed struct {
-	Guard  string `json:"guard"`
-	Kind   string `json:"kind"`
-	Reason string `json:"reason"`
-	Count  int64  `json:"count"`
-}
 
 func (cl *cli) inspectFlags(fs *flag.FlagSet) runner {
 	conn := &connFlags{}
@@ -77,14 +38,14 @@ func (cl *cli) inspectFlags(fs *flag.FlagSet) runner {
 		rdb := redis.NewClient(opt)
 		defer rdb.Close()
 		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
-			in, err := inspect(ctx, pool, rdb, conn.stream, conn.group)
+			in, err := ops.Inspect(ctx, pool, rdb, conn.stream, conn.group)
 			if err != nil {
 				return err
 			}
 			if *asJSON {
 				return writeJSON(cl.stdout, in)
 			}
-			return in.print(cl.stdout)
+			return printInspection(cl.stdout, in)
 		})
 	}
 }
@@ -100,65 +61,8 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func inspect(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, stream, group string) (inspection, error) {
-	in := inspection{Stream: stream, Group: group, Consumers: []consumerLoad{}, DeadLetters: []kindCount{}, Absorbed: []absorbed{}}
-	var err error
-	if in.Entries, err = rdb.XLen(ctx, stream).Result(); err != nil {
-		return in, fmt.Errorf("redis: XLEN %s: %w", stream, err)
-	}
-	if p, err := rdb.XPending(ctx, stream, group).Result(); err == nil {
-		in.Pending = p.Count
-		for c, n := range p.Consumers {
-			in.Consumers = append(in.Consumers, consumerLoad{c, n})
-		}
-		slices.SortFunc(in.Consumers, func(a, b consumerLoad) int { return strings.Compare(a.Consumer, b.Consumer) })
-	} else {
-		in.PendingError = err.Error()
-	}
-	if err := pool.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM outbox WHERE published_at IS NULL),
-		(SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL AND run_at <= now()),
-		(SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL AND run_at > now()),
-		(SELECT count(*) FROM processed_jobs)`).Scan(&in.OutboxUnpublished, &in.ScheduledDue, &in.ScheduledLater, &in.ProcessedJobs); err != nil {
-		return in, err
-	}
-	for _, q := range []struct {
-		sql string
-		to  *[]kindCount
-	}{
-		{`SELECT kind, count(*) FROM outbox WHERE done_at IS NULL AND kind_waited_at IS NOT NULL GROUP BY kind ORDER BY kind`, &in.WaitingForKind},
-		{`SELECT kind, count(*) FROM dead_letters WHERE requeued_at IS NULL GROUP BY kind ORDER BY kind`, &in.DeadLetters},
-	} {
-		rows, err := pool.Query(ctx, q.sql)
-		if err != nil {
-			return in, err
-		}
-		if err := forEach(rows, func(r pgx.Rows) error {
-			var k kindCount
-			if err := r.Scan(&k.Kind, &k.Count); err != nil {
-				return err
-			}
-			*q.to = append(*q.to, k)
-			return nil
-		}); err != nil {
-			return in, err
-		}
-	}
-	rows, err := pool.Query(ctx, `SELECT guard, kind, reason, count FROM absorbed_duplicates ORDER BY guard, kind, reason`)
-	if err != nil {
-		return in, err
-	}
-	return in, forEach(rows, func(r pgx.Rows) error {
-		var a absorbed
-		if err := r.Scan(&a.Guard, &a.Kind, &a.Reason, &a.Count); err != nil {
-			return err
-		}
-		in.Absorbed = append(in.Absorbed, a)
-		return nil
-	})
-}
-
-func (in inspection) print(out io.Writer) error {
+// printInspection prints in as `host inspect` shows it.
+func printInspection(out io.Writer, in ops.Inspection) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "stream\t%s (group %s)\n", in.Stream, in.Group)
 	fmt.Fprintf(w, "  entries\t%d\n", in.Entries)

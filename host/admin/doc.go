@@ -20,4 +20,7 @@
 //     <token>, compared in constant time; a missing or wrong token is a 401
 //     with WWW-Authenticate: Bearer. /healthz stays open for liveness
 //     probes (it says only "ok"), but passes the Host and Origin checks.
+//     Paths under GuardConfig.SelfAuthPrefixes (the web console, which a
+//     browser reaches without a bearer header) authenticate themselves
+//     with the token or a session cookie got for it; see host/console.
 package admin

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
 )
 
@@ -27,6 +28,11 @@ type GuardConfig struct {
 	// OpenPaths need no token (still Host- and Origin-checked). Default
 	// none.
 	OpenPaths []string
+	// SelfAuthPrefixes are path prefixes ("/console/") whose handler
+	// authenticates the request itself (the console's session cookie or
+	// the bearer token); still Host- and Origin-checked. The path is
+	// cleaned before it is compared. Default none.
+	SelfAuthPrefixes []string
 	// Logger logs refused requests (never the token). Required.
 	Logger *slog.Logger
 }
@@ -41,7 +47,7 @@ func Guard(cfg GuardConfig, next http.Handler) (http.Handler, error) {
 		return nil, fmt.Errorf("admin: Logger is required")
 	}
 	g := &guard{next: next, log: cfg.Logger, names: map[string]bool{}, hostPorts: map[string]bool{},
-		open: map[string]bool{}}
+		open: map[string]bool{}, selfAuth: cfg.SelfAuthPrefixes}
 	sum := sha256.Sum256([]byte(cfg.Token))
 	g.tokenSum = sum[:]
 	for _, n := range []string{"localhost", "127.0.0.1", "::1"} {
@@ -78,6 +84,19 @@ type guard struct {
 	names     map[string]bool // allowed with any port
 	hostPorts map[string]bool // allowed with this port only
 	open      map[string]bool
+	selfAuth  []string
+}
+
+// authenticatesItself reports whether p is under one of SelfAuthPrefixes
+// (or is the prefix without its trailing slash).
+func (g *guard) authenticatesItself(p string) bool {
+	p = path.Clean("/" + p)
+	for _, pre := range g.selfAuth {
+		if p == strings.TrimSuffix(pre, "/") || strings.HasPrefix(p, pre) {
+			return true
+		}
+	}
+	return false
 }
 
 func normHost(h string) string { return strings.TrimSuffix(strings.ToLower(h), ".") }
@@ -112,7 +131,7 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"admin API: requests from origin %q are refused: the admin API answers only its own origin\n", o))
 		return
 	}
-	if !g.open[r.URL.Path] {
+	if !g.open[r.URL.Path] && !g.authenticatesItself(r.URL.Path) {
 		if msg := g.checkToken(r); msg != "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="usher admin"`)
 			if r.Header.Get("Authorization") != "" {

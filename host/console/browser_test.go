@@ -1,0 +1,327 @@
+package console_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/ops"
+	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/pluginhost"
+	"github.com/usherhq/usher/plugins/stagedoor/orders"
+)
+
+// chromiumPath finds Debian's Chromium. Without it the test skips, unless
+// CI is set: .ci/run installs it, so there it must run.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	for _, p := range []string{"/usr/bin/chromium", "chromium", "chromium-browser"} {
+		if path, err := exec.LookPath(p); err == nil {
+			return path
+		}
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("chromium not found and CI is set: .ci/run installs it (apt-get install chromium)")
+	}
+	t.Skip("chromium not found (apt-get install chromium); the console's browser test needs it")
+	return ""
+}
+
+// artifacts is where the test's screenshots go: $USHER_ARTIFACTS, else
+// testdata/artifacts (gitignored).
+func artifacts(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("USHER_ARTIFACTS")
+	if dir == "" {
+		dir = filepath.Join("testdata", "artifacts")
+	}
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	return dir
+}
+
+// install copies bin into dir as "counters" (by rename, as a deploy would)
+// with its manifest at version.
+func install(t *testing.T, dir, bin, version string) {
+	t.Helper()
+	src, err := os.ReadFile(bin)
+	require.NoError(t, err)
+	tmp := filepath.Join(dir, ".counters.tmp")
+	require.NoError(t, os.WriteFile(tmp, src, 0o755))
+	require.NoError(t, os.Rename(tmp, filepath.Join(dir, "counters")))
+	m, err := pluginhost.NewFileManifest(filepath.Join(dir, "counters"), "counters", version, []string{"update_sales_counter"})
+	require.NoError(t, err)
+	_, err = m.Write(dir)
+	require.NoError(t, err)
+}
+
+// After a known flow (orders placed, two jobs dead-lettered for orders
+// that do not exist) the console, in Chromium, shows the numbers the
+// database and Redis hold; reloading a plugin from its page swaps it;
+// requeueing one dead letter, then the rest of its kind, puts them back (no
+// longer open) and the jobs run again, on the new version; the job search
+// shows a job's rows, history and workflow; and a POST without the
+// console's Origin or session is refused.
+func TestConsoleInBrowser(t *testing.T) {
+	t.Parallel()
+	chromium := chromiumPath(t)
+	ctx := context.Background()
+	pool, dbURL := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	v1 := hosttest.Build(t, "./plugins/counters")
+	v2 := hosttest.Build(t, "./plugins/counters", "main.version=2.0.0")
+	dir := t.TempDir()
+	install(t, dir, v1, "1.0.0")
+	h := hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream, PluginDir: dir, DisablePluginWatch: true,
+		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond, AdminAddr: "127.0.0.1:0",
+		ConsoleSampleInterval: 200 * time.Millisecond})
+	hosttest.Eventually(t, 10*time.Second, "the admin listener", func() bool { return h.AdminAddr() != "" })
+	base := "http://" + h.AdminAddr()
+
+	// The flow: 12 orders counted, and two counter jobs for orders that
+	// do not exist, which the counters plugin fails permanently.
+	const n = 12
+	ev, err := orders.CreateEvent(ctx, pool, "Console Night", "Stagedoor Hall")
+	require.NoError(t, err)
+	for range n {
+		_, err := orders.Place(ctx, pool, orders.Order{EventID: ev, Buyer: "Buyer", Email: "b@example.com", Seats: 2}, orders.Jobs{Counter: true})
+		require.NoError(t, err)
+	}
+	const missing = 900000001
+	ids, err := outbox.Add(ctx, pool, outbox.Message{Kind: "update_sales_counter", Payload: json.RawMessage(fmt.Sprintf(`{"order_id":%d}`, missing)),
+		RequestID: "req-console-missing"})
+	require.NoError(t, err)
+	deadJob := strconv.FormatInt(ids[0], 10)
+	const missing2 = 900000002
+	ids, err = outbox.Add(ctx, pool, outbox.Message{Kind: "update_sales_counter", Payload: json.RawMessage(fmt.Sprintf(`{"order_id":%d}`, missing2)),
+		RequestID: "req-console-missing-2"})
+	require.NoError(t, err)
+	deadJob2 := strconv.FormatInt(ids[0], 10)
+	hosttest.Eventually(t, 30*time.Second, "the orders counted and the missing ones dead-lettered", func() bool {
+		return hosttest.Count(t, pool, `SELECT count(*) FROM counter_applies`) == n &&
+			hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL`) == 2 &&
+			hosttest.Pending(t, rdb, stream, "usher") == 0
+	})
+	letterID := hosttest.Count(t, pool, `SELECT id FROM dead_letters WHERE job_id = $1`, deadJob)
+
+	shots := artifacts(t)
+	opts := append([]chromedp.ExecAllocatorOption(nil),
+		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.NoFirstRun, chromedp.WindowSize(1280, 1000), chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
+	defer cancelBrowser()
+	bctx, cancelTimeout := context.WithTimeout(bctx, 3*time.Minute)
+	defer cancelTimeout()
+	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		require.NoError(t, chromedp.Do(bctx, steps...), what)
+	}
+	shot := func(name string) {
+		t.Helper()
+		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+		require.NoError(t, err, "screenshot "+name)
+		require.NoError(t, os.WriteFile(filepath.Join(shots, name+".png"), png, 0o644))
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
+		require.NoError(t, err, "read "+sel)
+		return strings.TrimSpace(s)
+	}
+	location := func() string {
+		t.Helper()
+		loc, err := chromedp.Run(bctx, chromedp.Location())
+		require.NoError(t, err)
+		return loc
+	}
+	count := func(sel string) int {
+		t.Helper()
+		n, err := chromedp.Run(bctx, chromedp.Evaluate[int](fmt.Sprintf("document.querySelectorAll(%q).length", sel)))
+		require.NoError(t, err, "count "+sel)
+		return n
+	}
+	outcomes := func() []string {
+		t.Helper()
+		out, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll('#jobs td.outcome')).map(e => e.textContent.trim())`))
+		require.NoError(t, err)
+		return out
+	}
+
+	// Not logged in: the console sends the browser to its login form; a
+	// wrong token is refused there, the right one logs in.
+	run("open the console", chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(chromedp.ID("token")))
+	require.Contains(t, location(), "/console/login")
+	run("log in wrongly", chromedp.SendKeys(chromedp.ID("token"), strings.Repeat("0", 64)), chromedp.Submit(chromedp.ID("login")),
+		chromedp.WaitVisible(chromedp.ID("login-error")))
+	run("log in", chromedp.SendKeys(chromedp.ID("token"), h.AdminToken), chromedp.Submit(chromedp.ID("login")),
+		chromedp.WaitVisible(chromedp.ID("pending")))
+	require.Equal(t, base+"/console/", location())
+
+	// The overview: the numbers inspect reads, and this host's counters
+	// once a sample has seen every run.
+	in, err := ops.Inspect(ctx, h.Pool(), rdb, stream, "usher")
+	require.NoError(t, err)
+	hosttest.Eventually(t, 10*time.Second, "the charts to count every run", func() bool {
+		run("reload the overview", chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(chromedp.ID("totals")))
+		return text(`#totals tr[data-kind="update_sales_counter"] .applied`) == strconv.Itoa(n)
+	})
+	require.Equal(t, "2", text(`#totals tr[data-kind="update_sales_counter"] .dead-letter`))
+	require.Equal(t, "0", text("#pending"))
+	require.EqualValues(t, 0, in.Pending)
+	require.Equal(t, strconv.FormatInt(hosttest.Count(t, pool, `SELECT count(*) FROM processed_jobs`), 10), text("#processed-jobs"))
+	require.Equal(t, strconv.FormatInt(hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`), 10), text("#outbox-unpublished"))
+	require.Equal(t, "2", text("#dead-open"))
+	require.Equal(t, "2", text(`#dead-by-kind tr[data-kind="update_sales_counter"] td.n`))
+	require.Equal(t, strconv.FormatInt(in.Entries, 10), text("#entries"))
+	require.Equal(t, 3, count(`figure.throughput[data-kind="update_sales_counter"] polyline`), "applied, absorbed and dead_letter lines")
+	require.Equal(t, 1, count(`figure.took[data-kind="update_sales_counter"] polyline`), "the mean duration's line")
+	shot("overview")
+
+	// Dead letters: the two letters, filtered by kind, and one shown whole.
+	run("dead letters", chromedp.Navigate(base+"/console/deadletters?kind=update_sales_counter"), chromedp.WaitVisible(chromedp.ID("letters")))
+	require.Equal(t, 2, count("#letters tbody tr"))
+	require.Contains(t, text(fmt.Sprintf(`#letters tr[data-job="%s"] .reason`, deadJob)), "does not exist")
+	shot("deadletters")
+	run("show the letter", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#letters tr[data-job="%s"] a`, deadJob))),
+		chromedp.WaitVisible(chromedp.ID("letter")))
+	require.Contains(t, text("#letter"), strconv.Itoa(missing))
+	shot("deadletter")
+
+	// Plugins: 1.0.0 running; a 2.0.0 installed in the plugin directory
+	// is swapped in by the reload button.
+	run("plugins", chromedp.Navigate(base+"/console/plugins"), chromedp.WaitVisible(chromedp.ID("plugins")))
+	require.Equal(t, "1.0.0", text(`tr[data-plugin="counters"] .version`))
+	require.Equal(t, "healthy", text(`tr[data-plugin="counters"] .health`))
+	install(t, dir, v2, "2.0.0")
+	run("reload counters", chromedp.Click(chromedp.CSS(`tr[data-plugin="counters"] button.reload`)),
+		chromedp.WaitVisible(chromedp.ID("flash")))
+	require.Contains(t, text("#flash"), "counters: swapped (1.0.0 → 2.0.0)")
+	require.Equal(t, "2.0.0", text(`tr[data-plugin="counters"] .version`))
+	require.Contains(t, text(`tr[data-plugin="counters"] .probation`), "rollback to 1.0.0 possible")
+	for _, p := range h.Plugins() {
+		require.Equal(t, "2.0.0", p.Version)
+	}
+	shot("plugins-reloaded")
+
+	// The orders appear; requeueing a letter from its page, then every
+	// open one of the kind from the list, runs the jobs again (on 2.0.0)
+	// with their identities kept.
+	for i, id := range []int{missing, missing2} {
+		_, err = pool.Exec(ctx, `INSERT INTO orders (id, public_id, event_id, buyer, email, seats) VALUES ($1, $2, $3, 'Late', 'l@example.com', 3)`,
+			id, fmt.Sprintf("console-late-%d", i), ev)
+		require.NoError(t, err)
+	}
+	run("requeue one", chromedp.Navigate(fmt.Sprintf("%s/console/deadletters/%d", base, letterID)), chromedp.WaitVisible(chromedp.ID("requeue-one")),
+		chromedp.Submit(chromedp.ID("requeue-one")), chromedp.WaitVisible(chromedp.ID("flash")))
+	require.Contains(t, text("#flash"), "requeued 1 dead letter(s)")
+	require.Equal(t, 1, count("#letters tbody tr"))
+	require.Equal(t, 1, count(fmt.Sprintf(`#letters tr[data-job="%s"]`, deadJob2)))
+	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL`))
+	run("requeue the kind", chromedp.Navigate(base+"/console/deadletters?kind=update_sales_counter"), chromedp.WaitVisible(chromedp.ID("requeue-kind")))
+	_, err = chromedp.Run(bctx, chromedp.Evaluate[bool](`window.confirm = () => true; true`)) // the page asks first
+	require.NoError(t, err)
+	run("requeue the kind", chromedp.Click(chromedp.CSS("#requeue-kind button")), chromedp.WaitVisible(chromedp.ID("no-letters")))
+	require.Contains(t, text("#flash"), "requeued 1 dead letter(s) of kind update_sales_counter")
+	require.EqualValues(t, 0, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL`))
+	hosttest.Eventually(t, 30*time.Second, "the requeued jobs applied by 2.0.0", func() bool {
+		return hosttest.Count(t, pool, `SELECT count(*) FROM counter_applies WHERE job_id IN ($1, $2) AND plugin_version = '2.0.0'`, deadJob, deadJob2) == 2
+	})
+	shot("deadletters-requeued")
+
+	// Jobs: searched by id, both of the job's outbox rows with the
+	// outcome the database holds.
+	hosttest.Eventually(t, 10*time.Second, "the requeued row finished", func() bool {
+		return hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE job_id = $1 AND outcome IS NOT NULL`, deadJob) == 1
+	})
+	run("jobs", chromedp.Navigate(base+"/console/jobs?id="+deadJob), chromedp.WaitVisible(chromedp.ID("jobs")))
+	require.Equal(t, []string{"applied", "dead_letter"}, outcomes(), "newest first")
+	// Its history: dead-lettered on 1.0.0, then applied on 2.0.0.
+	require.Equal(t, "done", text("#job-state"))
+	deliveries, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](
+		`Array.from(document.querySelectorAll('#deliveries tbody tr')).map(r => r.querySelector('.verdict').textContent.trim() + " " + r.querySelector('.plugin-version').textContent.trim())`))
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"dead_lettered counters 1.0.0", "applied counters 2.0.0"}, deliveries)
+	shot("job-history")
+	run("by request id", chromedp.Navigate(base+"/console/jobs?request=req-console-missing&outcome=dead_letter"), chromedp.WaitVisible(chromedp.ID("jobs")))
+	require.Equal(t, []string{"dead_letter"}, outcomes())
+	require.Contains(t, text(fmt.Sprintf(`#workflow li[data-job="%s"] .state`, deadJob)), "done")
+	shot("jobs")
+
+	checkCSRF(t, base, h.AdminToken)
+}
+
+// checkCSRF: a POST with the session cookie but no same-origin Origin is
+// refused, as is one from another origin, and one without a session.
+func checkCSRF(t *testing.T, base, token string) {
+	t.Helper()
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	post := func(path, origin string, form url.Values, cookie *http.Cookie) (int, *http.Response) {
+		req, err := http.NewRequest("POST", base+path, strings.NewReader(form.Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		if cookie != nil {
+			req.AddCookie(cookie)
+		}
+		resp, err := noRedirect.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp
+	}
+	code, _ := post("/console/login", "", url.Values{"token": {token}}, nil)
+	require.Equal(t, http.StatusForbidden, code, "login without Origin")
+	code, _ = post("/console/login", "http://evil.example", url.Values{"token": {token}}, nil)
+	require.Equal(t, http.StatusForbidden, code, "login from another origin")
+	code, resp := post("/console/login", base, url.Values{"token": {token}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	var session *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == "usher_console" {
+			session = c
+		}
+	}
+	require.NotNil(t, session)
+	require.True(t, session.HttpOnly)
+	require.Equal(t, http.SameSiteStrictMode, session.SameSite)
+
+	code, _ = post("/console/plugins/reload", "", nil, session)
+	require.Equal(t, http.StatusForbidden, code, "a POST with the cookie but no Origin")
+	_, port, _ := strings.Cut(strings.TrimPrefix(base, "http://"), ":")
+	otherPort, _ := strconv.Atoi(port)
+	code, _ = post("/console/plugins/reload", fmt.Sprintf("http://127.0.0.1:%d", otherPort+1), nil, session)
+	require.Equal(t, http.StatusForbidden, code, "a POST from the same site on another port")
+	code, _ = post("/console/plugins/reload", base, nil, nil)
+	require.Equal(t, http.StatusUnauthorized, code, "a POST without a session")
+	code, _ = post("/console/plugins/reload", base, nil, session)
+	require.Equal(t, http.StatusSeeOther, code, "the console's own POST")
+
+	// The API itself still wants its bearer token: the cookie is for
+	// /console/ only.
+	req, err := http.NewRequest("GET", base+"/plugins", nil)
+	require.NoError(t, err)
+	req.AddCookie(session)
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	res.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, res.StatusCode)
+}

@@ -1,0 +1,37 @@
+// Package console is the host's web console: server-rendered pages on the
+// admin listener, under /console/, for an operator's browser.
+//
+// Pages: an overview (job throughput and mean run duration per kind over
+// time, drawn as SVG from samples of the host's Prometheus counters that
+// the console keeps in memory, and the state `host inspect` prints: pending, lag, oldest
+// pending age, relay lag, open dead letters, absorbed duplicates); dead
+// letters (filter by kind, show, requeue one or every one of a kind);
+// plugins (version, checksum, health, restarts, parked, probation and
+// rollback; reload); and jobs (outbox rows searched by id, kind, outcome
+// and request id, and for one job id its state and every delivery's
+// record). Every number comes from the functions the CLI uses: host/ops for
+// the state, host/deadletter for dead letters, host/history for a job's
+// history, the host's Plugins and Reload for plugins.
+//
+// # Authentication and CSRF
+//
+// The admin listener's guard (host/admin) checks Host and Origin on every
+// request as for the API, but lets /console/ through without a bearer
+// token: a browser cannot send one on navigation. The console asks for the
+// admin token once, on its login form, and answers with a session cookie:
+// random, HttpOnly, SameSite=Strict, Path=/console/, Secure when served
+// over TLS, valid 12 hours or until logout or the host stops (sessions are
+// kept in memory). A request may instead carry the bearer token, as the API
+// takes it (for scripts).
+//
+// Every POST (login, logout, requeue, reload) must also show it comes from
+// the console's own pages: an Origin header naming this listener (the
+// guard has already refused any other origin), or Sec-Fetch-Site:
+// same-origin; a POST with neither is refused unless it carries the bearer
+// token. With the SameSite=Strict cookie a cross-site form cannot act with
+// the operator's session, and the Origin check refuses it even from a
+// same-site page on another port.
+//
+// No asset comes from a CDN: the templates, the stylesheet and a few lines
+// of JavaScript are embedded, and charts are SVG drawn here.
+package console

@@ -1,0 +1,262 @@
+package console
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/usherhq/usher/host/deadletter"
+	"github.com/usherhq/usher/host/history"
+	"github.com/usherhq/usher/host/ops"
+)
+
+var funcs = template.FuncMap{
+	"svg": func(s string) template.HTML { return template.HTML(s) }, // drawChart escapes its text
+	"ago": func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
+	"dur": func(d time.Duration) string { return d.Round(time.Millisecond).String() },
+	"utc": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+	"num": func(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) },
+	// outcomes are the outcomes the host writes on an outbox row, offered
+	// by the jobs search.
+	"outcomes": func() []string { return []string{"applied", "absorbed", "retry_scheduled", "dead_letter"} },
+	// wfnode carries a workflow's job and the prefix into the recursive
+	// template that draws the tree.
+	"wfnode": func(j *history.Job, prefix string) map[string]any { return map[string]any{"J": j, "Prefix": prefix} },
+	"text":   func(b []byte) string { return deadletter.Text(string(b)) },
+	"short": func(s string) string {
+		if len(s) > 12 {
+			return s[:12] + "…"
+		}
+		return s
+	},
+}
+
+func (c *Console) routes() {
+	m := http.NewServeMux()
+	assets, _ := fs.Sub(assetFS, "assets") // the directory is embedded
+	m.Handle("GET "+Prefix+"assets/", http.StripPrefix(Prefix+"assets/", http.FileServerFS(assets)))
+	m.HandleFunc("GET "+Prefix+"login", c.loginForm)
+	m.HandleFunc("POST "+Prefix+"login", c.login)
+	m.HandleFunc("POST "+Prefix+"logout", c.authed(c.logout))
+	m.HandleFunc("GET "+Prefix+"{$}", c.authed(c.overview))
+	m.HandleFunc("GET "+Prefix+"deadletters", c.authed(c.deadLetters))
+	m.HandleFunc("GET "+Prefix+"deadletters/{id}", c.authed(c.deadLetter))
+	m.HandleFunc("POST "+Prefix+"deadletters/{id}/requeue", c.authed(c.requeueOne))
+	m.HandleFunc("POST "+Prefix+"deadletters/requeue", c.authed(c.requeueKind))
+	m.HandleFunc("GET "+Prefix+"plugins", c.authed(c.plugins))
+	m.HandleFunc("POST "+Prefix+"plugins/reload", c.authed(c.reload))
+	m.HandleFunc("GET "+Prefix+"jobs", c.authed(c.jobs))
+	c.mux = m
+}
+
+// render writes page with data; data's "Flash" is the message a POST
+// redirected with (?msg=).
+func (c *Console) render(w http.ResponseWriter, r *http.Request, page string, data map[string]any) {
+	c.renderStatus(w, r, http.StatusOK, page, data)
+}
+
+func (c *Console) renderStatus(w http.ResponseWriter, r *http.Request, status int, page string, data map[string]any) {
+	data["Page"] = page
+	data["Flash"] = r.URL.Query().Get("msg")
+	data["Prefix"] = Prefix
+	var buf bytes.Buffer
+	if err := c.pages[page].Execute(&buf, data); err != nil {
+		c.log.Error("console: render", "page", page, "err", err)
+		http.Error(w, "console: render "+page+": "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
+	c.log.Warn("console: page failed", "path", r.URL.Path, "err", err)
+	c.renderStatus(w, r, http.StatusInternalServerError, "error.html", map[string]any{"Error": err.Error()})
+}
+
+// back redirects a POST to to, with msg shown there.
+func back(w http.ResponseWriter, r *http.Request, to, msg string) {
+	u, _ := url.Parse(to)
+	q := u.Query()
+	q.Set("msg", msg)
+	u.RawQuery = q.Encode()
+	http.Redirect(w, r, u.String(), http.StatusSeeOther)
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	in, err := ops.Inspect(ctx, c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	lag, err := ops.ReadLag(ctx, c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group, c.cfg.Now())
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.render(w, r, "overview.html", map[string]any{"In": in, "Lag": lag, "DeadOpen": in.DeadLettersOpen(),
+		"Charts": c.samples.charts(c.cfg.SampleInterval)})
+}
+
+func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
+	kind := r.URL.Query().Get("kind")
+	letters, err := deadletter.List(r.Context(), c.cfg.Pool, kind, 200)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	in, err := ops.Inspect(r.Context(), c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.render(w, r, "deadletters.html", map[string]any{"Kind": kind, "Letters": letters, "Kinds": in.DeadLetters,
+		"Forged": deadletter.ForgedKind})
+}
+
+func letterID(r *http.Request) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("%q is not a dead letter ID", r.PathValue("id"))
+	}
+	return id, nil
+}
+
+func (c *Console) deadLetter(w http.ResponseWriter, r *http.Request) {
+	id, err := letterID(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusNotFound)
+		return
+	}
+	l, err := deadletter.Get(r.Context(), c.cfg.Pool, id)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	c.render(w, r, "deadletter.html", map[string]any{"L": l, "Forged": deadletter.ForgedKind})
+}
+
+// requeue runs deadletter.Requeue in a transaction, as `host deadletters
+// requeue` does.
+func (c *Console) requeue(ctx context.Context, id int64, kind string) (int, error) {
+	var n int
+	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		n, err = deadletter.Requeue(ctx, tx, id, kind)
+		return err
+	})
+	return n, err
+}
+
+func (c *Console) requeueOne(w http.ResponseWriter, r *http.Request) {
+	id, err := letterID(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusNotFound)
+		return
+	}
+	n, err := c.requeue(r.Context(), id, "")
+	if err != nil {
+		back(w, r, Prefix+"deadletters/"+strconv.FormatInt(id, 10), "requeue failed: "+err.Error())
+		return
+	}
+	c.log.Info("console: dead letter requeued", "id", id, "remote", r.RemoteAddr)
+	back(w, r, Prefix+"deadletters", fmt.Sprintf("requeued %d dead letter(s) through the outbox, identities kept", n))
+}
+
+func (c *Console) requeueKind(w http.ResponseWriter, r *http.Request) {
+	kind := r.PostFormValue("kind")
+	if kind == "" {
+		back(w, r, Prefix+"deadletters", "requeue by kind needs a kind")
+		return
+	}
+	n, err := c.requeue(r.Context(), 0, kind)
+	if err != nil {
+		back(w, r, Prefix+"deadletters?kind="+url.QueryEscape(kind), "requeue failed: "+err.Error())
+		return
+	}
+	c.log.Info("console: dead letters requeued", "kind", kind, "count", n, "remote", r.RemoteAddr)
+	back(w, r, Prefix+"deadletters", fmt.Sprintf("requeued %d dead letter(s) of kind %s through the outbox, identities kept", n, kind))
+}
+
+func (c *Console) plugins(w http.ResponseWriter, r *http.Request) {
+	c.render(w, r, "plugins.html", map[string]any{"Plugins": c.cfg.Plugins(), "Now": c.cfg.Now()})
+}
+
+func (c *Console) reload(w http.ResponseWriter, r *http.Request) {
+	name := r.PostFormValue("name")
+	// A swap, once asked for, completes even if the browser goes away.
+	res, err := c.cfg.Reload(context.WithoutCancel(r.Context()), name)
+	var parts []string
+	for _, x := range res {
+		p := x.Plugin + ": " + x.Action
+		if x.From != "" || x.To != "" {
+			p += fmt.Sprintf(" (%s → %s)", x.From, x.To)
+		}
+		if x.Error != "" {
+			p += ": " + x.Error
+		}
+		parts = append(parts, p)
+	}
+	if err != nil {
+		parts = append(parts, "reload failed: "+err.Error())
+	}
+	msg := strings.Join(parts, "; ")
+	if msg == "" {
+		msg = "reload: no plugin to reload"
+	}
+	c.log.Info("console: plugins reloaded", "name", name, "remote", r.RemoteAddr, "err", err)
+	back(w, r, Prefix+"plugins", msg)
+}
+
+func (c *Console) jobs(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := ops.JobFilter{ID: q.Get("id"), Kind: q.Get("kind"), Outcome: q.Get("outcome"), RequestID: q.Get("request"), Limit: 200}
+	jobs, err := ops.FindJobs(r.Context(), c.cfg.Pool, f)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	data := map[string]any{"F": f, "Jobs": jobs}
+	// One job searched by id: its state and every delivery's record, as
+	// `host jobs show ID` prints them.
+	if f.ID != "" {
+		job, err := history.GetJob(r.Context(), c.cfg.Pool, f.ID)
+		switch {
+		case errors.Is(err, history.ErrNotFound):
+		case err != nil:
+			c.fail(w, r, err)
+			return
+		default:
+			data["Job"] = job
+		}
+	}
+	// A request searched: the jobs it started, as a tree (`host workflows
+	// show`).
+	if f.RequestID != "" {
+		wf, err := history.GetWorkflow(r.Context(), c.cfg.Pool, f.RequestID)
+		switch {
+		case errors.Is(err, history.ErrNotFound):
+		case err != nil:
+			c.fail(w, r, err)
+			return
+		default:
+			data["Workflow"] = wf
+		}
+	}
+	c.render(w, r, "jobs.html", data)
+}

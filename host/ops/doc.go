@@ -1,0 +1,4 @@
+// Package ops is the operator's read layer: what `host inspect` prints and
+// what the console shows come from these functions, so the two never
+// disagree. It reads Postgres and Redis and writes nothing.
+package ops

@@ -1,0 +1,175 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/host/outbox"
+)
+
+// Inspection is the runtime's state as `host inspect` reports it.
+type Inspection struct {
+	Stream string `json:"stream"`
+	Group  string `json:"group"`
+	// Entries is the stream's length; Pending its entries delivered and not
+	// acknowledged, per consumer. PendingError says why there is no count
+	// (the group does not exist on that stream).
+	Entries           int64          `json:"entries"`
+	Pending           int64          `json:"pending"`
+	PendingError      string         `json:"pending_error,omitempty"`
+	Consumers         []ConsumerLoad `json:"consumers"`
+	OutboxUnpublished int64          `json:"outbox_unpublished"`
+	ScheduledDue      int64          `json:"scheduled_due"`
+	ScheduledLater    int64          `json:"scheduled_later"`
+	ProcessedJobs     int64          `json:"processed_jobs"`
+	// WaitingForKind counts, by kind, the unfinished jobs whose entry
+	// waits for a host serving its kind (host.Config.UnknownKindWait).
+	WaitingForKind []KindCount `json:"waiting_for_kind,omitempty"`
+	DeadLetters    []KindCount `json:"dead_letters_open"`
+	Absorbed       []Absorbed  `json:"duplicates_absorbed"`
+}
+
+// ConsumerLoad is one consumer's pending entries.
+type ConsumerLoad struct {
+	Consumer string `json:"consumer"`
+	Pending  int64  `json:"pending"`
+}
+
+// KindCount is a count of one job kind.
+type KindCount struct {
+	Kind  string `json:"kind"`
+	Count int64  `json:"count"`
+}
+
+// Absorbed is the count of duplicates one guard absorbed for a kind, for
+// one reason, over every host (the absorbed_duplicates table).
+type Absorbed struct {
+	Guard  string `json:"guard"`
+	Kind   string `json:"kind"`
+	Reason string `json:"reason"`
+	Count  int64  `json:"count"`
+}
+
+// DeadLettersOpen is the sum of the open dead letters over kinds.
+func (in Inspection) DeadLettersOpen() int64 {
+	var n int64
+	for _, k := range in.DeadLetters {
+		n += k.Count
+	}
+	return n
+}
+
+// Inspect reads the stream's length and pending entries, the outbox, the
+// scheduled runs, the processed job ids, the jobs waiting for a host serving
+// their kind, the open dead letters per kind and the duplicates absorbed. A missing consumer group is not an error: its
+// text is in PendingError.
+func Inspect(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, stream, group string) (Inspection, error) {
+	in := Inspection{Stream: stream, Group: group, Consumers: []ConsumerLoad{}, DeadLetters: []KindCount{}, Absorbed: []Absorbed{}}
+	var err error
+	if in.Entries, err = rdb.XLen(ctx, stream).Result(); err != nil {
+		return in, fmt.Errorf("redis: XLEN %s: %w", stream, err)
+	}
+	if p, err := rdb.XPending(ctx, stream, group).Result(); err == nil {
+		in.Pending = p.Count
+		for c, n := range p.Consumers {
+			in.Consumers = append(in.Consumers, ConsumerLoad{c, n})
+		}
+		slices.SortFunc(in.Consumers, func(a, b ConsumerLoad) int { return strings.Compare(a.Consumer, b.Consumer) })
+	} else {
+		in.PendingError = err.Error()
+	}
+	if err := q.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM outbox WHERE published_at IS NULL),
+		(SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL AND run_at <= now()),
+		(SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL AND run_at > now()),
+		(SELECT count(*) FROM processed_jobs)`).Scan(&in.OutboxUnpublished, &in.ScheduledDue, &in.ScheduledLater, &in.ProcessedJobs); err != nil {
+		return in, err
+	}
+	for _, k := range []struct {
+		sql string
+		to  *[]KindCount
+	}{
+		{`SELECT kind, count(*) FROM outbox WHERE done_at IS NULL AND kind_waited_at IS NOT NULL GROUP BY kind ORDER BY kind`, &in.WaitingForKind},
+		{`SELECT kind, count(*) FROM dead_letters WHERE requeued_at IS NULL GROUP BY kind ORDER BY kind`, &in.DeadLetters},
+	} {
+		rows, err := q.Query(ctx, k.sql)
+		if err != nil {
+			return in, err
+		}
+		if *k.to, err = pgx.AppendRows(*k.to, rows, pgx.RowToStructByPos[KindCount]); err != nil {
+			return in, err
+		}
+	}
+	rows, err := q.Query(ctx, `SELECT guard, kind, reason, count FROM absorbed_duplicates ORDER BY guard, kind, reason`)
+	if err != nil {
+		return in, err
+	}
+	in.Absorbed, err = pgx.AppendRows(in.Absorbed, rows, pgx.RowToStructByPos[Absorbed])
+	return in, err
+}
+
+// Lag is how far behind the runtime is.
+type Lag struct {
+	// GroupLag is the consumer group's lag as Redis counts it (entries
+	// added and not yet delivered to the group); -1 when Redis cannot say
+	// (after a trim or deletion, or no group).
+	GroupLag int64 `json:"group_lag"`
+	// OldestPending is the age of the oldest entry delivered and not
+	// acknowledged (from its stream id's time); 0 when none.
+	OldestPending time.Duration `json:"oldest_pending_ns"`
+	// RelayLag is the age of the oldest outbox row not yet published; 0
+	// when the relay has published everything.
+	RelayLag time.Duration `json:"relay_lag_ns"`
+}
+
+// ReadLag reads Lag as of now.
+func ReadLag(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, stream, group string, now time.Time) (Lag, error) {
+	lag := Lag{GroupLag: -1}
+	groups, err := rdb.XInfoGroups(ctx, stream).Result()
+	if err != nil && !isNoStream(err) {
+		return lag, fmt.Errorf("redis: XINFO GROUPS %s: %w", stream, err)
+	}
+	for _, g := range groups {
+		if g.Name == group {
+			lag.GroupLag = g.Lag
+		}
+	}
+	if p, err := rdb.XPending(ctx, stream, group).Result(); err == nil && p.Count > 0 {
+		if ms, ok := streamIDTime(p.Lower); ok && now.After(ms) {
+			lag.OldestPending = now.Sub(ms)
+		}
+	}
+	var oldest *time.Time
+	if err := q.QueryRow(ctx, `SELECT min(created_at) FROM outbox WHERE published_at IS NULL`).Scan(&oldest); err != nil {
+		return lag, err
+	}
+	if oldest != nil && now.After(*oldest) {
+		lag.RelayLag = now.Sub(*oldest)
+	}
+	return lag, nil
+}
+
+func isNoStream(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "no such key") || errors.Is(err, redis.Nil))
+}
+
+// streamIDTime is the time a stream id ("ms-seq") was added at.
+func streamIDTime(id string) (time.Time, bool) {
+	ms, _, ok := strings.Cut(id, "-")
+	if !ok {
+		return time.Time{}, false
+	}
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(n), true
+}
