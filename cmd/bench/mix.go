@@ -112,9 +112,9 @@ func measureMix(ctx context.Context, cfg config, db *database, pluginDir string,
 	p.phase(fmt.Sprintf("mix: %d orders (render, send, count)", cfg.Mix), int64(cfg.Mix))
 	for {
 		res.Sent = count(ctx, db.pool, `SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL AND order_id = ANY($1)`, ids)
-		res.Counted = count(ctx, db.pool, `SELECT count(*) FROM processed_jobs WHERE kind = 'update_sales_counter'`)
+		res.Counted = count(ctx, db.pool, `SELECT count(DISTINCT order_id) FROM counter_applies WHERE order_id = ANY($1)`, ids)
 		p.set(min(res.Sent, res.Counted))
-		if res.Sent == int64(cfg.Mix) && res.Counted >= int64(cfg.Mix) {
+		if res.Sent == int64(cfg.Mix) && res.Counted == int64(cfg.Mix) {
 			break
 		}
 		select {
