@@ -548,6 +548,31 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 		return false, err
 	}
 	w.Flush()
+	// What the rows are: a job per kind per order (the send enqueued by
+	// the render), and a row of its own for every retry, with the same
+	// job id; a row's outcome is how that attempt ended.
+	byKind, err := d.pool.Query(ctx, `SELECT kind, count(*), count(DISTINCT coalesce(job_id, id::text)) FROM outbox GROUP BY 1 ORDER BY 1`)
+	if err != nil {
+		return false, err
+	}
+	fmt.Println()
+	fmt.Fprintln(w, "kind\trows\tjobs\t")
+	if err := forEach(byKind, func(r pgx.Rows) error {
+		var kind string
+		var rows, jobs int64
+		if err := r.Scan(&kind, &rows, &jobs); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t\n", kind, rows, jobs)
+		return nil
+	}); err != nil {
+		return false, err
+	}
+	w.Flush()
+	fmt.Println("Each order makes one job of each kind (send_tickets is enqueued by its render). A retry is a row of its own with")
+	fmt.Println("the same job id: retry_scheduled is the outcome of the attempt that failed, and the retry's row says how the job")
+	fmt.Println("ended. absorbed is a row whose run found its effect already applied; the table below counts every duplicate")
+	fmt.Println("absorbed, redeliveries of rows already done (relay republishes, reclaimed entries) included.")
 
 	fmt.Println()
 	fmt.Println("== duplicates absorbed, per guard ==")
