@@ -40,12 +40,10 @@ func (h *Host) redispatchWhenReady(e stream.Entry, rt route) {
 	if ctx == nil || c == nil {
 		return
 	}
-	// A bounded number at once. A plugin marked unhealthy is waited for
-	// too, up to ReclaimIdle: a rollback, a reload or its restart on
-	// probation may bring it back sooner than the reclaimer would (an
-	// entry interrupted just as a bad version's crash loop marked it
-	// unhealthy, and before its rollback, used to wait for the reclaimer).
-	if h.redispatchWaiting.Load() >= maxRedispatchWaiting {
+	// Only for a restart, not a plugin marked unhealthy (its entries wait
+	// in the stream for the reclaimer) unless it is a version on probation
+	// (a rollback is coming), and a bounded number at once.
+	if _, p := h.probationOf(e.Kind); (!rt.plugin.Healthy() && p == nil) || h.redispatchWaiting.Load() >= maxRedispatchWaiting {
 		return
 	}
 	if _, dup := h.redispatching.LoadOrStore(id, true); dup {
