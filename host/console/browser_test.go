@@ -54,6 +54,21 @@ func artifacts(t *testing.T) string {
 	return dir
 }
 
+// browser starts Chromium headless with the flags this machine needs and
+// returns its context, ended (and the browser stopped) with the test.
+func browser(t *testing.T, chromium string, height int, timeout time.Duration) context.Context {
+	t.Helper()
+	opts := append([]chromedp.ExecAllocatorOption(nil),
+		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.NoFirstRun, chromedp.WindowSize(1280, height), chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
+	bctx, cancelTimeout := context.WithTimeout(bctx, timeout)
+	t.Cleanup(func() { cancelTimeout(); cancelBrowser(); cancelAlloc() })
+	return bctx
+}
+
 // install copies bin into dir as "counters" (by rename, as a deploy would)
 // with its manifest at version.
 func install(t *testing.T, dir, bin, version string) {
@@ -119,16 +134,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	letterID := hosttest.Count(t, pool, `SELECT id FROM dead_letters WHERE job_id = $1`, deadJob)
 
 	shots := artifacts(t)
-	opts := append([]chromedp.ExecAllocatorOption(nil),
-		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.NoFirstRun, chromedp.WindowSize(1280, 1000), chromedp.UserDataDir(t.TempDir()))
-	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	defer cancelBrowser()
-	bctx, cancelTimeout := context.WithTimeout(bctx, 3*time.Minute)
-	defer cancelTimeout()
+	bctx := browser(t, chromium, 1000, 3*time.Minute)
 	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		require.NoError(t, chromedp.Do(bctx, steps...), what)

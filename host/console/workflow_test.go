@@ -58,16 +58,7 @@ func TestConsoleShowsAnOrdersWorkflow(t *testing.T) {
 			hosttest.Pending(t, rdb, stream, "usher") == 0
 	})
 
-	opts := append([]chromedp.ExecAllocatorOption(nil),
-		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.NoFirstRun, chromedp.WindowSize(1280, 900), chromedp.UserDataDir(t.TempDir()))
-	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	defer cancelBrowser()
-	bctx, cancelTimeout := context.WithTimeout(bctx, 2*time.Minute)
-	defer cancelTimeout()
+	bctx := browser(t, chromium, 900, 2*time.Minute)
 	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		require.NoError(t, chromedp.Do(bctx, steps...), what)
