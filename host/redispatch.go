@@ -40,10 +40,16 @@ func (h *Host) redispatchWhenReady(e stream.Entry, rt route) {
 	if ctx == nil || c == nil {
 		return
 	}
-	// Only for a restart, not a plugin marked unhealthy (its entries wait
-	// in the stream for the reclaimer) unless it is a version on probation
-	// (a rollback is coming), and a bounded number at once.
-	if _, p := h.probationOf(e.Kind); (!rt.plugin.Healthy() && p == nil) || h.redispatchWaiting.Load() >= maxRedispatchWaiting {
+	// Only for a restart or a swap, not a plugin marked unhealthy (its
+	// entries wait in the stream for the reclaimer) unless it is a version
+	// on probation (a rollback is coming), and a bounded number at once.
+	// The route is read again: the version that left the entry may have
+	// been swapped (rolled back) since.
+	cur, ok := h.currentRoute(e.Kind)
+	if !ok {
+		return
+	}
+	if _, p := h.probationOf(e.Kind); (cur.plugin == rt.plugin && !cur.plugin.Healthy() && p == nil) || h.redispatchWaiting.Load() >= maxRedispatchWaiting {
 		return
 	}
 	if _, dup := h.redispatching.LoadOrStore(id, true); dup {
@@ -63,7 +69,9 @@ func (h *Host) redispatchWhenReady(e stream.Entry, rt route) {
 				return
 			case <-time.After(wait):
 			}
-			if rt.plugin.Ready() && (rt.l == nil || rt.l.stalled.Load() < h.stalledCap()) {
+			// The kind's route now, not the one that left the entry: a
+			// rollback or a swap serves it from another supervisor.
+			if rt, ok := h.currentRoute(e.Kind); ok && rt.plugin.Ready() && (rt.l == nil || rt.l.stalled.Load() < h.stalledCap()) {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -92,4 +100,12 @@ func (h *Host) redispatchWhenReady(e stream.Entry, rt route) {
 		h.log.Debug("entry run again now that its plugin is ready", "stream_id", id, "job_id", e.JobID, "deliveries", n)
 		_, _ = c.Take(ctx, 1, func(context.Context, int) ([]stream.Entry, error) { return []stream.Entry{e}, nil })
 	}()
+}
+
+// currentRoute is the route serving kind now.
+func (h *Host) currentRoute(kind string) (route, bool) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	rt, ok := h.routes[kind]
+	return rt, ok && rt.plugin != nil
 }
