@@ -209,26 +209,64 @@ func (hs *Handles) Exec(ctx context.Context, req *usherv1.ExecRequest) (*usherv1
 	return out, nil
 }
 
-// write runs one write an apply phase returned with its answer
-// (Result.writes) as if the plugin had sent it through Exec under h: the
-// same checks, under the job's deadline. It returns the rows affected.
-func (hs *Handles) write(h *handle, st *usherv1.Statement) (int64, error) {
+// writeAll runs ws, the writes an apply phase returned with its answer,
+// in h's transaction in one round trip, each followed by usher_gate_check:
+// a write that ended the host's transaction fails the check after it, and
+// the server skips the writes after that instead of running them in a
+// transaction of their own. It returns the rows each write affected, up to
+// the first that failed; failed is that write's index, with its error.
+func (hs *Handles) writeAll(h *handle, ws []*usherv1.Statement) (rows []int64, failed int, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.usable(); err != nil {
-		return 0, err
+		return nil, 0, err
 	}
-	if st.GetMode() != usherv1.Mode_MODE_EXEC {
-		return 0, status.Errorf(codes.InvalidArgument, "%s job %s: only plain writes can be returned with the answer, not %v",
-			h.job.GetKind(), h.job.GetId(), st.GetMode())
+	for i, st := range ws {
+		if st.GetMode() != usherv1.Mode_MODE_EXEC {
+			return nil, i, status.Errorf(codes.InvalidArgument, "%s job %s: only plain writes can be returned with the answer, not %v",
+				h.job.GetKind(), h.job.GetId(), st.GetMode())
+		}
 	}
 	ctx, cancel := hs.bound(h.ctx, h)
 	defer cancel()
-	res, err := hs.execInTx(ctx, h, st)
-	if err != nil {
-		return 0, h.noteDenied(err)
+	check := "SELECT " + hs.fn("usher_gate_check") + "()"
+	b := &pgx.Batch{}
+	for _, st := range ws {
+		b.Queue(st.GetSql(), wire.FromValues(st.GetArgs())...)
+		b.Queue(check)
 	}
-	return res.GetRowsAffected(), nil
+	conn := h.tx.Conn()
+	br := conn.SendBatch(ctx, b)
+	rows = make([]int64, 0, len(ws))
+	failed = -1
+	for i := range ws {
+		tag, werr := br.Exec()
+		switch {
+		case werr != nil:
+			err = h.noteDenied(sqlStatus(werr))
+		case transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK"):
+			err = h.breach("a statement controlled the host's transaction (%s)", tag.String())
+		default:
+			if _, cerr := br.Exec(); cerr != nil {
+				err = h.breach("a statement ended the host's transaction (%v); the job is aborted", cerr)
+			}
+		}
+		if err != nil {
+			failed = i
+			break
+		}
+		rows = append(rows, tag.RowsAffected())
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		failed, err = len(rows), sqlStatus(cerr)
+	}
+	if ts := conn.PgConn().TxStatus(); ts != 'T' && ts != 'E' {
+		if failed < 0 {
+			failed = len(rows)
+		}
+		return rows, failed, h.breach("a statement ended the host's transaction (the connection reports status %q, not inside a transaction); the job is aborted", string(ts))
+	}
+	return rows, failed, err
 }
 
 // noteDenied records the first statement the database refused to the

@@ -308,30 +308,34 @@ func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 }
 
 // writes runs the writes an apply phase returned with its answer, in
-// order, under its handle; ok is false, with the job's outcome, when one
+// order, under its handle, in one round trip; ok is false, with the job's outcome, when one
 // failed or affected fewer rows than it needs.
 func (r *Runner) writes(job *usherv1.Job, h *handle, ws []*usherv1.Statement) (Outcome, bool) {
-	for i, st := range ws {
-		n, err := r.cfg.Handles.write(h, st)
-		if out, bad := refused(job, h); bad {
-			return out, false
-		}
-		if err != nil {
-			code := status.Code(err)
-			err = fmt.Errorf("%s job %s: returned write %d: %w", job.GetKind(), job.GetId(), i+1, err)
-			switch code {
-			case codes.PermissionDenied, codes.InvalidArgument:
-				return permanent(err), false
-			}
-			return Outcome{Verdict: Retry, RetryAfter: r.backoff(job.GetAttempt()), Err: err, Reason: err.Error()}, false
-		}
-		if n < st.GetMinRows() {
+	if len(ws) == 0 {
+		return Outcome{}, true
+	}
+	rows, failed, err := r.cfg.Handles.writeAll(h, ws)
+	if out, bad := refused(job, h); bad {
+		return out, false
+	}
+	// Each write's rows in order, up to the one that failed.
+	for i, n := range rows {
+		if st := ws[i]; n < st.GetMinRows() {
 			msg := st.GetMissing()
 			if msg == "" {
 				msg = fmt.Sprintf("returned write %d affected %d rows, fewer than the %d it needs", i+1, n, st.GetMinRows())
 			}
 			return permanent(fmt.Errorf("apply: %s", msg)), false
 		}
+	}
+	if err != nil {
+		code := status.Code(err)
+		err = fmt.Errorf("%s job %s: returned write %d: %w", job.GetKind(), job.GetId(), failed+1, err)
+		switch code {
+		case codes.PermissionDenied, codes.InvalidArgument:
+			return permanent(err), false
+		}
+		return Outcome{Verdict: Retry, RetryAfter: r.backoff(job.GetAttempt()), Err: err, Reason: err.Error()}, false
 	}
 	return Outcome{}, true
 }

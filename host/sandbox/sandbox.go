@@ -86,7 +86,7 @@ const AppEnqueueFunction = "usher_enqueue_job(text, jsonb, text, text)"
 // functions are the runtime's SECURITY DEFINER functions a plugin role may
 // call (through the host, or by itself: each checks the caller).
 var functions = []string{"usher_check_serves(text)", "usher_applied(bigint, text)", "usher_record_job(text, text)",
-	"usher_gate_open(bytea)", "usher_gate_close(bytea)",
+	"usher_gate_open(bytea)", "usher_gate_close(bytea)", "usher_gate_check()",
 	"usher_enqueue(text, text, jsonb, text, text)", "usher_enqueue(text, text, jsonb, text, text, text)",
 	"usher_applied_logged(bigint, text, text, integer, integer, text, text, text, text, text, text, timestamptz)"}
 

@@ -161,6 +161,19 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			// checks as those sent through Exec.
 			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
 				{Mode: plain, Sql: effect(job)}, {Mode: plain, Sql: "COMMIT"}, {Mode: plain, Sql: effect(job) + "-- after commit"}}}
+		case "returned-rollback", "returned-abort":
+			// In one round trip the writes after a ROLLBACK would run
+			// in a transaction of their own: the host's check after
+			// each write stops them.
+			end := "ROLLBACK"
+			if a.Case == "returned-abort" {
+				end = "ABORT"
+			}
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
+				{Mode: plain, Sql: effect(job)}, {Mode: plain, Sql: end}, {Mode: plain, Sql: effect(job) + "-- after rollback"}}}
+		case "returned-savepoint":
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
+				{Mode: plain, Sql: "SAVEPOINT hostile"}, {Mode: plain, Sql: effect(job)}}}
 		case "returned-query":
 			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
 				{Mode: query, Sql: effect(job) + " RETURNING job_id"}}}
