@@ -204,6 +204,14 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	runner, err := guard.NewRunner(guard.Config{
 		Handles: h.handles, StatementTimeout: cfg.StatementTimeout,
 		TransientBackoff: cfg.RetryBackoff, OnAbsorbed: h.recordAbsorbed, Logger: h.log,
+		BatchMax: cfg.BatchMax, Solo: pluginhost.IsAlone, StalledAfter: cfg.StalledAfter,
+		OnBatch: func(role string, jobs int, committed bool) {
+			result := "committed"
+			if !committed {
+				result = "split"
+			}
+			h.metrics.batches.WithLabelValues(role, result).Observe(float64(jobs))
+		},
 	})
 	if err != nil {
 		h.Close()

@@ -15,6 +15,7 @@ type metrics struct {
 	published   prometheus.Counter
 	reclaimed   prometheus.Counter
 	duration    *prometheus.HistogramVec
+	batches     *prometheus.HistogramVec
 	restarts    *prometheus.CounterVec
 	rollbacks   *prometheus.CounterVec
 	// waitedForKind: see kindWait.
@@ -47,6 +48,10 @@ func newMetrics() *metrics {
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "usher_job_duration_seconds", Help: "Time from dispatch to verdict.", Buckets: prometheus.DefBuckets,
 		}, []string{"kind"}),
+		batches: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "usher_job_batch_size", Help: "Jobs per batch of record-the-job-id runs, by plugin role and result (committed, split: run again alone).",
+			Buckets: []float64{2, 4, 8, 16, 32, 64},
+		}, []string{"role", "result"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_plugin_restarts_total", Help: "Plugin processes restarted after a crash.",
 		}, []string{"plugin"}),
@@ -65,7 +70,7 @@ func newMetrics() *metrics {
 		}),
 	}
 	m.reg.MustRegister(m.trimmed, m.retained, m.consumersRemoved)
-	m.reg.MustRegister(m.jobs, m.absorbed, m.deadLetters, m.published, m.reclaimed, m.duration, m.restarts, m.rollbacks,
+	m.reg.MustRegister(m.jobs, m.absorbed, m.deadLetters, m.published, m.reclaimed, m.duration, m.batches, m.restarts, m.rollbacks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

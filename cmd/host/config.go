@@ -106,6 +106,9 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&cfg.StalledAfter, "stalled-after", 2*time.Second,
 		"a job running longer gives its slot back, and a plugin with half of --concurrency such jobs gets no more until they end (USHER_STALLED_AFTER)")
 	fromEnv(fs, "stalled-after", "USHER_STALLED_AFTER")
+	fs.IntVar(&cfg.BatchMax, "batch-max", 32,
+		"most jobs of one plugin that record their job id run in one transaction; 1: each in its own (USHER_BATCH_MAX)")
+	fromEnv(fs, "batch-max", "USHER_BATCH_MAX")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", env("USHER_ADMIN_ADDR", "127.0.0.1:9464"), "admin/metrics listen address, empty to disable (USHER_ADMIN_ADDR)")
 	fs.Func("admin-allowed-hosts", "comma-separated names the admin API also answers to in Host/Origin, name or name:port (USHER_ADMIN_ALLOWED_HOSTS)",
 		func(v string) error { cfg.AdminAllowedHosts = splitList(v); return nil })

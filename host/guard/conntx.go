@@ -41,13 +41,20 @@ type jobTx struct {
 	gate, key string
 }
 
+// opening is a statement sent with a transaction's BEGIN; scan receives
+// its one row.
+type opening struct {
+	sql  string
+	args []any
+	scan func(pgx.Row) error
+}
+
 // beginWith acquires a connection and sends BEGIN, the opening of the
-// transaction's commit gate, and the statement sql in one round trip; scan
-// receives the statement's one row. The gate (usher_gate_open, schema the
-// runtime's) holds the hash of a random key: until Commit closes it with
-// the key, which only this process knows, a COMMIT the plugin sends fails
-// and rolls everything back.
-func beginWith(ctx context.Context, pool *pgxpool.Pool, schema string, scan func(pgx.Row) error, sql string, args ...any) (*jobTx, error) {
+// transaction's commit gate, and the statements first in one round trip.
+// The gate (usher_gate_open, schema the runtime's) holds the hash of a
+// random key: until Commit closes it with the key, which only this process
+// knows, a COMMIT the plugin sends fails and rolls everything back.
+func beginWith(ctx context.Context, pool *pgxpool.Pool, schema string, first ...opening) (*jobTx, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
@@ -59,14 +66,19 @@ func beginWith(ctx context.Context, pool *pgxpool.Pool, schema string, scan func
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue("SELECT "+pgx.Identifier{schema, "usher_gate_open"}.Sanitize()+"($1)", sum[:])
-	b.Queue(sql, args...)
+	for _, f := range first {
+		b.Queue(f.sql, f.args...)
+	}
 	br := conn.SendBatch(ctx, b)
 	_, err = br.Exec()
 	if err == nil {
 		_, err = br.Exec()
 	}
-	if err == nil {
-		err = scan(br.QueryRow())
+	for _, f := range first {
+		if err != nil {
+			break
+		}
+		err = f.scan(br.QueryRow())
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr

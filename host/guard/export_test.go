@@ -1,12 +1,23 @@
 package guard
 
-import usherv1 "github.com/usherhq/usher/proto/usher/v1"
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+)
 
 // For the external tests (package guard_test, which may import hosttest).
 
 type JobTx = jobTx
 
-var BeginWith = beginWith
+// BeginWith begins a job's transaction with one statement sent with its
+// BEGIN.
+func BeginWith(ctx context.Context, pool *pgxpool.Pool, schema string, scan func(pgx.Row) error, sql string, args ...any) (*jobTx, error) {
+	return beginWith(ctx, pool, schema, opening{sql: sql, args: args, scan: scan})
+}
 
 // Last is a statement for JobTx.Commit to send before COMMIT.
 func Last(sql string, args ...string) lastStatement {

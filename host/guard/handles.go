@@ -64,8 +64,11 @@ type handle struct {
 
 	// mu serialises statements on tx: a pgx connection is not safe for
 	// concurrent use, and a plugin may call back from several goroutines.
-	mu      sync.Mutex
-	tx      txConn
+	mu sync.Mutex
+	tx txConn
+	// txMu, when set, is held around every statement on tx: the
+	// handles of a batch share one transaction.
+	txMu    *sync.Mutex
 	wroteIf bool
 	won     bool
 	// baseline is rowWrites when the commit transaction began.
@@ -192,6 +195,10 @@ func (hs *Handles) Exec(ctx context.Context, req *usherv1.ExecRequest) (*usherv1
 	if err := h.usable(); err != nil {
 		return nil, err
 	}
+	if h.txMu != nil {
+		h.txMu.Lock()
+		defer h.txMu.Unlock()
+	}
 	ctx, cancel := hs.bound(ctx, h)
 	defer cancel()
 	if h.cap == capReadOnly {
@@ -209,64 +216,94 @@ func (hs *Handles) Exec(ctx context.Context, req *usherv1.ExecRequest) (*usherv1
 	return out, nil
 }
 
-// writeAll runs ws, the writes an apply phase returned with its answer,
-// in h's transaction in one round trip, each followed by usher_gate_check:
-// a write that ended the host's transaction fails the check after it, and
-// the server skips the writes after that instead of running them in a
-// transaction of their own. It returns the rows each write affected, up to
-// the first that failed; failed is that write's index, with its error.
-func (hs *Handles) writeAll(h *handle, ws []*usherv1.Statement) (rows []int64, failed int, err error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if err := h.usable(); err != nil {
-		return nil, 0, err
-	}
-	for i, st := range ws {
-		if st.GetMode() != usherv1.Mode_MODE_EXEC {
-			return nil, i, status.Errorf(codes.InvalidArgument, "%s job %s: only plain writes can be returned with the answer, not %v",
-				h.job.GetKind(), h.job.GetId(), st.GetMode())
+// writePart is the writes one job's apply phase returned, under its
+// handle.
+type writePart struct {
+	h  *handle
+	ws []*usherv1.Statement
+	// rows is what each write affected, up to the one that failed (err).
+	rows []int64
+	err  error
+}
+
+// writeAll runs parts' writes, in order, in their transaction (one
+// transaction for all of them) in one round trip, each followed by
+// usher_gate_check: a write that ended the host's transaction fails the
+// check after it, and the server skips the writes after that instead of
+// running them in a transaction of their own. It stops at the first write
+// that fails, whose part gets the error, and reports whether every write
+// ran.
+func (hs *Handles) writeAll(parts []*writePart) bool {
+	n := 0
+	for _, p := range parts {
+		p.h.mu.Lock()
+		defer p.h.mu.Unlock()
+		if err := p.h.usable(); err != nil {
+			p.err = err
+			return false
 		}
+		for _, st := range p.ws {
+			if st.GetMode() != usherv1.Mode_MODE_EXEC {
+				p.err = status.Errorf(codes.InvalidArgument, "%s job %s: only plain writes can be returned with the answer, not %v",
+					p.h.job.GetKind(), p.h.job.GetId(), st.GetMode())
+				return false
+			}
+		}
+		n += len(p.ws)
 	}
-	ctx, cancel := hs.bound(h.ctx, h)
+	if n == 0 {
+		return true
+	}
+	first := parts[0].h
+	if first.txMu != nil {
+		first.txMu.Lock()
+		defer first.txMu.Unlock()
+	}
+	ctx, cancel := hs.bound(first.ctx, first)
 	defer cancel()
 	check := "SELECT " + hs.fn("usher_gate_check") + "()"
 	b := &pgx.Batch{}
-	for _, st := range ws {
-		b.Queue(st.GetSql(), wire.FromValues(st.GetArgs())...)
-		b.Queue(check)
+	for _, p := range parts {
+		for _, st := range p.ws {
+			b.Queue(st.GetSql(), wire.FromValues(st.GetArgs())...)
+			b.Queue(check)
+		}
 	}
-	conn := h.tx.Conn()
+	conn := first.tx.Conn()
 	br := conn.SendBatch(ctx, b)
-	rows = make([]int64, 0, len(ws))
-	failed = -1
-	for i := range ws {
-		tag, werr := br.Exec()
-		switch {
-		case werr != nil:
-			err = h.noteDenied(sqlStatus(werr))
-		case transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK"):
-			err = h.breach("a statement controlled the host's transaction (%s)", tag.String())
-		default:
-			if _, cerr := br.Exec(); cerr != nil {
-				err = h.breach("a statement ended the host's transaction (%v); the job is aborted", cerr)
+	var last *writePart
+	ok := true
+results:
+	for _, p := range parts {
+		last = p
+		p.rows = make([]int64, 0, len(p.ws))
+		for range p.ws {
+			tag, werr := br.Exec()
+			switch {
+			case werr != nil:
+				p.err = p.h.noteDenied(sqlStatus(werr))
+			case transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK"):
+				p.err = p.h.breach("a statement controlled the host's transaction (%s)", tag.String())
+			default:
+				if _, cerr := br.Exec(); cerr != nil {
+					p.err = p.h.breach("a statement ended the host's transaction (%v); the job is aborted", cerr)
+				}
 			}
+			if p.err != nil {
+				ok = false
+				break results
+			}
+			p.rows = append(p.rows, tag.RowsAffected())
 		}
-		if err != nil {
-			failed = i
-			break
-		}
-		rows = append(rows, tag.RowsAffected())
 	}
-	if cerr := br.Close(); err == nil && cerr != nil {
-		failed, err = len(rows), sqlStatus(cerr)
+	if cerr := br.Close(); ok && cerr != nil {
+		last.err, ok = sqlStatus(cerr), false
 	}
 	if ts := conn.PgConn().TxStatus(); ts != 'T' && ts != 'E' {
-		if failed < 0 {
-			failed = len(rows)
-		}
-		return rows, failed, h.breach("a statement ended the host's transaction (the connection reports status %q, not inside a transaction); the job is aborted", string(ts))
+		last.err = last.h.breach("a statement ended the host's transaction (the connection reports status %q, not inside a transaction); the job is aborted", string(ts))
+		ok = false
 	}
-	return rows, failed, err
+	return ok
 }
 
 // noteDenied records the first statement the database refused to the
@@ -395,6 +432,10 @@ var transactionControl = map[string]bool{"BEGIN": true, "START TRANSACTION": tru
 // run runs one plugin statement in tx, then checks with the connection that
 // tx is still the transaction the host opened.
 func (hs *Handles) run(ctx context.Context, h *handle, tx txConn, st *usherv1.Statement) (*usherv1.StatementResult, pgconn.CommandTag, error) {
+	if tx.Conn().PgConn().TxStatus() == 'I' {
+		// Another handle's statement on a shared transaction ended it.
+		return nil, pgconn.CommandTag{}, h.breach("the host's transaction had ended before this statement; it is not run")
+	}
 	res, tag, err := runStatement(ctx, tx, st)
 	switch ts := tx.Conn().PgConn().TxStatus(); {
 	case ts != 'T' && ts != 'E':

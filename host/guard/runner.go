@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -85,6 +86,19 @@ type Config struct {
 	TransientBackoff time.Duration
 	// OnAbsorbed, when set, is told of every duplicate a guard absorbed.
 	OnAbsorbed func(guard usherv1.Guard, kind, reason string)
+	// BatchMax is the most record-the-job-id jobs of one plugin run in one
+	// transaction (see batch.go); 0 or 1 runs each in its own.
+	BatchMax int
+	// Solo, when set, reports a job that must run by itself, never in a
+	// batch: one that was in flight during a crash of its plugin.
+	Solo func(ctx context.Context) bool
+	// OnBatch, when set, is told of every batch of two jobs or more that
+	// reached the plugin: its role, its jobs (absorbed ones excluded), and
+	// whether it committed whole or was split to run each job alone.
+	OnBatch func(role string, jobs int, committed bool)
+	// StalledAfter is how long a batch may run before the next one of its
+	// plugin starts without waiting for it. Default 2s.
+	StalledAfter time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -108,6 +122,8 @@ type Delivery struct {
 // Runner executes guards.
 type Runner struct {
 	cfg Config
+	// batchers holds a *batcher per plugin pool.
+	batchers sync.Map
 }
 
 // NewRunner validates cfg and fills its defaults.
@@ -123,6 +139,9 @@ func NewRunner(cfg Config) (*Runner, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.StalledAfter <= 0 {
+		cfg.StalledAfter = 2 * time.Second
 	}
 	cfg.Handles.statementTimeout = cfg.StatementTimeout
 	return &Runner{cfg: cfg}, nil
@@ -163,23 +182,29 @@ func (r *Runner) call(ctx context.Context, inv Invoker, c *usherv1.Call) (*usher
 	if len(res) != 1 || res[0] == nil {
 		return nil, permanent(fmt.Errorf("plugin answered garbage: %d results for 1 calls", len(res))), false
 	}
-	rs := res[0]
+	out, ok := r.result(c, res[0])
+	return res[0], out, ok
+}
+
+// result maps a phase's result onto an Outcome; ok is true when the phase
+// returned OK or DONE.
+func (r *Runner) result(c *usherv1.Call, rs *usherv1.Result) (Outcome, bool) {
 	if len(rs.GetWrites()) > 0 && (c.GetPhase() != usherv1.Phase_PHASE_APPLY || rs.GetOutcome() != usherv1.Outcome_OUTCOME_OK) {
-		return rs, permanent(fmt.Errorf("refused: %s job %s: the plugin returned writes with a %s answer in %s; only an apply phase that succeeded may",
+		return permanent(fmt.Errorf("refused: %s job %s: the plugin returned writes with a %s answer in %s; only an apply phase that succeeded may",
 			c.GetJob().GetKind(), c.GetJob().GetId(), rs.GetOutcome(), phaseName(c.GetPhase()))), false
 	}
 	switch rs.GetOutcome() {
 	case usherv1.Outcome_OUTCOME_OK, usherv1.Outcome_OUTCOME_DONE:
-		return rs, Outcome{}, true
+		return Outcome{}, true
 	case usherv1.Outcome_OUTCOME_RETRY_LATER:
-		return rs, Outcome{Verdict: Retry, RetryAfter: time.Duration(rs.GetRetryAfterMs()) * time.Millisecond, Reason: rs.GetError()}, false
+		return Outcome{Verdict: Retry, RetryAfter: time.Duration(rs.GetRetryAfterMs()) * time.Millisecond, Reason: rs.GetError()}, false
 	case usherv1.Outcome_OUTCOME_PERMANENT:
-		return rs, permanent(fmt.Errorf("%s: %s", phaseName(c.GetPhase()), rs.GetError())), false
+		return permanent(fmt.Errorf("%s: %s", phaseName(c.GetPhase()), rs.GetError())), false
 	case usherv1.Outcome_OUTCOME_ERROR:
 		err := fmt.Errorf("%s: %s", phaseName(c.GetPhase()), rs.GetError())
-		return rs, Outcome{Verdict: Retry, RetryAfter: r.backoff(c.GetJob().GetAttempt()), Err: err, Reason: err.Error()}, false
+		return Outcome{Verdict: Retry, RetryAfter: r.backoff(c.GetJob().GetAttempt()), Err: err, Reason: err.Error()}, false
 	default:
-		return rs, permanent(fmt.Errorf("plugin answered garbage: outcome %v in %s", rs.GetOutcome(), phaseName(c.GetPhase()))), false
+		return permanent(fmt.Errorf("plugin answered garbage: outcome %v in %s", rs.GetOutcome(), phaseName(c.GetPhase()))), false
 	}
 }
 
@@ -235,7 +260,7 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 	}
 	// The transaction's row count so far, in the round trip of its BEGIN.
 	var baseline int64
-	tx, err := beginWith(ctx, db.Pool, r.cfg.Handles.schema, func(row pgx.Row) error { return row.Scan(&baseline) }, rowWritesSQL)
+	tx, err := beginWith(ctx, db.Pool, r.cfg.Handles.schema, opening{sql: rowWritesSQL, scan: func(row pgx.Row) error { return row.Scan(&baseline) }})
 	if err != nil {
 		return abandoned(err)
 	}
@@ -275,10 +300,17 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 // is recorded by usher_record_job, which runs as the runtime's owner and
 // checks that the plugin's role serves the kind.
 func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, d Delivery) Outcome {
+	if r.cfg.BatchMax > 1 && (r.cfg.Solo == nil || !r.cfg.Solo(ctx)) {
+		return r.jobIDBatched(ctx, inv, db, job, d)
+	}
+	return r.jobIDOne(ctx, inv, db, job, d)
+}
+
+// jobIDOne runs job in a transaction of its own.
+func (r *Runner) jobIDOne(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, d Delivery) Outcome {
 	// BEGIN and the identity's record in one round trip.
 	var recorded bool
-	tx, err := beginWith(ctx, db.Pool, r.cfg.Handles.schema, func(row pgx.Row) error { return row.Scan(&recorded) },
-		"SELECT "+r.cfg.Handles.fn("usher_record_job")+"($1, $2)", job.GetId(), job.GetKind())
+	tx, err := beginWith(ctx, db.Pool, r.cfg.Handles.schema, r.recordJob(job, &recorded))
 	if err != nil {
 		if out := claimError(err); out != nil {
 			return *out
@@ -307,20 +339,31 @@ func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 	return Outcome{Verdict: Applied, Recorded: d.OutboxID != 0}
 }
 
+// recordJob records job's id in its transaction; recorded is false when
+// it was recorded before.
+func (r *Runner) recordJob(job *usherv1.Job, recorded *bool) opening {
+	return opening{sql: "SELECT " + r.cfg.Handles.fn("usher_record_job") + "($1, $2)", args: []any{job.GetId(), job.GetKind()},
+		scan: func(row pgx.Row) error { return row.Scan(recorded) }}
+}
+
 // writes runs the writes an apply phase returned with its answer, in
 // order, under its handle, in one round trip; ok is false, with the job's outcome, when one
 // failed or affected fewer rows than it needs.
 func (r *Runner) writes(job *usherv1.Job, h *handle, ws []*usherv1.Statement) (Outcome, bool) {
-	if len(ws) == 0 {
-		return Outcome{}, true
-	}
-	rows, failed, err := r.cfg.Handles.writeAll(h, ws)
-	if out, bad := refused(job, h); bad {
+	p := &writePart{h: h, ws: ws}
+	r.cfg.Handles.writeAll([]*writePart{p})
+	return r.written(job, p)
+}
+
+// written is the outcome of a job's part of writeAll: ok when every write
+// ran and affected the rows it needs.
+func (r *Runner) written(job *usherv1.Job, p *writePart) (Outcome, bool) {
+	if out, bad := refused(job, p.h); bad {
 		return out, false
 	}
 	// Each write's rows in order, up to the one that failed.
-	for i, n := range rows {
-		if st := ws[i]; n < st.GetMinRows() {
+	for i, n := range p.rows {
+		if st := p.ws[i]; n < st.GetMinRows() {
 			msg := st.GetMissing()
 			if msg == "" {
 				msg = fmt.Sprintf("returned write %d affected %d rows, fewer than the %d it needs", i+1, n, st.GetMinRows())
@@ -328,14 +371,18 @@ func (r *Runner) writes(job *usherv1.Job, h *handle, ws []*usherv1.Statement) (O
 			return permanent(fmt.Errorf("apply: %s", msg)), false
 		}
 	}
-	if err != nil {
-		code := status.Code(err)
-		err = fmt.Errorf("%s job %s: returned write %d: %w", job.GetKind(), job.GetId(), failed+1, err)
+	if p.err != nil {
+		code := status.Code(p.err)
+		err := fmt.Errorf("%s job %s: returned write %d: %w", job.GetKind(), job.GetId(), len(p.rows)+1, p.err)
 		switch code {
 		case codes.PermissionDenied, codes.InvalidArgument:
 			return permanent(err), false
 		}
 		return Outcome{Verdict: Retry, RetryAfter: r.backoff(job.GetAttempt()), Err: err, Reason: err.Error()}, false
+	}
+	if len(p.rows) < len(p.ws) {
+		// Another job's write stopped the batch before this one's ran.
+		return abandoned(fmt.Errorf("%s job %s: its writes did not run", job.GetKind(), job.GetId())), false
 	}
 	return Outcome{}, true
 }

@@ -229,6 +229,12 @@ type aloneKey struct{}
 // entry that was in flight during a crash this way.
 func Alone(ctx context.Context) context.Context { return context.WithValue(ctx, aloneKey{}, true) }
 
+// IsAlone reports whether ctx was marked by Alone.
+func IsAlone(ctx context.Context) bool {
+	alone, _ := ctx.Value(aloneKey{}).(bool)
+	return alone
+}
+
 // crashSettle bounds how long a failed call waits to see whether the
 // process exited (go-plugin notices an exit shortly after the connection
 // breaks).
@@ -237,7 +243,7 @@ const crashSettle = 2 * time.Second
 // Invoke sends calls to the current version. An error is a *CrashError
 // when the process died under the call.
 func (s *Supervisor) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error) {
-	alone, _ := ctx.Value(aloneKey{}).(bool)
+	alone := IsAlone(ctx)
 	if alone {
 		s.alone.Lock()
 		defer s.alone.Unlock()

@@ -1,0 +1,73 @@
+package host_test
+
+import (
+	"context"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/hosttest"
+)
+
+// Jobs that record their id run in batches: one transaction and one call
+// to the plugin for the jobs waiting. A batch holding a job whose order is
+// gone (its write affects no row) is rolled back and each of its jobs runs
+// again alone: the others apply once, the bad one is dead-lettered with
+// its own reason. Jobs recorded before are absorbed inside a batch.
+func TestBatchesApplyEachJobOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	want := b.placeOrders(t, 300, 5)
+	// Three jobs for orders that do not exist, among the others.
+	_, err := b.pool.Exec(ctx, `INSERT INTO outbox (kind, payload) SELECT 'update_sales_counter', jsonb_build_object('order_id', 900000000 + n) FROM generate_series(1, 3) n`)
+	require.NoError(t, err)
+	// Five jobs applied before (as if by an earlier run): absorbed.
+	rows, err := b.pool.Query(ctx, `
+		INSERT INTO processed_jobs (job_id, kind)
+		SELECT coalesce(job_id, id::text), kind FROM outbox WHERE kind = 'update_sales_counter' ORDER BY id LIMIT 5
+		RETURNING job_id`)
+	require.NoError(t, err)
+	rows.Close()
+	require.NoError(t, rows.Err())
+	_, err = b.pool.Exec(ctx, `
+		UPDATE events e SET seats_sold = seats_sold + s.seats
+		FROM (SELECT o.event_id, sum(o.seats) AS seats FROM orders o
+		      JOIN outbox x ON (x.payload->>'order_id')::bigint = o.id
+		      JOIN processed_jobs p ON p.job_id = coalesce(x.job_id, x.id::text)
+		      GROUP BY o.event_id) s
+		WHERE e.id = s.event_id`)
+	require.NoError(t, err)
+
+	cfg := b.config()
+	cfg.AdminAddr = "127.0.0.1:0"
+	h := hosttest.Start(t, cfg)
+	hosttest.Eventually(t, 60*time.Second, "every job done", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE done_at IS NULL`) == 0 &&
+			hosttest.Pending(t, b.rdb, b.stream, "usher") == 0
+	})
+	b.requireCounters(t, want)
+	require.EqualValues(t, 295, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`), "zero lost, zero doubled")
+	require.EqualValues(t, 295, hosttest.Count(t, b.pool, `SELECT count(DISTINCT job_id) FROM counter_applies`))
+	require.EqualValues(t, 3, hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters WHERE reason LIKE '%does not exist%'`))
+	require.EqualValues(t, 295, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE verdict = 'applied'`))
+	require.EqualValues(t, 5, hosttest.Count(t, b.pool, `SELECT coalesce(sum(count), 0) FROM absorbed_duplicates WHERE guard = 'job_id'`))
+
+	m := metricsText(t, h)
+	count := func(result string) (n, sum float64) {
+		for name, v := range map[string]*float64{"count": &n, "sum": &sum} {
+			re := regexp.MustCompile(`usher_job_batch_size_` + name + `\{result="` + result + `",role="usher_plugin_counters"\} (\S+)`)
+			if mm := re.FindStringSubmatch(m); mm != nil {
+				*v, _ = strconv.ParseFloat(mm[1], 64)
+			}
+		}
+		return n, sum
+	}
+	committed, jobs := count("committed")
+	split, splitJobs := count("split")
+	require.Positive(t, committed, "no batch of two jobs or more committed:\n%s", m)
+	t.Logf("%.0f batches committed, %.1f jobs each; %.0f split (%.0f jobs run again alone)", committed, jobs/committed, split, splitJobs)
+}

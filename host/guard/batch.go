@@ -1,0 +1,225 @@
+package guard
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+)
+
+// Batches of record-the-job-id runs.
+//
+// The jobs of one plugin's pool that record their id (guard 4) wait for a
+// batch instead of opening a transaction each: one goroutine per pool takes
+// whatever jobs are waiting (at most BatchMax, nothing waits for more) and
+// runs them in one transaction with one Invoke, in three round trips
+// whatever their number: BEGIN with every job's record, the writes the
+// applies returned, and the outcomes with the COMMIT. A job whose id was
+// recorded before is absorbed at the first. Anything else that is not a
+// clean apply of every job (an answer other than OK, a write that fails or
+// affects too few rows, a refusal, a failed commit) rolls the batch back and
+// runs each of its jobs again by itself, where it gets its own outcome: a
+// batch never commits a job that would not have committed alone, and one
+// job's failure costs the others a second run, not a retry. A crash of the
+// plugin abandons every job of the batch, as it does the jobs in flight
+// beside a single one; those run again alone (Config.Solo) until they
+// apply, so a job that crashes its plugin is found by itself.
+//
+// One batch at a time per pool: the batches of a plugin do not wait on each
+// other's row locks, so they do not deadlock. A batch that runs past
+// StalledAfter no longer holds the next one back.
+
+// batchReq is one job waiting for its batch.
+type batchReq struct {
+	ctx  context.Context
+	inv  Invoker
+	db   DB
+	job  *usherv1.Job
+	d    Delivery
+	out  Outcome
+	done chan struct{}
+}
+
+// batcher queues the jobs of one pool.
+type batcher struct {
+	mu      sync.Mutex
+	queue   []*batchReq
+	running bool
+}
+
+// jobIDBatched runs job in the next batch of its pool and returns its
+// outcome.
+func (r *Runner) jobIDBatched(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, d Delivery) Outcome {
+	v, _ := r.batchers.LoadOrStore(db.Pool, &batcher{})
+	b := v.(*batcher)
+	q := &batchReq{ctx: ctx, inv: inv, db: db, job: job, d: d, done: make(chan struct{})}
+	b.mu.Lock()
+	b.queue = append(b.queue, q)
+	if !b.running {
+		b.running = true
+		go r.drain(b)
+	}
+	b.mu.Unlock()
+	<-q.done
+	return q.out
+}
+
+// drain runs b's batches until its queue is empty.
+func (r *Runner) drain(b *batcher) {
+	for {
+		b.mu.Lock()
+		if len(b.queue) == 0 {
+			b.running = false
+			b.mu.Unlock()
+			return
+		}
+		// The jobs of one plugin process: a swap can leave jobs of the
+		// old and the new one waiting on the same pool.
+		inv := b.queue[0].inv
+		var batch, rest []*batchReq
+		for _, q := range b.queue {
+			if len(batch) < r.cfg.BatchMax && q.inv == inv {
+				batch = append(batch, q)
+			} else {
+				rest = append(rest, q)
+			}
+		}
+		b.queue = rest
+		b.mu.Unlock()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r.runBatch(batch)
+		}()
+		select {
+		case <-done:
+		case <-time.After(r.cfg.StalledAfter):
+			// A stalled batch (a handler that hangs) holds its own
+			// jobs, not the plugin's next batch.
+		}
+	}
+}
+
+func finish(q *batchReq, out Outcome) {
+	q.out = out
+	close(q.done)
+}
+
+// alone runs each job of batch by itself, at once, and waits for them.
+func (r *Runner) alone(batch []*batchReq) {
+	var wg sync.WaitGroup
+	for _, q := range batch {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			finish(q, r.jobIDOne(q.ctx, q.inv, q.db, q.job, q.d))
+		}()
+	}
+	wg.Wait()
+}
+
+// runBatch runs batch's jobs in one transaction, or each alone when they
+// cannot all apply together.
+func (r *Runner) runBatch(batch []*batchReq) {
+	if len(batch) == 1 {
+		r.alone(batch)
+		return
+	}
+	first := batch[0]
+	// The first job's deadline is the batch's: it came first, so it is
+	// the earliest (every job has the same timeout).
+	ctx := first.ctx
+	recorded := make([]bool, len(batch))
+	opens := make([]opening, len(batch))
+	for i, q := range batch {
+		opens[i] = r.recordJob(q.job, &recorded[i])
+	}
+	tx, err := beginWith(ctx, first.db.Pool, r.cfg.Handles.schema, opens...)
+	if err != nil {
+		r.alone(batch)
+		return
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var (
+		run   []*batchReq
+		hs    []*handle
+		calls []*usherv1.Call
+		txMu  sync.Mutex
+	)
+	for i, q := range batch {
+		if !recorded[i] {
+			finish(q, absorbed("job id already recorded"))
+			continue
+		}
+		h := r.cfg.Handles.issue(q.ctx, capApply, q.job, q.db.Pool, tx, q.db.Role)
+		h.txMu = &txMu
+		run, hs = append(run, q), append(hs, h)
+		calls = append(calls, &usherv1.Call{Phase: usherv1.Phase_PHASE_APPLY, Job: q.job, Handle: h.id})
+	}
+	if len(run) == 0 {
+		return
+	}
+	release := func() {
+		for _, h := range hs {
+			r.cfg.Handles.release(h)
+		}
+	}
+	res, err := first.inv.Invoke(ctx, calls)
+	if err != nil {
+		release()
+		for _, q := range run {
+			finish(q, abandoned(fmt.Errorf("apply of %s job %s did not complete: %w", q.job.GetKind(), q.job.GetId(), err)))
+		}
+		return
+	}
+	ok := len(res) == len(calls)
+	parts := make([]*writePart, len(run))
+	for i := 0; ok && i < len(run); i++ {
+		if res[i] == nil {
+			ok = false
+			break
+		}
+		_, ok = r.result(calls[i], res[i])
+		parts[i] = &writePart{h: hs[i], ws: res[i].GetWrites()}
+	}
+	if ok {
+		ok = r.cfg.Handles.writeAll(parts)
+	}
+	for i := 0; ok && i < len(run); i++ {
+		_, ok = r.written(run[i].job, parts[i])
+	}
+	release()
+	for i := 0; ok && i < len(run); i++ {
+		_, bad := refused(run[i].job, hs[i])
+		ok = !bad
+	}
+	if !ok {
+		tx.Rollback(context.WithoutCancel(ctx))
+		r.observe(first.db, len(run), false)
+		r.alone(run)
+		return
+	}
+	var last []lastStatement
+	for _, q := range run {
+		last = append(last, r.outcome(q.job, q.d)...)
+	}
+	if err := tx.Commit(ctx, last...); err != nil {
+		// Committed or not, each job's record decides when it runs
+		// again: applied once, or absorbed.
+		r.observe(first.db, len(run), false)
+		r.alone(run)
+		return
+	}
+	r.observe(first.db, len(run), true)
+	for _, q := range run {
+		finish(q, Outcome{Verdict: Applied, Recorded: q.d.OutboxID != 0})
+	}
+}
+
+func (r *Runner) observe(db DB, jobs int, committed bool) {
+	if r.cfg.OnBatch != nil && jobs > 1 {
+		r.cfg.OnBatch(db.Role, jobs, committed)
+	}
+}
