@@ -62,8 +62,9 @@ func drawChart(title string, unit func(float64) string, lines []series) string {
 	span := t1.Sub(t0).Seconds()
 	for i, l := range lines {
 		color := lineColors[i%len(lineColors)]
-		var pts []string
+		var pts, values []string
 		for _, p := range l.Points {
+			values = append(values, strconv.FormatFloat(p.Value, 'g', -1, 64))
 			x := float64(padL)
 			if span > 0 {
 				x += p.At.Sub(t0).Seconds() / span * plotW
@@ -75,8 +76,10 @@ func drawChart(title string, unit func(float64) string, lines []series) string {
 			pts = append(pts, pts[0])
 		}
 		if len(pts) > 0 {
-			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s" data-series="%s"/>`,
-				color, strings.Join(pts, " "), html.EscapeString(l.Name))
+			// data-values: the values drawn, for a reader (or a test)
+			// that wants the numbers.
+			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s" data-series="%s" data-values="%s"/>`,
+				color, strings.Join(pts, " "), html.EscapeString(l.Name), strings.Join(values, " "))
 		}
 		ly := padT + 14*i + 6
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="10" height="10" fill="%s"/>`, padL+plotW+10, ly-9, color)
