@@ -182,7 +182,7 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	// The overview: the numbers inspect reads, the lag ReadLag reads, and
 	// charts of the cluster's job history.
-	in, err := ops.Inspect(ctx, h.Pool(), rdb, stream, "usher")
+	in, err := ops.Inspect(ctx, h.Pool(), rdb, stream, "usher", time.Now())
 	require.NoError(t, err)
 	run("reload the overview", chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(chromedp.ID("totals")))
 	history := func(verdict string) string {

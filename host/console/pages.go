@@ -99,13 +99,8 @@ func back(w http.ResponseWriter, r *http.Request, to, msg string) {
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	in, err := ops.Inspect(ctx, c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
-	if err != nil {
-		c.fail(w, r, err)
-		return
-	}
 	now := c.cfg.Now()
-	lag, err := ops.ReadLag(ctx, c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group, now)
+	in, err := ops.Inspect(ctx, c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group, now)
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -119,7 +114,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	c.render(w, r, "overview.html", map[string]any{"In": in, "Lag": lag, "DeadOpen": in.DeadLettersOpen(),
+	c.render(w, r, "overview.html", map[string]any{"In": in, "Lag": in.Lag, "DeadOpen": in.DeadLettersOpen(),
 		"Charts": buildCharts(buckets, since, until, c.cfg.ChartBucket)})
 }
 
@@ -130,7 +125,7 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	in, err := ops.Inspect(r.Context(), c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
+	in, err := ops.Inspect(r.Context(), c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group, c.cfg.Now())
 	if err != nil {
 		c.fail(w, r, err)
 		return
