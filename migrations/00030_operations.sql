@@ -13,14 +13,16 @@
 -- The advisory lock keeps two rows of one job finishing at once from
 -- deadlocking on each other's rows.
 CREATE FUNCTION usher_outcome_follows_job() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    -- The job's first row, when its identity is an outbox id.
+    v_first bigint := CASE WHEN NEW.job_id ~ '^[0-9]{1,18}$' THEN NEW.job_id::bigint END;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('usher_outcome:' || NEW.job_id));
     UPDATE outbox SET outcome = NEW.outcome
         WHERE id < NEW.id
           AND outcome IN ('retry_scheduled', 'dead_letter')
           AND outcome <> NEW.outcome
-          AND (job_id = NEW.job_id
-               OR (job_id IS NULL AND NEW.job_id ~ '^[0-9]{1,18}$' AND id = NEW.job_id::bigint));
+          AND (job_id = NEW.job_id OR (job_id IS NULL AND id = v_first));
     RETURN NULL;
 END
 $$;

@@ -550,7 +550,8 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	w.Flush()
 	// What the rows are: a job per kind per order (the send enqueued by
 	// the render), and a row of its own for every retry, with the same
-	// job id; a row's outcome is how that attempt ended.
+	// job id; every row of a job carries the job's latest outcome
+	// (migration 00030), the attempts' own verdicts are in job_history.
 	byKind, err := d.pool.Query(ctx, `SELECT kind, count(*), count(DISTINCT coalesce(job_id, id::text)) FROM outbox GROUP BY 1 ORDER BY 1`)
 	if err != nil {
 		return false, err
@@ -570,9 +571,10 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	}
 	w.Flush()
 	fmt.Println("Each order makes one job of each kind (send_tickets is enqueued by its render). A retry is a row of its own with")
-	fmt.Println("the same job id: retry_scheduled is the outcome of the attempt that failed, and the retry's row says how the job")
-	fmt.Println("ended. absorbed is a row whose run found its effect already applied; the table below counts every duplicate")
-	fmt.Println("absorbed, redeliveries of rows already done (relay republishes, reclaimed entries) included.")
+	fmt.Println("the same job id, and every row of a job shows how the job ended: retry_scheduled only while it waits to run again.")
+	fmt.Println("What each attempt did (a retry and why, then applied) is the job's history: `host jobs show ID`. absorbed is a")
+	fmt.Println("row whose run found its effect already applied; the table below counts every duplicate absorbed, redeliveries of")
+	fmt.Println("rows already done (relay republishes, reclaimed entries) included.")
 
 	fmt.Println()
 	fmt.Println("== duplicates absorbed, per guard ==")

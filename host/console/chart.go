@@ -19,22 +19,17 @@ const (
 // lineColors are the series' colours, in order (colour-blind safe).
 var lineColors = []string{"#1b7837", "#2166ac", "#b2182b", "#762a83", "#e08214", "#4d4d4d"}
 
-// drawChart draws lines (values over time) as an SVG line chart with a
-// title, a y axis from 0 to the largest value labelled by unit, a time
-// axis and a legend. Every text it writes is escaped: it is inserted into
-// the page as HTML.
-func drawChart(title string, unit func(float64) string, lines []series) string {
-	var t0, t1 time.Time
+// drawChart draws lines (values over time, from t0 to t1) as an SVG line
+// chart with a title, a y axis from 0 to the largest value labelled by
+// unit, a time axis and a legend; a line of one point is a dot. Every text
+// it writes is escaped: it is inserted into the page as HTML.
+func drawChart(title string, unit func(float64) string, t0, t1 time.Time, lines []series) string {
 	maxY := 0.0
+	points := 0
 	for _, l := range lines {
 		for _, p := range l.Points {
-			if t0.IsZero() || p.At.Before(t0) {
-				t0 = p.At
-			}
-			if p.At.After(t1) {
-				t1 = p.At
-			}
 			maxY = math.Max(maxY, p.Value)
+			points++
 		}
 	}
 	if maxY == 0 {
@@ -54,10 +49,9 @@ func drawChart(title string, unit func(float64) string, lines []series) string {
 	if t1.After(t0) {
 		fmt.Fprintf(&b, `<text x="%d" y="%d" class="tick">%s</text>`, padL, chartH-8, t0.UTC().Format("15:04:05"))
 		fmt.Fprintf(&b, `<text x="%d" y="%d" class="tick" text-anchor="end">%s UTC</text>`, padL+plotW, chartH-8, t1.UTC().Format("15:04:05"))
-	} else if len(lines) == 0 {
-		fmt.Fprintf(&b, `<text x="%d" y="%d" class="tick">nothing counted yet</text>`, padL, chartH-8)
-	} else {
-		fmt.Fprintf(&b, `<text x="%d" y="%d" class="tick">collecting samples…</text>`, padL, chartH-8)
+	}
+	if points == 0 {
+		fmt.Fprintf(&b, `<text x="%d" y="%d" class="tick">none in this window</text>`, padL+plotW/2, padT+plotH/2)
 	}
 	span := t1.Sub(t0).Seconds()
 	for i, l := range lines {
@@ -73,6 +67,8 @@ func drawChart(title string, unit func(float64) string, lines []series) string {
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x, y))
 		}
 		if len(pts) == 1 {
+			x, y, _ := strings.Cut(pts[0], ",")
+			fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="3" fill="%s"/>`, x, y, color)
 			pts = append(pts, pts[0])
 		}
 		if len(pts) > 0 {

@@ -26,7 +26,7 @@ func TestPagesParse(t *testing.T) {
 func TestChartEscapes(t *testing.T) {
 	t.Parallel()
 	at := time.Unix(1000, 0)
-	svg := drawChart(`<b>kind</b>`, perSecond, []series{{Name: `<script>x</script>`, Points: []point{{At: at, Value: 1}, {At: at.Add(time.Second), Value: 3}}}})
+	svg := drawChart(`<b>kind</b>`, perSecond, at, at.Add(time.Second), []series{{Name: `<script>x</script>`, Points: []point{{At: at, Value: 1}, {At: at.Add(time.Second), Value: 3}}}})
 	require.NotContains(t, svg, "<script>")
 	require.NotContains(t, svg, "<b>")
 	require.Contains(t, svg, "&lt;script&gt;")

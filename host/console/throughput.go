@@ -118,8 +118,8 @@ func buildCharts(buckets []ops.Bucket, since, until time.Time, width time.Durati
 				mean = append(mean, point{At: s, Value: t[0] / t[1]})
 			}
 		}
-		out.Kinds = append(out.Kinds, kindChart{Kind: kind, SVG: drawChart(kind+": deliveries per second, by verdict", perSecond, lines),
-			Took: drawChart(kind+": mean run duration (started to verdict)", millis, []series{{Name: "mean", Points: mean}})})
+		out.Kinds = append(out.Kinds, kindChart{Kind: kind, SVG: drawChart(kind+": deliveries per second, by verdict", perSecond, since, until, lines),
+			Took: drawChart(kind+": mean run duration (started to verdict)", millis, since, until, []series{{Name: "mean", Points: mean}})})
 		tot := totals[kind]
 		tot.MeanMS = tot.tookMS / float64(tot.Total)
 		out.Totals = append(out.Totals, *tot)
@@ -128,7 +128,7 @@ func buildCharts(buckets []ops.Bucket, since, until time.Time, width time.Durati
 	for _, g := range sortedKeys(absorbed) {
 		lines = append(lines, series{Name: g, Points: rate(absorbed[g])})
 	}
-	out.Absorbed = drawChart("duplicates absorbed per second, by guard", perSecond, lines)
+	out.Absorbed = drawChart("duplicates absorbed per second, by guard", perSecond, since, until, lines)
 	return out
 }
 
