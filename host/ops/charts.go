@@ -28,6 +28,13 @@ type Bucket struct {
 	TookMS float64 `json:"took_ms"`
 }
 
+// throughputSQL buckets job_history by time ($3 seconds wide), kind,
+// verdict and guard over [$1, $2).
+const throughputSQL = `SELECT to_timestamp(floor(extract(epoch FROM finished_at) / $3) * $3) AS b, kind, verdict, guard,
+		count(*), coalesce(sum(extract(epoch FROM finished_at - started_at)), 0) * 1000
+	FROM job_history WHERE finished_at >= $1 AND finished_at < $2
+	GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4`
+
 // Throughput reads the job history's records that finished in [since,
 // until), counted by bucket of width, kind, verdict and guard, oldest
 // first. It reads the index job_history_chart only.
@@ -35,10 +42,7 @@ func Throughput(ctx context.Context, q outbox.Querier, since, until time.Time, w
 	if width < time.Millisecond {
 		return nil, fmt.Errorf("ops: throughput: a bucket of %s is too narrow", width)
 	}
-	rows, err := q.Query(ctx, `SELECT to_timestamp(floor(extract(epoch FROM finished_at) / $3) * $3) AS b, kind, verdict, guard,
-			count(*), coalesce(sum(extract(epoch FROM finished_at - started_at)), 0) * 1000
-		FROM job_history WHERE finished_at >= $1 AND finished_at < $2
-		GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4`, since, until, width.Seconds())
+	rows, err := q.Query(ctx, throughputSQL, since, until, width.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("ops: throughput: %w", err)
 	}

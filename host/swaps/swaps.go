@@ -77,7 +77,7 @@ func Last(ctx context.Context, q outbox.Querier, plugins []string, n int) (map[s
 		n = 10
 	}
 	rows, err := q.Query(ctx, `SELECT s.at, s.host, s.plugin, s.action, s.from_version, s.to_version, s.cause, s.reason, s.sha256
-		FROM (SELECT DISTINCT plugin FROM plugin_swaps WHERE cardinality($1::text[]) = 0 OR plugin = ANY($1)) p,
+		FROM (SELECT DISTINCT plugin FROM plugin_swaps WHERE coalesce(cardinality($1::text[]), 0) = 0 OR plugin = ANY($1)) p,
 		LATERAL (SELECT * FROM plugin_swaps WHERE plugin = p.plugin ORDER BY at DESC, id DESC LIMIT $2) s
 		ORDER BY s.plugin, s.at DESC, s.id DESC`, plugins, n)
 	if err != nil {
