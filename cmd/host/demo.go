@@ -463,7 +463,7 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	w.Flush()
 
 	n := int64(d.orders)
-	var counterApplies, counterJobs, pdfOrders, sendQueued, sentRows, dead, outboxRows, unfinished int64
+	var counterApplies, counterJobs, pdfOrders, sendQueued, sentRows, dead, outboxRows, unfinished, staleRetries int64
 	if err := d.pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM counter_applies),
 		(SELECT count(DISTINCT job_id) FROM counter_applies),
@@ -472,8 +472,10 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 		(SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL),
 		(SELECT count(*) FROM dead_letters),
 		(SELECT count(*) FROM outbox),
-		(SELECT count(*) FROM outbox WHERE done_at IS NULL)`).
-		Scan(&counterApplies, &counterJobs, &pdfOrders, &sendQueued, &sentRows, &dead, &outboxRows, &unfinished); err != nil {
+		(SELECT count(*) FROM outbox WHERE done_at IS NULL),
+		(SELECT count(*) FROM outbox o WHERE o.outcome = 'retry_scheduled' AND EXISTS (SELECT 1 FROM outbox l
+			WHERE coalesce(l.job_id, l.id::text) = coalesce(o.job_id, o.id::text) AND l.outcome IN ('applied', 'absorbed')))`).
+		Scan(&counterApplies, &counterJobs, &pdfOrders, &sendQueued, &sentRows, &dead, &outboxRows, &unfinished, &staleRetries); err != nil {
 		return false, err
 	}
 	store, err := blob.NewFS(filepath.Join(d.work, "blobs"))
@@ -515,6 +517,12 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	if unfinished != 0 {
 		ok = false
 		fmt.Printf("outbox rows without an outcome: %d\n", unfinished)
+	}
+	if staleRetries != 0 {
+		// A row's outcome is its job's (migration 00030): none may say
+		// retry_scheduled once the job applied.
+		ok = false
+		fmt.Printf("outbox rows left at retry_scheduled after their job ended: %d\n", staleRetries)
 	}
 	if dead != 0 {
 		ok = false

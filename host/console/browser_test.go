@@ -103,7 +103,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	install(t, dir, v1, "1.0.0")
 	h := hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream, PluginDir: dir, DisablePluginWatch: true,
 		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond, AdminAddr: "127.0.0.1:0",
-		ConsoleChartWindow: 5 * time.Minute, ConsoleChartBucket: time.Second})
+		ConsoleChartWindow: time.Minute, ConsoleChartBucket: time.Second})
 	hosttest.Eventually(t, 10*time.Second, "the admin listener", func() bool { return h.AdminAddr() != "" })
 	base := "http://" + h.AdminAddr()
 
