@@ -266,10 +266,12 @@ type Config struct {
 	// [::1]. Any other Host (DNS rebinding) or foreign Origin (a web page's
 	// request) is refused with 403.
 	AdminAllowedHosts []string
-	// ConsoleSampleInterval is how often the web console (served under
-	// /console/ on the admin listener) samples the job counters for its
-	// charts. Default 10s (the console's default).
-	ConsoleSampleInterval time.Duration
+	// ConsoleChartWindow is how far back the web console's overview
+	// charts (served under /console/ on the admin listener) go, and
+	// ConsoleChartBucket the time one point of them counts. They count the
+	// job history of every host, so keep the window within
+	// HistoryRetention. Defaults 1h and 1m (the console's).
+	ConsoleChartWindow, ConsoleChartBucket time.Duration
 
 	// Logger defaults to a JSON slog logger on stderr.
 	Logger *slog.Logger

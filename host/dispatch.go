@@ -140,6 +140,10 @@ func (h *Host) run(ctx context.Context, e stream.Entry, d *delivery) (outcome st
 			}
 		}()
 	}
+	if rt.l != nil {
+		rt.l.inflight.Add(1)
+		defer rt.l.inflight.Add(-1) // counted until its outcome is written
+	}
 	out := h.runner.Run(jobCtx, rt.plugin, rt.db, rt.guard, job, d.guardDelivery())
 	if out.Verdict != guard.Applied && out.Verdict != guard.Absorbed && errors.Is(jobCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
 		// The handler overran its deadline: its statements were cancelled

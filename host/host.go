@@ -32,12 +32,14 @@ import (
 	"github.com/usherhq/usher/host/console"
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/history"
+	"github.com/usherhq/usher/host/internal/periodic"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/reclaim"
 	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/host/schedule"
 	"github.com/usherhq/usher/host/stream"
+	"github.com/usherhq/usher/host/swaps"
 	"github.com/usherhq/usher/migrations"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
@@ -72,8 +74,10 @@ type loaded struct {
 	file   *pluginhost.DirPlugin
 	parked atomic.Int64
 	// stalled counts the plugin's jobs in flight for longer than
-	// Config.StalledAfter (see stalledCap).
-	stalled atomic.Int64
+	// Config.StalledAfter (see stalledCap); inflight all its jobs running
+	// on this host.
+	stalled  atomic.Int64
+	inflight atomic.Int64
 	// db is the plugin's own pool, logged in as its role; it outlives
 	// swaps (every version of a plugin runs as the same role).
 	db guard.DB
@@ -480,9 +484,11 @@ type PluginStatus struct {
 	Healthy    bool   `json:"healthy"`
 	Restarts   int    `json:"restarts"`
 	// Parked counts deliveries of its kinds left waiting in the stream
-	// while it was unhealthy or restarting.
-	Parked int64    `json:"parked"`
-	Kinds  []string `json:"kinds"`
+	// while it was unhealthy or restarting; InFlight its jobs running on
+	// this host now.
+	Parked   int64    `json:"parked"`
+	InFlight int64    `json:"in_flight"`
+	Kinds    []string `json:"kinds"`
 	// Previous is the version a rollback would go back to (the one the
 	// last swap replaced); ProbationUntil, while set, is when the running
 	// version stops being judged for an automatic rollback.
@@ -494,6 +500,56 @@ type PluginStatus struct {
 	// a rollback) and why, while it is refused.
 	Refused       string `json:"refused,omitempty"`
 	RefusedReason string `json:"refused_reason,omitempty"`
+	// Swaps are the plugin's last swaps, rollbacks and refusals on any
+	// host of the cluster, newest first (the plugin_swaps table, see
+	// host/swaps); filled in by the admin API and the console, not by
+	// Plugins.
+	Swaps []swaps.Swap `json:"swaps"`
+}
+
+// SwapHistory is how many swaps of each plugin PluginReport lists.
+const SwapHistory = 10
+
+// PluginReport is Plugins with each plugin's swap history read from the
+// database: what the admin API's /plugins answers and the console shows.
+// A history that cannot be read is logged and left empty: the plugins'
+// state is this host's and still worth reporting.
+func (h *Host) PluginReport(ctx context.Context) []PluginStatus {
+	list := h.Plugins()
+	names := make([]string, len(list))
+	for i, p := range list {
+		names[i] = p.Name
+	}
+	hist, err := swaps.Last(ctx, h.pool, names, SwapHistory)
+	if err != nil {
+		h.log.Warn("could not read the plugins' swap history", "err", err)
+	}
+	for i := range list {
+		list[i].Swaps = hist[list[i].Name]
+		if list[i].Swaps == nil {
+			list[i].Swaps = []swaps.Swap{}
+		}
+	}
+	return list
+}
+
+// trimSwaps deletes the swap history older than HistoryRetention, every
+// 10 minutes: a swap is kept as long as the jobs it ran.
+func (h *Host) trimSwaps(ctx context.Context) error {
+	return periodic.Run(ctx, 10*time.Minute, h.log, "plugin swap history trim failed", func(ctx context.Context) error {
+		_, err := swaps.Trim(ctx, h.pool, time.Now().Add(-h.cfg.HistoryRetention))
+		return err
+	})
+}
+
+// recordSwap writes s to the swap history, with this host's name.
+func (h *Host) recordSwap(ctx context.Context, s swaps.Swap) {
+	s.Host = h.cfg.Consumer
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := swaps.Record(wctx, h.pool, s); err != nil {
+		h.log.Warn("could not record the plugin swap in its history", "plugin", s.Plugin, "action", s.Action, "err", err)
+	}
 }
 
 // Plugins reports the loaded plugins.
@@ -504,7 +560,7 @@ func (h *Host) Plugins() []PluginStatus {
 	for name, l := range h.plugins {
 		m := l.sup.Manifest()
 		st := PluginStatus{Name: name, Version: m.Version, Protocol: m.Protocol, Path: l.path, DBRole: l.db.Role, DBPoolSize: l.db.Pool.Config().MaxConns,
-			Pid: l.sup.Pid(), Healthy: l.sup.Healthy(), Restarts: l.sup.Restarts(), Parked: l.parked.Load()}
+			Pid: l.sup.Pid(), Healthy: l.sup.Healthy(), Restarts: l.sup.Restarts(), Parked: l.parked.Load(), InFlight: l.inflight.Load()}
 		if l.file != nil {
 			st.Manifest, st.SHA256 = l.file.ManifestPath, l.file.Manifest.SHA256
 		}
@@ -538,7 +594,11 @@ func (h *Host) Plugins() []PluginStatus {
 func (h *Host) Swap(ctx context.Context, name, path string) (pluginhost.SwapResult, error) {
 	h.reloadMu.Lock()
 	defer h.reloadMu.Unlock()
-	return h.swap(ctx, name, h.pluginConfig(path), nil)
+	res, err := h.swap(ctx, name, h.pluginConfig(path), nil)
+	if err == nil {
+		h.recordSwap(ctx, swaps.Swap{Plugin: name, Action: swaps.Swapped, From: res.From.Version, To: res.To.Version, Cause: swaps.CauseSwap})
+	}
+	return res, err
 }
 
 func (h *Host) swap(ctx context.Context, name string, pcfg pluginhost.Config, file *pluginhost.DirPlugin) (pluginhost.SwapResult, error) {
@@ -709,6 +769,17 @@ type refusedManifest struct {
 // operator's back.
 func (h *Host) reconcile(ctx context.Context, p pluginhost.DirPlugin, force bool) ReloadResult {
 	res := h.reconcileOnce(ctx, p, force)
+	cause := swaps.CauseDirChange
+	if force {
+		cause = swaps.CauseReload
+	}
+	switch {
+	case res.Action == "swapped":
+		h.recordSwap(ctx, swaps.Swap{Plugin: res.Plugin, Action: swaps.Swapped, From: res.From, To: res.To, Cause: cause, SHA256: p.Manifest.SHA256})
+	case res.Action == "refused" && !res.Again:
+		h.recordSwap(ctx, swaps.Swap{Plugin: res.Plugin, Action: swaps.Refused, From: res.From, To: res.To, Cause: cause,
+			Reason: res.Error, SHA256: p.Manifest.SHA256})
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.refusedManifests == nil {
@@ -848,6 +919,7 @@ func (h *Host) Run(ctx context.Context) error {
 		return err
 	}
 	loops["history-trim"] = trim.Run
+	loops["swap-trim"] = h.trimSwaps
 	ret, err := h.retainer()
 	if err != nil {
 		return err
@@ -871,7 +943,7 @@ func (h *Host) Run(ctx context.Context) error {
 	h.mu.Unlock()
 	var admin *http.Server
 	if h.cfg.AdminAddr != "" {
-		admin, err = h.serveAdmin(loops)
+		admin, err = h.serveAdmin()
 		if err != nil {
 			stopPlugins()
 			return err
@@ -962,9 +1034,8 @@ func resolveAdminToken(cfg *Config) (string, error) {
 
 // serveAdmin serves the admin API on AdminAddr behind admin.Guard: Host
 // and Origin checked on every request, the token required on all but
-// /healthz and the console (which asks for it on its login form). The
-// console's sampler joins loops.
-func (h *Host) serveAdmin(loops map[string]func(context.Context) error) (*http.Server, error) {
+// /healthz and the console (which asks for it on its login form).
+func (h *Host) serveAdmin() (*http.Server, error) {
 	ln, err := net.Listen("tcp", h.cfg.AdminAddr)
 	if err != nil {
 		return nil, fmt.Errorf("host: admin listener: %w", err)
@@ -974,11 +1045,11 @@ func (h *Host) serveAdmin(loops map[string]func(context.Context) error) (*http.S
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /plugins", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(h.Plugins())
+		_ = json.NewEncoder(w).Encode(h.PluginReport(r.Context()))
 	})
 	mux.HandleFunc("POST /plugins/reload", h.serveReload)
 	mux.HandleFunc("POST /plugins/rollback", h.serveRollback)
-	if err := h.serveConsole(mux, loops); err != nil {
+	if err := h.serveConsole(mux); err != nil {
 		_ = ln.Close()
 		return nil, err
 	}

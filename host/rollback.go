@@ -9,6 +9,7 @@ import (
 
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/pluginhost"
+	"github.com/usherhq/usher/host/swaps"
 )
 
 // Automatic rollback: a swap checks only that the new version starts and
@@ -179,6 +180,11 @@ func (h *Host) rollback(ctx context.Context, name string, p *probation, cause, r
 	}
 	h.mu.Unlock()
 	h.metrics.rollbacks.WithLabelValues(name, cause).Inc()
+	sha := ""
+	if prev.file != nil {
+		sha = prev.file.Manifest.SHA256
+	}
+	h.recordSwap(ctx, swaps.Swap{Plugin: name, Action: swaps.RolledBack, From: st.From, To: st.To, Cause: cause, Reason: reason, SHA256: sha})
 	h.log.Error("plugin rolled back; the version rolled back from is refused until its manifest changes or a reload asks for it",
 		"plugin", name, "from", st.From, "to", st.To, "cause", cause, "reason", reason, "start_time", sw.StartTime, "drain_time", sw.DrainTime)
 	return res, nil

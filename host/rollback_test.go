@@ -135,6 +135,15 @@ func TestBadSwapRollsBack(t *testing.T) {
 			require.Empty(t, st.Previous, "a rollback is not rolled back")
 			require.Nil(t, st.ProbationUntil)
 			require.Contains(t, metricsText(t, h), fmt.Sprintf(`usher_plugin_rollbacks_total{cause=%q,plugin="counters"} 1`, rb.Cause))
+			// The swap history the host wrote: the watcher's swap, then the
+			// rollback with its cause.
+			hosttest.Eventually(t, 10*time.Second, "the rollback in the swap history", func() bool {
+				return hosttest.Count(t, b.pool, `SELECT count(*) FROM plugin_swaps WHERE action = 'rolled back'`) == 1
+			})
+			require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM plugin_swaps WHERE plugin = 'counters' AND action = 'swapped'
+				AND from_version = '1.0.0' AND to_version = '2.0.0' AND cause = 'plugin directory change'`))
+			require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM plugin_swaps WHERE plugin = 'counters' AND action = 'rolled back'
+				AND from_version = '2.0.0' AND to_version = '1.0.0' AND cause = $1 AND reason = $2`, rb.Cause, rb.Reason))
 
 			// The flow goes on on 1.0.0 for a while, then stops.
 			after := applied("1.0.0")

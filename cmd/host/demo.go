@@ -463,7 +463,7 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	w.Flush()
 
 	n := int64(d.orders)
-	var counterApplies, counterJobs, pdfOrders, sendQueued, sentRows, dead, outboxRows, unfinished int64
+	var counterApplies, counterJobs, pdfOrders, sendQueued, sentRows, dead, outboxRows, unfinished, staleRetries int64
 	if err := d.pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM counter_applies),
 		(SELECT count(DISTINCT job_id) FROM counter_applies),
@@ -472,8 +472,10 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 		(SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL),
 		(SELECT count(*) FROM dead_letters),
 		(SELECT count(*) FROM outbox),
-		(SELECT count(*) FROM outbox WHERE done_at IS NULL)`).
-		Scan(&counterApplies, &counterJobs, &pdfOrders, &sendQueued, &sentRows, &dead, &outboxRows, &unfinished); err != nil {
+		(SELECT count(*) FROM outbox WHERE done_at IS NULL),
+		(SELECT count(*) FROM outbox o WHERE o.outcome = 'retry_scheduled' AND EXISTS (SELECT 1 FROM outbox l
+			WHERE coalesce(l.job_id, l.id::text) = coalesce(o.job_id, o.id::text) AND l.outcome IN ('applied', 'absorbed')))`).
+		Scan(&counterApplies, &counterJobs, &pdfOrders, &sendQueued, &sentRows, &dead, &outboxRows, &unfinished, &staleRetries); err != nil {
 		return false, err
 	}
 	store, err := blob.NewFS(filepath.Join(d.work, "blobs"))
@@ -516,6 +518,12 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 		ok = false
 		fmt.Printf("outbox rows without an outcome: %d\n", unfinished)
 	}
+	if staleRetries != 0 {
+		// A row's outcome is its job's (migration 00030): none may say
+		// retry_scheduled once the job applied.
+		ok = false
+		fmt.Printf("outbox rows left at retry_scheduled after their job ended: %d\n", staleRetries)
+	}
 	if dead != 0 {
 		ok = false
 		fmt.Printf("dead letters: %d (expected 0; see `%s`)\n", dead, inspectCommands(d.dbURL, d.conn.stream)[1])
@@ -550,7 +558,8 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	w.Flush()
 	// What the rows are: a job per kind per order (the send enqueued by
 	// the render), and a row of its own for every retry, with the same
-	// job id; a row's outcome is how that attempt ended.
+	// job id; every row of a job carries the job's latest outcome
+	// (migration 00030), the attempts' own verdicts are in job_history.
 	byKind, err := d.pool.Query(ctx, `SELECT kind, count(*), count(DISTINCT coalesce(job_id, id::text)) FROM outbox GROUP BY 1 ORDER BY 1`)
 	if err != nil {
 		return false, err
@@ -570,9 +579,10 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	}
 	w.Flush()
 	fmt.Println("Each order makes one job of each kind (send_tickets is enqueued by its render). A retry is a row of its own with")
-	fmt.Println("the same job id: retry_scheduled is the outcome of the attempt that failed, and the retry's row says how the job")
-	fmt.Println("ended. absorbed is a row whose run found its effect already applied; the table below counts every duplicate")
-	fmt.Println("absorbed, redeliveries of rows already done (relay republishes, reclaimed entries) included.")
+	fmt.Println("the same job id, and every row of a job shows how the job ended: retry_scheduled only while it waits to run again.")
+	fmt.Println("What each attempt did (a retry and why, then applied) is the job's history: `host jobs show ID`. absorbed is a")
+	fmt.Println("row whose run found its effect already applied; the table below counts every duplicate absorbed, redeliveries of")
+	fmt.Println("rows already done (relay republishes, reclaimed entries) included.")
 
 	fmt.Println()
 	fmt.Println("== duplicates absorbed, per guard ==")

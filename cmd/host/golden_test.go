@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,9 +25,10 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden with the comm
 var goldenCreated = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // The read commands' output, text and JSON, on a known state: two dead
-// letters (one with a raw entry), a job in the outbox, scheduled runs,
-// processed ids, absorbed duplicates, and a stream with entries pending on
-// two consumers. Run with -update to rewrite testdata/*.golden.
+// letters (one with a raw entry), a job in the outbox unpublished for an
+// hour, scheduled runs, processed ids, absorbed duplicates, and a stream
+// whose group has three entries pending on two consumers (the oldest 90
+// minutes old) and one not yet delivered. Run with -update to rewrite testdata/*.golden.
 func TestGoldenOutput(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -44,6 +46,9 @@ func TestGoldenOutput(t *testing.T) {
 	require.NoError(t, err)
 	_, err = outbox.Add(ctx, pool, outbox.Message{Kind: "render_tickets", Payload: []byte(`{"order_id":7}`)})
 	require.NoError(t, err)
+	// Unpublished for an hour at goldenNow: the relay lag.
+	_, err = pool.Exec(ctx, `UPDATE outbox SET created_at = $1`, goldenCreated.Add(30*time.Minute))
+	require.NoError(t, err)
 	for _, q := range []string{
 		`INSERT INTO processed_jobs (job_id, kind) VALUES ('1', 'update_sales_counter'), ('2', 'update_sales_counter')`,
 		`INSERT INTO scheduled_jobs (job_id, attempt, kind, payload, run_at) VALUES
@@ -58,8 +63,11 @@ func TestGoldenOutput(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, rdb.XGroupCreateMkStream(ctx, stream, "usher", "0").Err())
-	for range 4 {
-		require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"k", "v"}}).Err())
+	// Entries added at the letters' time, a millisecond apart: the oldest
+	// pending is 90 minutes old at goldenNow.
+	for i := range 4 {
+		id := fmt.Sprintf("%d-0", goldenCreated.UnixMilli()+int64(i))
+		require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, ID: id, Values: []any{"k", "v"}}).Err())
 	}
 	for consumer, n := range map[string]int64{"host-b": 2, "host-a": 1} {
 		require.NoError(t, rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "usher", Consumer: consumer, Streams: []string{stream, ">"}, Count: n}).Err())

@@ -38,7 +38,7 @@ func (cl *cli) inspectFlags(fs *flag.FlagSet) runner {
 		rdb := redis.NewClient(opt)
 		defer rdb.Close()
 		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
-			in, err := ops.Inspect(ctx, pool, rdb, conn.stream, conn.group)
+			in, err := ops.Inspect(ctx, pool, rdb, conn.stream, conn.group, cl.now())
 			if err != nil {
 				return err
 			}
@@ -77,7 +77,16 @@ func printInspection(out io.Writer, in ops.Inspection) error {
 	for _, c := range in.Consumers {
 		fmt.Fprintf(w, "    %s\t%d\n", c.Consumer, c.Pending)
 	}
+	if in.PendingError == "" {
+		if in.Lag.GroupLag >= 0 {
+			fmt.Fprintf(w, "  group lag\t%d undelivered\n", in.Lag.GroupLag)
+		} else {
+			fmt.Fprintf(w, "  group lag\tunknown (Redis cannot count it after a trim or deletion)\n")
+		}
+		fmt.Fprintf(w, "  oldest pending\t%s\n", ageText(in.Lag.OldestPending))
+	}
 	fmt.Fprintf(w, "outbox unpublished\t%d\n", in.OutboxUnpublished)
+	fmt.Fprintf(w, "  relay lag\t%s\n", ageText(in.Lag.RelayLag))
 	fmt.Fprintf(w, "scheduled runs\t%d due, %d later\n", in.ScheduledDue, in.ScheduledLater)
 	fmt.Fprintf(w, "processed job ids\t%d\n", in.ProcessedJobs)
 	if err := w.Flush(); err != nil {
@@ -116,6 +125,18 @@ func printInspection(out io.Writer, in ops.Inspection) error {
 		fmt.Fprintf(w, "  %s\t%s\t%s\t%d\n", a.Guard, a.Kind, a.Reason, a.Count)
 	}
 	return w.Flush()
+}
+
+// ageText prints an age from Lag: "none" for 0, else to the second (to
+// the millisecond under a second).
+func ageText(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "none"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
 }
 
 // noSchema explains a query on a database without usher's tables: the

@@ -123,36 +123,66 @@ func (cl *cli) pluginsList(fs *flag.FlagSet) runner {
 		if *asJSON {
 			return writeJSON(cl.stdout, list)
 		}
-		w := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "NAME\tVERSION\tPROTOCOL\tPID\tHEALTHY\tRESTARTS\tPARKED\tDB ROLE\tVERIFIED\tKINDS")
-		for _, p := range list {
-			role, verified := p.DBRole, "no manifest"
-			if role == "" {
-				role = "(host's)"
-			}
-			if p.SHA256 != "" {
-				verified = "sha256 " + p.SHA256[:12] + "…"
-			}
-			fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%v\t%d\t%d\t%s\t%s\t%v\n", p.Name, p.Version, p.Protocol, p.Pid, p.Healthy, p.Restarts,
-				p.Parked, role, verified, p.Kinds)
-		}
-		if err := w.Flush(); err != nil {
-			return err
-		}
-		for _, p := range list {
-			if p.ProbationUntil != nil {
-				fmt.Fprintf(cl.stdout, "%s: %s on probation until %s (rolled back to %s if it fails)\n", p.Name, p.Version,
-					p.ProbationUntil.Format(time.RFC3339), p.Previous)
-			}
-			if r := p.LastRollback; r != nil {
-				fmt.Fprintf(cl.stdout, "%s: rolled back %s -> %s at %s (%s): %s\n", p.Name, r.From, r.To, r.At.Format(time.RFC3339), r.Cause, r.Reason)
-			}
-			if p.Refused != "" {
-				fmt.Fprintf(cl.stdout, "%s: %s refused: %s\n", p.Name, p.Refused, p.RefusedReason)
-			}
-		}
-		return nil
+		return printPlugins(cl.stdout, list)
 	}
+}
+
+// printPlugins prints list as `host plugins list` shows it: a line per
+// plugin, its probation, last rollback and refusal, then the swap history
+// of every plugin, newest first.
+func printPlugins(out io.Writer, list []host.PluginStatus) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NAME\tVERSION\tPROTOCOL\tPID\tHEALTHY\tRESTARTS\tIN FLIGHT\tPARKED\tDB ROLE\tVERIFIED\tKINDS")
+	for _, p := range list {
+		role, verified := p.DBRole, "no manifest"
+		if role == "" {
+			role = "(host's)"
+		}
+		if p.SHA256 != "" {
+			verified = "sha256 " + p.SHA256[:min(12, len(p.SHA256))] + "…"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%v\t%d\t%d\t%d\t%s\t%s\t%v\n", p.Name, p.Version, p.Protocol, p.Pid, p.Healthy, p.Restarts,
+			p.InFlight, p.Parked, role, verified, p.Kinds)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	for _, p := range list {
+		if p.ProbationUntil != nil {
+			fmt.Fprintf(out, "%s: %s on probation until %s (rolled back to %s if it fails)\n", p.Name, p.Version,
+				p.ProbationUntil.Format(time.RFC3339), p.Previous)
+		}
+		if r := p.LastRollback; r != nil {
+			fmt.Fprintf(out, "%s: rolled back %s -> %s at %s (%s): %s\n", p.Name, r.From, r.To, r.At.Format(time.RFC3339), r.Cause, r.Reason)
+		}
+		if p.Refused != "" {
+			fmt.Fprintf(out, "%s: %s refused: %s\n", p.Name, p.Refused, p.RefusedReason)
+		}
+	}
+	fmt.Fprintf(out, "\nswap history (the last %d per plugin, every host, newest first)\n", host.SwapHistory)
+	swapped := false
+	for _, p := range list {
+		swapped = swapped || len(p.Swaps) > 0
+	}
+	if !swapped {
+		_, err := fmt.Fprintln(out, "  none")
+		return err
+	}
+	fmt.Fprintln(w, "  PLUGIN\tAT\tHOST\tACTION\tFROM\tTO\tCAUSE\tREASON")
+	for _, p := range list {
+		for _, s := range p.Swaps {
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, s.At.UTC().Format(time.RFC3339), s.Host, s.Action, orDash(s.From),
+				orDash(s.To), s.Cause, orDash(truncate(s.Reason, 100)))
+		}
+	}
+	return w.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func (cl *cli) pluginsReload(fs *flag.FlagSet) runner {

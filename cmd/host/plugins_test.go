@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"os"
 	"os/exec"
@@ -199,6 +200,21 @@ func TestPluginsRollbackCommand(t *testing.T) {
 
 	// An operator's reload asks for the refused manifest again.
 	require.Contains(t, o.ok("plugins", "reload", "counters"), "counters: swapped 1.0.0 -> 2.0.0")
+
+	// The swap history, newest first, from the database the host wrote
+	// it to: the swap, the rollback asked for, the swap again.
+	var list []host.PluginStatus
+	require.NoError(t, json.Unmarshal([]byte(o.ok("plugins", "list", "--json")), &list))
+	require.Len(t, list, 1)
+	var history []string
+	for _, s := range list[0].Swaps {
+		require.Equal(t, "counters", s.Plugin)
+		require.NotEmpty(t, s.Host)
+		history = append(history, strings.Join([]string{s.Action, s.From, s.To, s.Cause}, " "))
+	}
+	require.Equal(t, []string{"swapped 1.0.0 2.0.0 reload", "rolled back 2.0.0 1.0.0 requested", "swapped 1.0.0 2.0.0 reload"}, history)
+	require.EqualValues(t, 0, list[0].InFlight, "nothing runs")
+	require.Contains(t, o.ok("plugins", "list"), "swap history (the last 10 per plugin, every host, newest first)")
 }
 
 // A manifest says what its binary says: plugins manifest starts the binary

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -20,7 +21,7 @@ func TestInspectShowsJobsWaitingForTheirKind(t *testing.T) {
 	pool, _ := hosttest.DB(t)
 	rdb, stream := hosttest.Redis(t)
 	ctx := context.Background()
-	in, err := ops.Inspect(ctx, pool, rdb, stream, "usher")
+	in, err := ops.Inspect(ctx, pool, rdb, stream, "usher", time.Now())
 	require.NoError(t, err)
 	var out bytes.Buffer
 	require.NoError(t, printInspection(&out, in))
@@ -30,7 +31,7 @@ func TestInspectShowsJobsWaitingForTheirKind(t *testing.T) {
 		('new_kind', '{}', now(), now(), NULL), ('new_kind', '{}', now(), now(), NULL),
 		('new_kind', '{}', now(), now(), now()), ('other', '{}', now(), NULL, NULL)`)
 	require.NoError(t, err)
-	in, err = ops.Inspect(ctx, pool, rdb, stream, "usher")
+	in, err = ops.Inspect(ctx, pool, rdb, stream, "usher", time.Now())
 	require.NoError(t, err)
 	out.Reset()
 	require.NoError(t, printInspection(&out, in))

@@ -19,22 +19,17 @@ const (
 // lineColors are the series' colours, in order (colour-blind safe).
 var lineColors = []string{"#1b7837", "#2166ac", "#b2182b", "#762a83", "#e08214", "#4d4d4d"}
 
-// drawChart draws lines (values over time) as an SVG line chart with a
-// title, a y axis from 0 to the largest value labelled by unit, a time
-// axis and a legend. Every text it writes is escaped: it is inserted into
-// the page as HTML.
-func drawChart(title string, unit func(float64) string, lines []series) string {
-	var t0, t1 time.Time
+// drawChart draws lines (values over time, from t0 to t1) as an SVG line
+// chart with a title, a y axis from 0 to the largest value labelled by
+// unit, a time axis and a legend; a line of one point is a dot. Every text
+// it writes is escaped: it is inserted into the page as HTML.
+func drawChart(title string, unit func(float64) string, t0, t1 time.Time, lines []series) string {
 	maxY := 0.0
+	points := 0
 	for _, l := range lines {
 		for _, p := range l.Points {
-			if t0.IsZero() || p.At.Before(t0) {
-				t0 = p.At
-			}
-			if p.At.After(t1) {
-				t1 = p.At
-			}
 			maxY = math.Max(maxY, p.Value)
+			points++
 		}
 	}
 	if maxY == 0 {
@@ -54,16 +49,16 @@ func drawChart(title string, unit func(float64) string, lines []series) string {
 	if t1.After(t0) {
 		fmt.Fprintf(&b, `<text x="%d" y="%d" class="tick">%s</text>`, padL, chartH-8, t0.UTC().Format("15:04:05"))
 		fmt.Fprintf(&b, `<text x="%d" y="%d" class="tick" text-anchor="end">%s UTC</text>`, padL+plotW, chartH-8, t1.UTC().Format("15:04:05"))
-	} else if len(lines) == 0 {
-		fmt.Fprintf(&b, `<text x="%d" y="%d" class="tick">nothing counted yet</text>`, padL, chartH-8)
-	} else {
-		fmt.Fprintf(&b, `<text x="%d" y="%d" class="tick">collecting samples…</text>`, padL, chartH-8)
+	}
+	if points == 0 {
+		fmt.Fprintf(&b, `<text x="%d" y="%d" class="tick">none in this window</text>`, padL+plotW/2, padT+plotH/2)
 	}
 	span := t1.Sub(t0).Seconds()
 	for i, l := range lines {
 		color := lineColors[i%len(lineColors)]
-		var pts []string
+		var pts, values []string
 		for _, p := range l.Points {
+			values = append(values, strconv.FormatFloat(p.Value, 'g', -1, 64))
 			x := float64(padL)
 			if span > 0 {
 				x += p.At.Sub(t0).Seconds() / span * plotW
@@ -72,11 +67,15 @@ func drawChart(title string, unit func(float64) string, lines []series) string {
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x, y))
 		}
 		if len(pts) == 1 {
+			x, y, _ := strings.Cut(pts[0], ",")
+			fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="3" fill="%s"/>`, x, y, color)
 			pts = append(pts, pts[0])
 		}
 		if len(pts) > 0 {
-			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s" data-series="%s"/>`,
-				color, strings.Join(pts, " "), html.EscapeString(l.Name))
+			// data-values: the values drawn, for a reader (or a test)
+			// that wants the numbers.
+			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s" data-series="%s" data-values="%s"/>`,
+				color, strings.Join(pts, " "), html.EscapeString(l.Name), strings.Join(values, " "))
 		}
 		ly := padT + 14*i + 6
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="10" height="10" fill="%s"/>`, padL+plotW+10, ly-9, color)

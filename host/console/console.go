@@ -13,8 +13,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/host/swaps"
 )
 
 // Prefix is the path the console is served under.
@@ -31,7 +32,9 @@ type Plugin struct {
 	Healthy          bool
 	Restarts         int
 	Parked           int64
-	Kinds            []string
+	// InFlight is its jobs running on this host now.
+	InFlight int64
+	Kinds    []string
 	// Previous is the version a rollback would go back to;
 	// ProbationUntil, while set, when the running version stops being
 	// judged for an automatic rollback.
@@ -41,6 +44,9 @@ type Plugin struct {
 	LastRollback string
 	// Refused is the manifest version last refused and why.
 	Refused, RefusedReason string
+	// Swaps are its last swaps, rollbacks and refusals on any host,
+	// newest first.
+	Swaps []swaps.Swap
 }
 
 // ReloadResult is what a reload did to one plugin.
@@ -58,18 +64,14 @@ type Config struct {
 	Group  string
 	// Token is the admin token the login form asks for. Required.
 	Token string
-	// Metrics is the host's registry, sampled every SampleInterval for
-	// the overview's charts. Required.
-	Metrics prometheus.Gatherer
 	// Plugins and Reload are the host's (the admin API's /plugins and
 	// /plugins/reload). Required.
-	Plugins func() []Plugin
+	Plugins func(ctx context.Context) []Plugin
 	Reload  func(ctx context.Context, name string) ([]ReloadResult, error)
-	// SampleInterval is how often the counters are sampled. Default 10s.
-	SampleInterval time.Duration
-	// Samples is how many samples are kept (the charts' width in time is
-	// Samples × SampleInterval). Default 360 (an hour at 10s).
-	Samples int
+	// ChartWindow is how far back the overview's charts go, and
+	// ChartBucket the width of one point: they count the job history's
+	// records of every host (ops.Throughput). Defaults 1h and 1m.
+	ChartWindow, ChartBucket time.Duration
 	// SessionTTL is how long a login lasts. Default 12h.
 	SessionTTL time.Duration
 	// Logger logs logins and actions. Required.
@@ -86,18 +88,19 @@ func (c *Config) setDefaults() error {
 		return errors.New("console: Stream and Group are required")
 	case c.Token == "":
 		return errors.New("console: Token is required")
-	case c.Metrics == nil:
-		return errors.New("console: Metrics is required")
 	case c.Plugins == nil || c.Reload == nil:
 		return errors.New("console: Plugins and Reload are required")
 	case c.Logger == nil:
 		return errors.New("console: Logger is required")
 	}
-	if c.SampleInterval <= 0 {
-		c.SampleInterval = 10 * time.Second
+	if c.ChartWindow <= 0 {
+		c.ChartWindow = time.Hour
 	}
-	if c.Samples <= 0 {
-		c.Samples = 360
+	if c.ChartBucket <= 0 {
+		c.ChartBucket = time.Minute
+	}
+	if c.ChartBucket < time.Millisecond || c.ChartWindow/c.ChartBucket > 2000 {
+		return fmt.Errorf("console: a chart of %s in buckets of %s has too many points (at most 2000, a bucket at least 1ms)", c.ChartWindow, c.ChartBucket)
 	}
 	if c.SessionTTL <= 0 {
 		c.SessionTTL = 12 * time.Hour
@@ -114,47 +117,29 @@ var templateFS embed.FS
 //go:embed assets
 var assetFS embed.FS
 
-// Console serves the console's pages and keeps its samples.
+// Console serves the console's pages.
 type Console struct {
 	cfg      Config
 	log      *slog.Logger
 	tokenSum [sha256.Size]byte
 	sessions *sessions
-	samples  *sampler
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
 }
 
-// New builds a Console. Serve it under Prefix (Handler) and run its
-// sampler (Run) while the host runs.
+// New builds a Console. Serve it under Prefix (Handler).
 func New(cfg Config) (*Console, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
 	c := &Console{cfg: cfg, log: cfg.Logger, tokenSum: sha256.Sum256([]byte(cfg.Token)),
-		sessions: newSessions(cfg.SessionTTL, cfg.Now), samples: newSampler(cfg.Metrics, cfg.Samples, cfg.Now)}
+		sessions: newSessions(cfg.SessionTTL, cfg.Now)}
 	var err error
 	if c.pages, err = parsePages(); err != nil {
 		return nil, err
 	}
 	c.routes()
 	return c, nil
-}
-
-// Run samples the counters every SampleInterval until ctx is done.
-func (c *Console) Run(ctx context.Context) error {
-	t := time.NewTicker(c.cfg.SampleInterval)
-	defer t.Stop()
-	for {
-		if err := c.samples.sample(); err != nil {
-			c.log.Warn("console: sample the metrics", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
 }
 
 // Handler is the console, to be served under Prefix behind the admin

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/ops"
 )
 
 // Every page parses with the layout (a broken template would stop the
@@ -24,42 +26,36 @@ func TestPagesParse(t *testing.T) {
 func TestChartEscapes(t *testing.T) {
 	t.Parallel()
 	at := time.Unix(1000, 0)
-	svg := drawChart(`<b>kind</b>`, perSecond, []series{{Name: `<script>x</script>`, Points: []point{{At: at, Value: 1}, {At: at.Add(time.Second), Value: 3}}}})
+	svg := drawChart(`<b>kind</b>`, perSecond, at, at.Add(time.Second), []series{{Name: `<script>x</script>`, Points: []point{{At: at, Value: 1}, {At: at.Add(time.Second), Value: 3}}}})
 	require.NotContains(t, svg, "<script>")
 	require.NotContains(t, svg, "<b>")
 	require.Contains(t, svg, "&lt;script&gt;")
 	require.Equal(t, 1, strings.Count(svg, "<polyline"))
 }
 
-// Rates come from counter differences; a counter that went down (a
-// restart) counts from zero.
-func TestRates(t *testing.T) {
+// The charts' points are the buckets' counts over their width, zero
+// where a bucket holds none; the mean duration is over every verdict, with
+// no point where a bucket holds none; the totals are the buckets' sums.
+func TestBuildCharts(t *testing.T) {
 	t.Parallel()
-	at := time.Unix(1000, 0)
-	v := []float64{0, 10, 30, 5}
-	var samples []sample
-	for i := range v {
-		samples = append(samples, sample{at: at.Add(time.Duration(i) * 2 * time.Second), jobs: map[string]map[string]float64{"k": {"applied": v[i]}}})
+	since := time.Unix(1000, 0).UTC()
+	at := func(s int) time.Time { return since.Add(time.Duration(s) * time.Second) }
+	buckets := []ops.Bucket{
+		{Start: at(0), Kind: "k", Verdict: "applied", Guard: "job id recorded", Count: 10, TookMS: 100},
+		{Start: at(0), Kind: "k", Verdict: "absorbed", Guard: "job id recorded", Count: 2, TookMS: 20},
+		{Start: at(4), Kind: "k", Verdict: "applied", Guard: "job id recorded", Count: 4, TookMS: 400},
+		{Start: at(4), Kind: "k", Verdict: "retry", Guard: "job id recorded", Count: 1, TookMS: 1000},
 	}
-	pts := rates(samples, func(s sample) float64 { return s.jobs["k"]["applied"] })
-	require.Len(t, pts, 3)
-	require.Equal(t, []float64{5, 10, 2.5}, []float64{pts[0].Value, pts[1].Value, pts[2].Value})
-}
-
-// The mean duration between samples is the runs' added time over their
-// number; an interval in which none ended has no point.
-func TestMeanTook(t *testing.T) {
-	t.Parallel()
-	at := time.Unix(1000, 0)
-	took := []sumCount{{0, 0}, {0.5, 10}, {0.5, 10}, {2.5, 20}}
-	var samples []sample
-	for i := range took {
-		samples = append(samples, sample{at: at.Add(time.Duration(i) * time.Second), took: map[string]sumCount{"k": took[i]}})
-	}
-	pts := meanTook(samples, "k")
-	require.Len(t, pts, 2)
-	require.InDeltaSlice(t, []float64{50, 200}, []float64{pts[0].Value, pts[1].Value}, 1e-9)
-	require.Equal(t, at.Add(3*time.Second), pts[1].At)
+	c := buildCharts(buckets, since, at(6), 2*time.Second)
+	require.Len(t, c.Kinds, 1)
+	require.Equal(t, []kindTotals{{Kind: "k", Applied: 14, Absorbed: 2, Retry: 1, Total: 17, MeanMS: 1520.0 / 17, tookMS: 1520}}, c.Totals)
+	svg := c.Kinds[0].SVG
+	require.Equal(t, 3, strings.Count(svg, "<polyline"), "applied, absorbed, dead_lettered")
+	// 3 buckets: applied 5/s, 0, 2/s; the y axis goes to 5.
+	require.Contains(t, svg, `data-series="applied"`)
+	require.Contains(t, c.Kinds[0].Took, `data-series="mean"`)
+	require.Contains(t, c.Absorbed, `data-series="job id recorded"`)
+	require.Equal(t, []time.Time{at(0), at(2), at(4)}, bucketStarts(since, at(6), 2*time.Second))
 }
 
 func TestSafeNext(t *testing.T) {

@@ -2,16 +2,18 @@
 // admin listener, under /console/, for an operator's browser.
 //
 // Pages: an overview (job throughput and mean run duration per kind over
-// time, drawn as SVG from samples of the host's Prometheus counters that
-// the console keeps in memory, and the state `host inspect` prints: pending, lag, oldest
-// pending age, relay lag, open dead letters, absorbed duplicates); dead
-// letters (filter by kind, show, requeue one or every one of a kind);
-// plugins (version, checksum, health, restarts, parked, probation and
-// rollback; reload); and jobs (outbox rows searched by id, kind, outcome
-// and request id, and for one job id its state and every delivery's
-// record). Every number comes from the functions the CLI uses: host/ops for
-// the state, host/deadletter for dead letters, host/history for a job's
-// history, the host's Plugins and Reload for plugins.
+// time, and duplicates absorbed per guard, drawn as SVG from the job
+// history every host writes, bucketed by ops.Throughput, so every host's
+// console shows the cluster; and the state `host inspect` prints: pending,
+// lag, oldest pending age, relay lag, open dead letters, absorbed
+// duplicates); dead letters (filter by kind, show, requeue one or every one
+// of a kind); plugins (version, checksum, health, restarts, in flight,
+// parked, probation and rollback, the swap history of host/swaps; reload);
+// and jobs (outbox rows searched by id, kind, outcome and request id, and
+// for one job id its state and every delivery's record). Every number
+// comes from the functions the CLI uses: host/ops for the state and the
+// charts, host/deadletter for dead letters, host/history for a job's
+// history, the host's PluginReport and Reload for plugins.
 //
 // # Authentication and CSRF
 //

@@ -25,7 +25,7 @@ var funcs = template.FuncMap{
 	"ago": func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
 	"dur": func(d time.Duration) string { return d.Round(time.Millisecond).String() },
 	"utc": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
-	"num": func(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) },
+	"ms":  func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + " ms" },
 	// outcomes are the outcomes the host writes on an outbox row, offered
 	// by the jobs search.
 	"outcomes": func() []string { return []string{"applied", "absorbed", "retry_scheduled", "dead_letter"} },
@@ -99,18 +99,23 @@ func back(w http.ResponseWriter, r *http.Request, to, msg string) {
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	in, err := ops.Inspect(ctx, c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
+	now := c.cfg.Now()
+	in, err := ops.Inspect(ctx, c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group, now)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	lag, err := ops.ReadLag(ctx, c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group, c.cfg.Now())
+	// The window ends with the bucket now is in: its point grows until
+	// the bucket is over.
+	until := ops.BucketStart(now, c.cfg.ChartBucket).Add(c.cfg.ChartBucket)
+	since := until.Add(-c.cfg.ChartWindow)
+	buckets, err := ops.Throughput(ctx, c.cfg.Pool, since, until, c.cfg.ChartBucket)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	c.render(w, r, "overview.html", map[string]any{"In": in, "Lag": lag, "DeadOpen": in.DeadLettersOpen(),
-		"Charts": c.samples.charts(c.cfg.SampleInterval)})
+	c.render(w, r, "overview.html", map[string]any{"In": in, "Lag": in.Lag, "DeadOpen": in.DeadLettersOpen(),
+		"Charts": buildCharts(buckets, since, until, c.cfg.ChartBucket)})
 }
 
 func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
@@ -120,7 +125,7 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	in, err := ops.Inspect(r.Context(), c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
+	in, err := ops.Inspect(r.Context(), c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group, c.cfg.Now())
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -194,7 +199,7 @@ func (c *Console) requeueKind(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) plugins(w http.ResponseWriter, r *http.Request) {
-	c.render(w, r, "plugins.html", map[string]any{"Plugins": c.cfg.Plugins(), "Now": c.cfg.Now()})
+	c.render(w, r, "plugins.html", map[string]any{"Plugins": c.cfg.Plugins(r.Context()), "Now": c.cfg.Now()})
 }
 
 func (c *Console) reload(w http.ResponseWriter, r *http.Request) {

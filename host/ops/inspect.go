@@ -35,6 +35,9 @@ type Inspection struct {
 	WaitingForKind []KindCount `json:"waiting_for_kind,omitempty"`
 	DeadLetters    []KindCount `json:"dead_letters_open"`
 	Absorbed       []Absorbed  `json:"duplicates_absorbed"`
+	// Lag is how far behind the runtime is, as of the time Inspect was
+	// given.
+	Lag Lag `json:"lag"`
 }
 
 // ConsumerLoad is one consumer's pending entries.
@@ -68,12 +71,16 @@ func (in Inspection) DeadLettersOpen() int64 {
 }
 
 // Inspect reads the stream's length and pending entries, the outbox, the
-// scheduled runs, the processed job ids, the jobs waiting for a host serving
-// their kind, the open dead letters per kind and the duplicates absorbed. A missing consumer group is not an error: its
-// text is in PendingError.
-func Inspect(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, stream, group string) (Inspection, error) {
+// scheduled runs, the processed job ids, the jobs waiting for a host
+// serving their kind, the open dead letters per kind, the duplicates
+// absorbed and the lag as of now (ReadLag). A missing consumer group is not
+// an error: its text is in PendingError, and the group lag is -1.
+func Inspect(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, stream, group string, now time.Time) (Inspection, error) {
 	in := Inspection{Stream: stream, Group: group, Consumers: []ConsumerLoad{}, DeadLetters: []KindCount{}, Absorbed: []Absorbed{}}
 	var err error
+	if in.Lag, err = ReadLag(ctx, q, rdb, stream, group, now); err != nil {
+		return in, err
+	}
 	if in.Entries, err = rdb.XLen(ctx, stream).Result(); err != nil {
 		return in, fmt.Errorf("redis: XLEN %s: %w", stream, err)
 	}

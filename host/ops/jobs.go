@@ -33,8 +33,12 @@ type Job struct {
 	CreatedAt   time.Time  `json:"created_at"`
 	PublishedAt *time.Time `json:"published_at"`
 	DoneAt      *time.Time `json:"done_at"`
-	// Outcome is how the row's run ended (applied, absorbed,
-	// retry_scheduled, dead_lettered, ...); empty while it has not.
+	// Outcome is how the row's job ended so far (applied, absorbed,
+	// retry_scheduled, dead_letter): a row whose attempt was retried or
+	// dead-lettered takes the outcome of the job's later row when that
+	// one ends, so retry_scheduled means the job waits to run again. What
+	// each attempt did is in the job's history. Empty while the row has
+	// not ended.
 	Outcome     string `json:"outcome"`
 	Republished int    `json:"republished"`
 }

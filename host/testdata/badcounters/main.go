@@ -3,7 +3,9 @@
 // rollback. The mode is set at build time: -X main.mode=crash exits the
 // process in every job, as kill -9 would; -X main.mode=error fails every
 // job with a transient error; -X main.mode=crashjob -X main.crashJob=ID
-// exits the process in job ID only. Any other mode serves like counters.
+// exits the process in job ID only; -X main.mode=flaky fails every job's
+// first attempt with a transient error and applies its retry. Any other
+// mode serves like counters.
 package main
 
 import (
@@ -33,6 +35,10 @@ func (h handler) Apply(ctx context.Context, job sdk.Job[stagedoor.UpdateSalesCou
 	case "crashjob":
 		if job.ID == crashJob {
 			os.Exit(3)
+		}
+	case "flaky":
+		if job.Attempt == 0 {
+			return errors.New("badcounters: the first attempt fails")
 		}
 	}
 	return h.Handler.Apply(ctx, job, tx)
