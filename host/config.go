@@ -303,7 +303,10 @@ func (c *Config) setDefaults() error {
 	if c.StalledAfter <= 0 {
 		c.StalledAfter = 2 * time.Second
 	}
-	if c.BatchMax <= 0 {
+	if c.BatchMax < 0 {
+		return fmt.Errorf("host: BatchMax %d is negative; 1 runs every job in its own transaction", c.BatchMax)
+	}
+	if c.BatchMax == 0 {
 		c.BatchMax = 32
 	}
 	if c.MaxEntryBytesHeld <= 0 {
