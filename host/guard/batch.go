@@ -128,9 +128,11 @@ func (r *Runner) runBatch(batch []*batchReq) {
 		return
 	}
 	first := batch[0]
-	// The first job's deadline is the batch's: it came first, so it is
-	// the earliest (every job has the same timeout).
-	ctx := first.ctx
+	// The last job's deadline is the batch's: it came last, so it is the
+	// latest (every job has the same timeout), and a batch that runs out
+	// of time has run out every job's own, which the host then reports
+	// as timed out, not as unfinished.
+	ctx := batch[len(batch)-1].ctx
 	recorded := make([]bool, len(batch))
 	opens := make([]opening, len(batch))
 	for i, q := range batch {
