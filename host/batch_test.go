@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/plugins/stagedoor/faults"
 )
 
 // Jobs that record their id run in batches: one transaction and one call
@@ -70,4 +71,41 @@ func TestBatchesApplyEachJobOnce(t *testing.T) {
 	split, splitJobs := count("split")
 	require.Positive(t, committed, "no batch of two jobs or more committed:\n%s", m)
 	t.Logf("%.0f batches committed, %.1f jobs each; %.0f split (%.0f jobs run again alone)", committed, jobs/committed, split, splitJobs)
+}
+
+// A job that hangs inside a batch holds only itself: the batch is called
+// off after StalledAfter, and its other jobs run again alone and apply
+// while the hanging one is still held.
+func TestHangingJobDoesNotHoldItsBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	want := b.placeOrders(t, 200, 4)
+	// The hundredth job arrives while other jobs wait: it runs in a batch.
+	var jobID string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(job_id, id::text) FROM outbox ORDER BY id OFFSET 99 LIMIT 1`).Scan(&jobID))
+	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{jobID}}))
+	cfg := b.config()
+	cfg.AdminAddr = "127.0.0.1:0"
+	cfg.StalledAfter = 500 * time.Millisecond
+	cfg.JobTimeout = 5 * time.Minute // far past the wait below: only the split can free the others
+	h := hosttest.Start(t, cfg)
+
+	b.held(t, "counter.apply", jobID)
+	hosttest.Eventually(t, 30*time.Second, "every other job applied while one hangs", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`) == 199
+	})
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies WHERE job_id = $1`, jobID), "the hanging job has not applied")
+	m := metricsText(t, h)
+	require.Regexp(t, `usher_job_batch_size_count\{result="split",role="usher_plugin_counters"\} [1-9]`, m, "the hanging job's batch was split")
+
+	// Released, it applies once, and every counter is exact.
+	require.NoError(t, faults.Disarm(b.faultDir, "counter.apply"))
+	require.NoError(t, h.Stop())
+	next := b.config()
+	next.DisableRelay = true
+	hosttest.Start(t, next)
+	b.waitDrained(t, 200)
+	b.requireCounters(t, want)
+	require.EqualValues(t, 200, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`))
 }

@@ -17,7 +17,10 @@ func TestShutdownAbandonsInFlightUnacked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	want := b.placeOrders(t, 3, 1)
-	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", Once: true})
+	// Not Once: a batch holding the hanging job is called off after
+	// StalledAfter and its jobs run again alone, where this one must hang
+	// again; it is disarmed before the second host starts.
+	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "1h"})
 	cfg := b.config()
 	cfg.ShutdownGrace = 300 * time.Millisecond
 	first := hosttest.Start(t, cfg)
@@ -29,6 +32,7 @@ func TestShutdownAbandonsInFlightUnacked(t *testing.T) {
 	require.EqualValues(t, 1, hosttest.Pending(t, b.rdb, b.stream, "usher"), "the abandoned entry stays pending")
 	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM processed_jobs`), "its transaction rolled back")
 
+	require.NoError(t, faults.Disarm(b.faultDir, "counter.apply"))
 	second := b.config()
 	second.DisableRelay = true
 	hosttest.Start(t, second)

@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -29,7 +30,9 @@ import (
 //
 // One batch at a time per pool: the batches of a plugin do not wait on each
 // other's row locks, so they do not deadlock. A batch that runs past
-// StalledAfter no longer holds the next one back.
+// StalledAfter is called off: its Invoke is cancelled, its transaction
+// rolled back, and each of its jobs runs again alone, so a handler that
+// hangs holds only its own job, never its batch-mates nor the next batch.
 
 // batchReq is one job waiting for its batch.
 type batchReq struct {
@@ -88,19 +91,29 @@ func (r *Runner) drain(b *batcher) {
 		}
 		b.queue = rest
 		b.mu.Unlock()
+		// The last job's deadline is the batch's: it came last, so it is
+		// the latest (every job has the same timeout), and a batch that
+		// runs out of time has run out every job's own, which the host
+		// then reports as timed out, not as unfinished.
+		ctx, stop := context.WithCancelCause(batch[len(batch)-1].ctx)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			r.runBatch(batch)
+			defer stop(nil)
+			r.runBatch(ctx, batch)
 		}()
+		t := time.NewTimer(r.cfg.StalledAfter)
 		select {
 		case <-done:
-		case <-time.After(r.cfg.StalledAfter):
-			// A stalled batch (a handler that hangs) holds its own
-			// jobs, not the plugin's next batch.
+		case <-t.C:
+			stop(errBatchStalled)
 		}
+		t.Stop()
 	}
 }
+
+// errBatchStalled calls off a batch that ran past StalledAfter.
+var errBatchStalled = errors.New("batch stalled")
 
 func finish(q *batchReq, out Outcome) {
 	q.out = out
@@ -122,17 +135,12 @@ func (r *Runner) alone(batch []*batchReq) {
 
 // runBatch runs batch's jobs in one transaction, or each alone when they
 // cannot all apply together.
-func (r *Runner) runBatch(batch []*batchReq) {
+func (r *Runner) runBatch(ctx context.Context, batch []*batchReq) {
 	if len(batch) == 1 {
 		r.alone(batch)
 		return
 	}
 	first := batch[0]
-	// The last job's deadline is the batch's: it came last, so it is the
-	// latest (every job has the same timeout), and a batch that runs out
-	// of time has run out every job's own, which the host then reports
-	// as timed out, not as unfinished.
-	ctx := batch[len(batch)-1].ctx
 	recorded := make([]bool, len(batch))
 	opens := make([]opening, len(batch))
 	for i, q := range batch {
@@ -169,6 +177,15 @@ func (r *Runner) runBatch(batch []*batchReq) {
 		}
 	}
 	res, err := first.inv.Invoke(ctx, calls)
+	if err != nil && context.Cause(ctx) == errBatchStalled {
+		// Called off, not crashed: one of the jobs hangs. Each runs
+		// again alone, where the hanging one holds only itself.
+		release()
+		tx.Rollback(context.WithoutCancel(ctx))
+		r.observe(first.db, len(run), false)
+		r.alone(run)
+		return
+	}
 	if err != nil {
 		release()
 		for _, q := range run {
