@@ -19,7 +19,7 @@ import (
 )
 
 // metrics reads the host's Prometheus text from its admin API.
-func metricsText(t *testing.T, h *hosttest.Running) string {
+func metricsText(t testing.TB, h *hosttest.Running) string {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, "http://"+h.AdminAddr()+"/metrics", nil)
 	require.NoError(t, err)
