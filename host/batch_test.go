@@ -109,3 +109,27 @@ func TestHangingJobDoesNotHoldItsBatch(t *testing.T) {
 	b.requireCounters(t, want)
 	require.EqualValues(t, 200, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`))
 }
+
+// kill -9 of the plugin (its exit in the middle of an apply) while it
+// holds a batch: every job of the batch is abandoned with the crash, runs
+// again alone when the plugin is back, and applies once.
+func TestPluginCrashMidBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	want := b.placeOrders(t, 200, 4)
+	var jobID string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(job_id, id::text) FROM outbox ORDER BY id OFFSET 99 LIMIT 1`).Scan(&jobID))
+	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "crash", Once: true, JobIDs: []string{jobID}}))
+	cfg := b.config()
+	cfg.AdminAddr = "127.0.0.1:0"
+	h := hosttest.Start(t, cfg)
+
+	b.waitDrained(t, 200)
+	b.requireCounters(t, want)
+	require.EqualValues(t, 200, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`), "zero lost, zero doubled")
+	require.EqualValues(t, 200, hosttest.Count(t, b.pool, `SELECT count(DISTINCT job_id) FROM counter_applies`))
+	require.GreaterOrEqual(t, h.Plugins()[0].Restarts, 1, "the plugin crashed")
+	require.Regexp(t, `usher_job_batch_size_count\{result="split",role="usher_plugin_counters"\} [1-9]`, metricsText(t, h),
+		"the crash took a batch down")
+}

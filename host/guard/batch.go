@@ -188,6 +188,7 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq) {
 	}
 	if err != nil {
 		release()
+		r.observe(first.db, len(run), false) // they run again alone
 		for _, q := range run {
 			finish(q, abandoned(fmt.Errorf("apply of %s job %s did not complete: %w", q.job.GetKind(), q.job.GetId(), err)))
 		}
