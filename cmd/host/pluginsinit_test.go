@@ -75,7 +75,7 @@ func TestPluginsInit(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "0.2.0", m.Version)
 	require.ElementsMatch(t, []string{"tplinit_render", "tplinit_notify", "tplinit_count"}, m.Kinds)
-	require.DirExists(t, filepath.Join(dir, "dist", "tplinit.migrations"))
+	require.DirExists(t, filepath.Join(dir, "dist", "tplinit-migrations"))
 
 	// Refusals: exit status 2 for a command line init does not take, 1 for
 	// a directory it will not write to; nothing is written either way.
