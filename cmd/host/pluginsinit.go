@@ -34,6 +34,9 @@ const usherModule = "github.com/usherhq/usher"
 type templateData struct {
 	Name, Module, EnvPrefix string
 	GoVersion, UsherVersion string
+	// UsherUnknown: this host does not know its usher version, and
+	// UsherVersion is the zero pseudo-version a replace must fix.
+	UsherUnknown bool
 }
 
 func (cl *cli) pluginsInit(fs *flag.FlagSet) runner {
@@ -47,8 +50,8 @@ func (cl *cli) pluginsInit(fs *flag.FlagSet) runner {
 		if err := sandbox.CheckPluginName(name); err != nil {
 			return usageError{err.Error()}
 		}
-		d := templateData{Name: name, Module: *module, EnvPrefix: strings.ToUpper(name),
-			GoVersion: goVersion(), UsherVersion: usherVersion()}
+		d := templateData{Name: name, Module: *module, EnvPrefix: strings.ToUpper(name), GoVersion: goVersion()}
+		d.UsherVersion, d.UsherUnknown = usherVersion()
 		if d.Module == "" {
 			d.Module = "example.com/" + name
 		}
@@ -62,7 +65,11 @@ func (cl *cli) pluginsInit(fs *flag.FlagSet) runner {
 		if err := writePluginModule(out, d); err != nil {
 			return err
 		}
-		fmt.Fprintf(cl.stdout, "wrote plugin %s (module %s) to %s\nnext: cd %s && go mod tidy && make test\n", name, d.Module, out, out)
+		fmt.Fprintf(cl.stdout, "wrote plugin %s (module %s) to %s\n", name, d.Module, out)
+		if d.UsherUnknown {
+			fmt.Fprintf(cl.stdout, "this host does not know its usher version: in %s, go get github.com/usherhq/usher@VERSION, or go mod edit -replace github.com/usherhq/usher=/path/to/usher\n", out)
+		}
+		fmt.Fprintf(cl.stdout, "next: cd %s && go mod tidy && make test\n", out)
 		return nil
 	}
 }
@@ -149,13 +156,13 @@ func goVersion() string {
 }
 
 // usherVersion is the version of usher this host was built from when the
-// build knows it (a `go install ...@v1.2.0`), else the zero pseudo-version
-// that a replace directive or `go get github.com/usherhq/usher@VERSION`
-// must then fix.
-func usherVersion() string {
+// build knows it (a `go install ...@v1.2.0`); else the zero pseudo-version,
+// which a replace directive or `go get github.com/usherhq/usher@VERSION`
+// must then fix, and unknown is true.
+func usherVersion() (v string, unknown bool) {
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Path == usherModule &&
 		strings.HasPrefix(bi.Main.Version, "v") {
-		return bi.Main.Version
+		return bi.Main.Version, false
 	}
-	return "v0.0.0-00010101000000-000000000000"
+	return "v0.0.0-00010101000000-000000000000", true
 }
