@@ -67,10 +67,15 @@ func TestCreditWalletIsIdempotent(t *testing.T) {
 	})
 }
 
-// schema is the Up half of the plugin's migrations, then what `host
-// plugins install` gives the plugin's role on each table they create.
+// schema is the Up half of every migration, in order, then what
+// `host plugins install` gives the plugin's role on each table they create.
 // sdktest runs it in the public schema, where install would use
 // plugin_refunds.
+//
+// PLUGIN-OWNED SCHEMAS: once sdktest installs a plugin's migrations and
+// grants as a host does (Case.Migrations, Case.Grants), this helper goes:
+// Migrations: os.DirFS("migrations") and the grants of grants.json replace
+// Schema: schema(t).
 func schema(tb testing.TB) string {
 	tb.Helper()
 	files, err := filepath.Glob("migrations/*.sql")
