@@ -31,9 +31,30 @@ type StateFirst[T Args, S any] interface {
 //	ON CONFLICT (<key columns>) DO UPDATE SET <ClaimedColumn> = now()
 //	WHERE <Table>.<DoneColumn> IS NULL
 //	  AND <Table>.<ClaimedColumn> < now() - <Lease>
-//	RETURNING 1
+//	RETURNING <ClaimedColumn>
 //
-// The table needs a unique constraint on exactly the key columns.
+// The table needs a unique constraint on exactly the key columns, a
+// timestamptz ClaimedColumn (NOT NULL is fine) and a nullable timestamptz
+// DoneColumn, plus the Result columns:
+//
+//	CREATE TABLE email_sends (
+//	    order_id            bigint NOT NULL,
+//	    kind                text   NOT NULL,
+//	    claimed_at          timestamptz NOT NULL,
+//	    sent_at             timestamptz,
+//	    provider_message_id text,
+//	    PRIMARY KEY (order_id, kind)
+//	);
+//
+// After the effect the host marks the row (UPDATE ... SET <DoneColumn> =
+// now(), <Result columns> = ... WHERE <keys> AND <DoneColumn> IS NULL).
+// When Effect returns an error (RetryLater, Permanent or a plain error)
+// the host releases the claim (<ClaimedColumn> = '-infinity') so the next
+// run need not wait out the lease; a crash releases nothing, and the next
+// run waits for the lease. These statements run as the plugin's own
+// database role, which therefore needs SELECT on the key, claimed and done
+// columns, INSERT on the key and claimed columns, and UPDATE on the
+// claimed, done and Result columns.
 type Claim struct {
 	// Table holding one row per effect, e.g. "email_sends".
 	Table string
@@ -77,6 +98,12 @@ type ClaimEffect[T Args] interface {
 	Claim(job Job[T]) (Claim, error)
 	// Effect performs the effect. db is read-only; key is derived from the
 	// claim's intent and is the only key the provider call path accepts.
+	// It is called only when this run owns the claim, and again (with the
+	// same key) after a crash between the effect and the mark, or after a
+	// lease that ran out while it was still running: the provider's key,
+	// not the claim, makes those calls harmless. An error releases the
+	// claim (see Claim); nil marks the effect done, with what KeepResult
+	// kept.
 	Effect(ctx context.Context, job Job[T], db *ReadOnly, key IdempotencyKey) error
 }
 

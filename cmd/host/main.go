@@ -8,7 +8,7 @@
 //	host deadletters  list | show ID | requeue ID | requeue --kind KIND
 //	host jobs         show ID: a job's state and every delivery's record
 //	host workflows    show REQUEST_ID: the jobs one request started, as a tree
-//	host plugins      list | reload [NAME] (a running host, admin API) | manifest BINARY
+//	host plugins      list | reload [NAME] (a running host, admin API) | manifest BINARY | init NAME
 //
 // Flags go anywhere on the command line, before or after the command, its
 // subcommand and its arguments; an unknown flag is an error (exit status

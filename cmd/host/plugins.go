@@ -30,6 +30,10 @@ func (cl *cli) pluginCommands() []*command {
 			help: "The manifest rolled back from is refused until it changes (or a reload asks for it).\n\n" + tokenHelp, flags: cl.pluginsRollback},
 		{name: "manifest", args: "BINARY", summary: "print BINARY's manifest (name, version, binary, SHA-256), or write it beside the binary as NAME.plugin.json",
 			flags: cl.pluginsManifest},
+		{name: "init", args: "NAME", summary: "write a new plugin module to start from: a handler per guard, their sdktest tests, migrations, grants, a Makefile",
+			help: "NAME is the plugin's name (lower-case letters, digits and _, starting with a letter): its database role is usher_plugin_NAME.\n" +
+				"The directory (--dir, default ./NAME) must be new or empty.",
+			flags: cl.pluginsInit},
 	}
 }
 

@@ -14,6 +14,11 @@
 //     commits; after the claim, after the effect and before the mark;
 //     before and after apply.
 //
+// A claim a crashed or concurrent copy still holds is aged past its lease
+// (as time would) rather than waited for, so in the claim guard's
+// scenarios the effect may run twice with the same key: they pass only
+// when the provider the test talks to honours the key, as a real one must.
+//
 // A scenario that ends with different effects fails with the step that broke
 // idempotency. Effects are whatever the author names: rows in the database
 // and effects outside it (messages at a provider).

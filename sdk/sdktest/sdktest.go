@@ -27,8 +27,15 @@ import (
 
 // Case describes a handler to prove idempotent.
 type Case[T sdk.Args] struct {
-	// Schema is extra SQL for the handler's own tables, run on every
-	// scenario's fresh database after usher's migrations. Optional.
+	// Plugin is the plugin's name. Its database role, usher_plugin_<name>,
+	// is created (when missing) before Schema runs, so Schema may grant
+	// to it; without Plugin the role is created only after Start, and a
+	// Schema that grants to a role that does not exist yet fails. Optional
+	// when Schema grants nothing.
+	Plugin string
+	// Schema is extra SQL for the handler's own tables and its role's
+	// grants, run by the runtime's owner on every scenario's fresh
+	// database after usher's migrations, in the public schema. Optional.
 	Schema string
 	// Enqueues lists kinds of other plugins the handler enqueues, as its
 	// manifest's "enqueues" would: the database refuses any other.
@@ -178,6 +185,9 @@ var errCrashed = errors.New("sdktest: the plugin process crashed here")
 func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error) {
 	pool, _ := hosttest.DB(tb)
 	ctx := context.Background()
+	if c.Plugin != "" {
+		hosttest.EnsureRoles(tb, c.Plugin)
+	}
 	if c.Schema != "" {
 		if _, err := pool.Exec(ctx, c.Schema); err != nil {
 			tb.Fatalf("sdktest: schema: %v", err)
@@ -199,6 +209,9 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 	m, g, err := guardOf(setup.Plugin, kind, handles)
 	if err != nil {
 		return nil, 0, err
+	}
+	if c.Plugin != "" && m.GetName() != c.Plugin {
+		tb.Fatalf("sdktest: Case.Plugin is %q, but Start's plugin is named %q", c.Plugin, m.GetName())
 	}
 	db, err := pluginDB(tb, pool, m, c.Enqueues)
 	if err != nil {
