@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/hosttest"
 )
 
 const (
@@ -78,5 +80,41 @@ func TestShippedPluginsCarryNoFaultsOrTestWrites(t *testing.T) {
 			paths = append(paths, p.path)
 		}
 		require.Contains(t, paths, faults, "%s injects no faults", main)
+	}
+}
+
+// The README's "Faults come from outside" command, run as written by sh in
+// the repository: bin/chaos-plugins holds both chaos builds, each with the
+// manifest of the shipped plugin's name and kinds (`host plugins manifest`
+// starts the binary and checks them), built from the chaos packages.
+// Skipped with -short: it builds the host too.
+func TestREADMEChaosPlugins(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the host and both chaos builds")
+	}
+	t.Parallel()
+	root := hosttest.ModuleRoot(t)
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	_, after, ok := strings.Cut(string(readme), "### Faults come from outside")
+	require.True(t, ok, "README has no Faults come from outside section")
+	_, after, ok = strings.Cut(after, "```sh\n")
+	require.True(t, ok, "no sh block in Faults come from outside")
+	block, _, _ := strings.Cut(after, "```")
+	lines := strings.Split(strings.TrimSpace(block), "\n")
+	require.Len(t, lines, 1)
+	line, _, _ := strings.Cut(lines[0], "  #")
+	require.Equal(t, "make chaos-plugins", strings.TrimSpace(line))
+
+	cmd := exec.Command("sh", "-c", lines[0])
+	cmd.Dir = root
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for name, pkg := range map[string]string{"counters": "plugins/counters/chaos", "tickets": "plugins/tickets/chaos"} {
+		bin := filepath.Join(root, "bin", "chaos-plugins", name)
+		require.FileExists(t, filepath.Join(root, "bin", "chaos-plugins", name+".plugin.json"))
+		info, err := exec.Command("go", "version", "-m", bin).CombinedOutput()
+		require.NoError(t, err, "%s", info)
+		require.Contains(t, string(info), "\tpath\t"+module+"/"+pkg+"\n", "%s is not its chaos build", bin)
 	}
 }
