@@ -64,7 +64,8 @@ type Call struct {
 // against the phase, and a panic in it fails the job as a handler's does.
 // What Go's types cannot stop (a network call or a file write from a phase
 // that must have no effect) is as much a mistake in a middleware as in a
-// handler, and worse, since a middleware runs in every phase.
+// handler, and worse, since a middleware runs in every phase: usher-vet
+// reports any effect a middleware reaches (sdk/analysis/effectcheck).
 //
 // next runs the phase at most once: a second call fails the job
 // permanently instead of running the handler again.
