@@ -178,6 +178,9 @@ func shellQuote(s string) string {
 
 // prepare makes a fresh database and stream and a clean work directory.
 func (d *demo) prepare(ctx context.Context) error {
+	if err := faults.RequireChaosBuilds(d.pluginDir); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
 	if err := os.RemoveAll(d.work); err != nil {
 		return err
 	}

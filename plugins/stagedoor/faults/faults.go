@@ -26,6 +26,7 @@ package faults
 
 import (
 	"context"
+	"debug/buildinfo"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -162,6 +163,28 @@ func (s Spec) matches(jobID string) bool {
 	}
 	return true
 }
+
+// RequireChaosBuilds returns an error naming the first of the counters and
+// tickets plugins in dir that is not a chaos build (plugins/*/chaos, read
+// from the binary's build info): the shipped plugins ignore armed faults
+// and record no counter_applies, so a run that arms and counts them would
+// wait for what never comes.
+func RequireChaosBuilds(dir string) error {
+	for _, name := range []string{"counters", "tickets"} {
+		bin := filepath.Join(dir, name)
+		info, err := buildinfo.ReadFile(bin)
+		if err != nil {
+			return fmt.Errorf("%s: %w", bin, err)
+		}
+		if info.Path != module+"/plugins/"+name+"/chaos" {
+			return fmt.Errorf("%s is built from %s, not the plugin's chaos build %s/plugins/%s/chaos, which injects faults and records counter_applies (make chaos-plugins; --plugin-dir bin/chaos-plugins)",
+				bin, info.Path, module, name)
+		}
+	}
+	return nil
+}
+
+const module = "github.com/usherhq/usher"
 
 // Arm writes spec for point into dir (for tests and the demo).
 func Arm(dir, point string, s Spec) error {
