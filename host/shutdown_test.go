@@ -32,7 +32,7 @@ func TestShutdownAbandonsInFlightUnacked(t *testing.T) {
 	require.EqualValues(t, 1, hosttest.Pending(t, b.rdb, b.stream, "usher"), "the abandoned entry stays pending")
 	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM processed_jobs`), "its transaction rolled back")
 
-	require.NoError(t, faults.Disarm(b.faultDir, "counter.apply"))
+	require.NoError(t, faults.Disarm(b.faultDir, "counter.before_apply"))
 	second := b.config()
 	second.DisableRelay = true
 	hosttest.Start(t, second)
