@@ -50,9 +50,9 @@ demo: services build chaos-plugins
 	$(BIN)/host demo --plugin-dir $(CHAOS_PLUGINS) --mailprovider $(BIN)/mailprovider
 
 # Chaos: the whole system as separate processes (its own Redis and Postgres,
-# three hosts with the plugins' chaos builds, the mail provider), 20,000 orders over 10
-# minutes while it kills, stalls and restarts them on a printed seed; then
-# every invariant. Exits non-zero if anything was lost or doubled.
+# three hosts with the plugins' chaos builds, the mail provider), 20,000
+# orders over 10 minutes while it kills, stalls and restarts them on a
+# printed seed; then every invariant. Exits non-zero if anything was lost or doubled.
 # SEED=N replays a run; CHAOS_FLAGS passes more flags (chaos -h).
 .PHONY: chaos-short
 chaos: services build chaos-plugins
