@@ -80,7 +80,7 @@ func benchCounters(b *testing.B, inProcess bool) {
 	h := hosttest.Start(b, cfg)
 	if inProcess {
 		p := sdk.New("counters", "in-process")
-		sdk.HandleRecordJobID(p, counter.Handler{})
+		sdk.HandleRecordJobID(p, counter.Handler{Version: "in-process"})
 		if err := h.LoadInProcess(ctx, "counters", inprocess.Server(p)); err != nil {
 			b.Fatal(err)
 		}

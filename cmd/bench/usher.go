@@ -161,7 +161,7 @@ func startHost(ctx context.Context, cfg config, db *database, pluginDir string, 
 	if inProcess {
 		// The counters plugin's main, served in this process.
 		p := sdk.New("counters", "in-process")
-		sdk.HandleRecordJobID(p, counter.Handler{})
+		sdk.HandleRecordJobID(p, counter.Handler{Version: "in-process"})
 		if err := h.LoadInProcess(ctx, "counters", inprocess.Server(p)); err != nil {
 			h.Close()
 			return nil, err

@@ -15,6 +15,6 @@ var version = "1.0.0"
 
 func main() {
 	p := sdk.New("counters", version)
-	sdk.HandleRecordJobID(p, counter.Handler{})
+	sdk.HandleRecordJobID(p, counter.Handler{Version: version})
 	sdk.Serve(p)
 }

@@ -27,7 +27,7 @@ var version = "1.0.0"
 
 func main() {
 	p := sdk.New("counters", version)
-	sdk.HandleRecordJobID(p, applies.Recorded{Handler: counter.Handler{}, Version: version})
+	sdk.HandleRecordJobID(p, applies.Recorded{Handler: counter.Handler{Version: version}, Version: version})
 	sdk.Use(p, faults.Middleware{})
 	sdk.Serve(p)
 }
