@@ -120,7 +120,7 @@ func TestPluginCrashMidBatch(t *testing.T) {
 	want := b.placeOrders(t, 200, 4)
 	var jobID string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(job_id, id::text) FROM outbox ORDER BY id OFFSET 99 LIMIT 1`).Scan(&jobID))
-	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "crash", Once: true, JobIDs: []string{jobID}}))
+	require.NoError(t, faults.Arm(b.faultDir, "counter.before_apply", faults.Spec{Action: "crash", Once: true, JobIDs: []string{jobID}}))
 	cfg := b.config()
 	cfg.AdminAddr = "127.0.0.1:0"
 	h := hosttest.Start(t, cfg)
