@@ -5,8 +5,9 @@ export PATH := $(GOBIN):$(PATH)
 
 BIN     := bin
 PLUGINS := $(BIN)/plugins
+CHAOS_PLUGINS := $(BIN)/chaos-plugins
 
-.PHONY: all build plugins demo test test-short bench chaos soak generate check-generate lint vet-plugins services tools clean
+.PHONY: all build plugins chaos-plugins demo test test-short bench chaos soak generate check-generate lint vet-plugins services tools clean
 
 all: build
 
@@ -25,32 +26,43 @@ plugins:
 	$(GO) run ./cmd/host plugins manifest $(PLUGINS)/counters --name counters --version $(or $(COUNTERS_VERSION),1.0.0) --kind update_sales_counter --write
 	$(GO) run ./cmd/host plugins manifest $(PLUGINS)/tickets --name tickets --version $(or $(TICKETS_VERSION),1.0.0) --kind render_tickets --kind send_tickets --write
 
+# The same plugins built for the demo, the chaos suite and the tests: the
+# shipped handlers wrapped in faults.Middleware (and, for counters, a
+# counter_applies row per apply), under the same names, kinds and
+# versions, so the manifests and database roles are the same.
+chaos-plugins:
+	@mkdir -p $(CHAOS_PLUGINS)
+	$(GO) build -ldflags "-X main.version=$(or $(COUNTERS_VERSION),1.0.0)" -o $(CHAOS_PLUGINS)/counters ./plugins/counters/chaos
+	$(GO) build -ldflags "-X main.version=$(or $(TICKETS_VERSION),1.0.0)" -o $(CHAOS_PLUGINS)/tickets ./plugins/tickets/chaos
+	$(GO) run ./cmd/host plugins manifest $(CHAOS_PLUGINS)/counters --name counters --version $(or $(COUNTERS_VERSION),1.0.0) --kind update_sales_counter --write
+	$(GO) run ./cmd/host plugins manifest $(CHAOS_PLUGINS)/tickets --name tickets --version $(or $(TICKETS_VERSION),1.0.0) --kind render_tickets --kind send_tickets --write
+
 services:
 	@.ci/services
 
 tools:
 	@.ci/tools
 
-# The main job: host, both plugins, the mail provider, a burst of Stagedoor
-# orders with faults injected, and a summary proving nothing was lost or
-# doubled. Exits non-zero if an invariant does not hold.
-demo: services build
-	$(BIN)/host demo --plugin-dir $(PLUGINS) --mailprovider $(BIN)/mailprovider
+# The main job: host, both plugins (their chaos builds), the mail provider,
+# a burst of Stagedoor orders with faults injected, and a summary proving
+# nothing was lost or doubled. Exits non-zero if an invariant does not hold.
+demo: services build chaos-plugins
+	$(BIN)/host demo --plugin-dir $(CHAOS_PLUGINS) --mailprovider $(BIN)/mailprovider
 
 # Chaos: the whole system as separate processes (its own Redis and Postgres,
-# three hosts with their plugins, the mail provider), 20,000 orders over 10
-# minutes while it kills, stalls and restarts them on a printed seed; then
-# every invariant. Exits non-zero if anything was lost or doubled.
+# three hosts with the plugins' chaos builds, the mail provider), 20,000
+# orders over 10 minutes while it kills, stalls and restarts them on a
+# printed seed; then every invariant. Exits non-zero if anything was lost or doubled.
 # SEED=N replays a run; CHAOS_FLAGS passes more flags (chaos -h).
 .PHONY: chaos-short
-chaos: services build
+chaos: services build chaos-plugins
 	$(GO) build -o $(BIN)/chaos ./cmd/chaos
-	$(BIN)/chaos --host-bin $(BIN)/host --plugin-dir $(PLUGINS) --mailprovider $(BIN)/mailprovider $(if $(SEED),--seed $(SEED)) $(CHAOS_FLAGS)
+	$(BIN)/chaos --host-bin $(BIN)/host --plugin-dir $(CHAOS_PLUGINS) --mailprovider $(BIN)/mailprovider $(if $(SEED),--seed $(SEED)) $(CHAOS_FLAGS)
 
 # The CI-sized run: about 90 seconds, every fault type three times.
-chaos-short: services build
+chaos-short: services build chaos-plugins
 	$(GO) build -o $(BIN)/chaos ./cmd/chaos
-	$(BIN)/chaos --short --host-bin $(BIN)/host --plugin-dir $(PLUGINS) --mailprovider $(BIN)/mailprovider $(if $(SEED),--seed $(SEED)) $(CHAOS_FLAGS)
+	$(BIN)/chaos --short --host-bin $(BIN)/host --plugin-dir $(CHAOS_PLUGINS) --mailprovider $(BIN)/mailprovider $(if $(SEED),--seed $(SEED)) $(CHAOS_FLAGS)
 
 # Soak: SOAK_JOBS small counter jobs (default a million) through a real host
 # and the counters plugin at SOAK_RATE jobs/s, with stream trimming and every

@@ -84,14 +84,14 @@ func TestHangingJobDoesNotHoldItsBatch(t *testing.T) {
 	// The hundredth job arrives while other jobs wait: it runs in a batch.
 	var jobID string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(job_id, id::text) FROM outbox ORDER BY id OFFSET 99 LIMIT 1`).Scan(&jobID))
-	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{jobID}}))
+	require.NoError(t, faults.Arm(b.faultDir, "counter.before_apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{jobID}}))
 	cfg := b.config()
 	cfg.AdminAddr = "127.0.0.1:0"
 	cfg.StalledAfter = 500 * time.Millisecond
 	cfg.JobTimeout = 5 * time.Minute // far past the wait below: only the split can free the others
 	h := hosttest.Start(t, cfg)
 
-	b.held(t, "counter.apply", jobID)
+	b.held(t, "counter.before_apply", jobID)
 	hosttest.Eventually(t, 30*time.Second, "every other job applied while one hangs", func() bool {
 		return hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`) == 199
 	})
@@ -100,7 +100,7 @@ func TestHangingJobDoesNotHoldItsBatch(t *testing.T) {
 	require.Regexp(t, `usher_job_batch_size_count\{result="split",role="usher_plugin_counters"\} [1-9]`, m, "the hanging job's batch was split")
 
 	// Released, it applies once, and every counter is exact.
-	require.NoError(t, faults.Disarm(b.faultDir, "counter.apply"))
+	require.NoError(t, faults.Disarm(b.faultDir, "counter.before_apply"))
 	require.NoError(t, h.Stop())
 	next := b.config()
 	next.DisableRelay = true
@@ -120,7 +120,7 @@ func TestPluginCrashMidBatch(t *testing.T) {
 	want := b.placeOrders(t, 200, 4)
 	var jobID string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(job_id, id::text) FROM outbox ORDER BY id OFFSET 99 LIMIT 1`).Scan(&jobID))
-	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "crash", Once: true, JobIDs: []string{jobID}}))
+	require.NoError(t, faults.Arm(b.faultDir, "counter.before_apply", faults.Spec{Action: "crash", Once: true, JobIDs: []string{jobID}}))
 	cfg := b.config()
 	cfg.AdminAddr = "127.0.0.1:0"
 	h := hosttest.Start(t, cfg)

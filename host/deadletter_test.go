@@ -25,7 +25,7 @@ func TestDeadlineOverrunRolledBackAndRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	want := b.placeOrders(t, 5, 1)
-	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", Once: true})
+	jobID := b.armFirstJob(t, "counter.before_apply", faults.Spec{Action: "stall", Duration: "1h", Once: true})
 	cfg := b.config()
 	cfg.JobTimeout = time.Second
 	cfg.RetryBackoff = 100 * time.Millisecond
@@ -48,7 +48,7 @@ func TestHandlerPanicDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	want := b.placeOrders(t, 10, 2)
-	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "panic"})
+	jobID := b.armFirstJob(t, "counter.before_apply", faults.Spec{Action: "panic"})
 	h := hosttest.Start(t, b.config())
 
 	hosttest.Eventually(t, 30*time.Second, "9 applied and 1 dead letter", func() bool {
@@ -64,7 +64,7 @@ func TestHandlerPanicDeadLettered(t *testing.T) {
 	require.Zero(t, h.Plugins()[0].Restarts, "a recovered panic does not take the plugin down")
 
 	// Fixed, then requeued: it runs once, under its own identity.
-	require.NoError(t, faults.Disarm(b.faultDir, "counter.apply"))
+	require.NoError(t, faults.Disarm(b.faultDir, "counter.before_apply"))
 	requeue(t, b, l[0].ID, "")
 	hosttest.Eventually(t, 30*time.Second, "the requeued job applied", func() bool {
 		return hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies WHERE job_id = $1`, jobID) == 1 &&

@@ -36,15 +36,15 @@ func TestJobHistoryOfAFlow(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	mailURL := hosttest.MailProvider(t)
-	tickets := hosttest.Build(t, "./plugins/tickets")
+	tickets := hosttest.Build(t, "./plugins/tickets/chaos")
 	ev, err := orders.CreateEvent(ctx, b.pool, "Nils Frahm", "Funkhaus")
 	require.NoError(t, err)
 	a, err := orders.Place(ctx, b.pool, orders.Order{EventID: ev, Buyer: "Zoë", Email: "zoe@example.com", Seats: 2},
 		orders.Jobs{Counter: true, Tickets: true})
 	require.NoError(t, err)
 	counterA, renderA := fmt.Sprint(a.OutboxIDs[0]), fmt.Sprint(a.OutboxIDs[1])
-	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "error", Once: true, JobIDs: []string{counterA}}))
-	require.NoError(t, faults.Arm(b.faultDir, "render.after_write", faults.Spec{Action: "crash", Once: true, JobIDs: []string{renderA}}))
+	require.NoError(t, faults.Arm(b.faultDir, "counter.before_apply", faults.Spec{Action: "error", Once: true, JobIDs: []string{counterA}}))
+	require.NoError(t, faults.Arm(b.faultDir, "render.after_commit", faults.Spec{Action: "crash", Once: true, JobIDs: []string{renderA}}))
 
 	cfg := b.config()
 	cfg.Plugins = append(cfg.Plugins, tickets)
@@ -108,7 +108,7 @@ func TestJobHistoryOfAFlow(t *testing.T) {
 	bo, err := orders.Place(ctx, b.pool, orders.Order{EventID: ev, Buyer: "Ada", Email: "ada@example.com", Seats: 1}, orders.Jobs{Counter: true})
 	require.NoError(t, err)
 	counterB := fmt.Sprint(bo.OutboxIDs[0])
-	require.NoError(t, faults.Arm(b.faultDir, "counter.apply", faults.Spec{Action: "permanent", JobIDs: []string{counterB}}))
+	require.NoError(t, faults.Arm(b.faultDir, "counter.before_apply", faults.Spec{Action: "permanent", JobIDs: []string{counterB}}))
 	hosttest.Eventually(t, 30*time.Second, "order B's counter job dead-lettered", func() bool {
 		j, err := history.GetJob(ctx, b.pool, counterB)
 		return err == nil && j.State == history.DeadLetteredState

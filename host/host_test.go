@@ -41,7 +41,7 @@ func setup(t *testing.T) *testBundle {
 	pool, url := hosttest.DB(t)
 	rdb, stream := hosttest.Redis(t)
 	return &testBundle{pool: pool, dbURL: url, rdb: rdb, stream: stream,
-		counters: hosttest.Build(t, "./plugins/counters"), faultDir: t.TempDir()}
+		counters: hosttest.Build(t, "./plugins/counters/chaos"), faultDir: t.TempDir()}
 }
 
 func (b *testBundle) config() host.Config {
@@ -169,13 +169,13 @@ func TestSlowConsumerReclaimed(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	want := b.placeOrders(t, 1, 1)
-	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "3s", Once: true})
+	jobID := b.armFirstJob(t, "counter.before_apply", faults.Spec{Action: "stall", Duration: "3s", Once: true})
 
 	slow := b.config()
 	slow.ReclaimIdle = time.Hour // only the other host reclaims
 	slow.Consumer = "slow"
 	hosttest.Start(t, slow)
-	b.held(t, "counter.apply", jobID)
+	b.held(t, "counter.before_apply", jobID)
 	other := b.config()
 	other.Consumer = "other"
 	other.DisableRelay = true
@@ -202,11 +202,11 @@ func TestPluginKilledMidJob(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	want := b.placeOrders(t, 20, 2)
-	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", Once: true})
+	jobID := b.armFirstJob(t, "counter.before_apply", faults.Spec{Action: "stall", Duration: "1h", Once: true})
 	h := hosttest.Start(t, b.config())
 
-	b.held(t, "counter.apply", jobID)
-	raw, err := os.ReadFile(filepath.Join(b.faultDir, "counter.apply."+jobID+".hit"))
+	b.held(t, "counter.before_apply", jobID)
+	raw, err := os.ReadFile(filepath.Join(b.faultDir, "counter.before_apply."+jobID+".hit"))
 	require.NoError(t, err)
 	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
 	require.NoError(t, err)
@@ -229,12 +229,12 @@ func TestInterruptedJobRunsWhenPluginIsBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	want := b.placeOrders(t, 20, 2)
-	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", Once: true})
+	jobID := b.armFirstJob(t, "counter.before_apply", faults.Spec{Action: "stall", Duration: "1h", Once: true})
 	cfg := b.config()
 	cfg.ReclaimIdle = 60 * time.Second
 	h := hosttest.Start(t, cfg)
 
-	b.held(t, "counter.apply", jobID)
+	b.held(t, "counter.before_apply", jobID)
 	pid := h.Plugins()[0].Pid
 	killed := time.Now()
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))

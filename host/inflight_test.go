@@ -18,11 +18,11 @@ func TestInFlightAndPendingAge(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.placeOrders(t, 1, 1)
-	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "3s", Once: true})
+	jobID := b.armFirstJob(t, "counter.before_apply", faults.Spec{Action: "stall", Duration: "3s", Once: true})
 	cfg := b.config()
 	cfg.ReclaimIdle = time.Hour
 	h := hosttest.Start(t, cfg)
-	b.held(t, "counter.apply", jobID)
+	b.held(t, "counter.before_apply", jobID)
 
 	require.EqualValues(t, 1, h.Plugins()[0].InFlight)
 	ctx := context.Background()

@@ -105,7 +105,7 @@ func TestSwapUnderLoad(t *testing.T) {
 	t.Parallel()
 	const n, swapAfter = 3000, 1000
 	b := setup(t)
-	v2 := hosttest.Build(t, "./plugins/counters", "main.version=2.0.0")
+	v2 := hosttest.Build(t, "./plugins/counters/chaos", "main.version=2.0.0")
 	d := newPluginDir(t)
 	d.install(b.counters, "counters", "counters", "1.0.0")
 	h := hosttest.Start(t, b.dirConfig(d))
@@ -192,7 +192,7 @@ func TestBrokenSwapKeepsServing(t *testing.T) {
 			return nil
 		}, []string{"swap refused, old version keeps serving", "the plugin exited at start", "counters 2.0.0: no configuration found"}},
 		{"fails its checksum", func(t *testing.T, d *pluginDir) []string {
-			m := d.install(hosttest.Build(t, "./plugins/counters", "main.version=2.0.0"), "counters-v2", "counters", "2.0.0")
+			m := d.install(hosttest.Build(t, "./plugins/counters/chaos", "main.version=2.0.0"), "counters-v2", "counters", "2.0.0")
 			actual := m.SHA256
 			m.SHA256 = strings.Repeat("ab", 32)
 			d.writeManifest(m)
@@ -501,7 +501,7 @@ func TestPluginDirWatched(t *testing.T) {
 	h := hosttest.Start(t, cfg)
 	require.Len(t, h.Plugins(), 1, "the executable without a manifest is ignored")
 
-	d.install(hosttest.Build(t, "./plugins/counters", "main.version=2.0.0"), "counters", "counters", "2.0.0")
+	d.install(hosttest.Build(t, "./plugins/counters/chaos", "main.version=2.0.0"), "counters", "counters", "2.0.0")
 	hosttest.Eventually(t, 30*time.Second, "counters swapped to 2.0.0", func() bool {
 		return pluginStatus(t, h, "counters").Version == "2.0.0"
 	})

@@ -20,7 +20,7 @@ func TestPoisonEntryDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	want := b.placeOrders(t, 40, 4)
-	poisonID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "crash"})
+	poisonID := b.armFirstJob(t, "counter.before_apply", faults.Spec{Action: "crash"})
 	cfg := b.config()
 	cfg.PoisonCrashes = 3
 	cfg.PluginCrashLoop = 2 // the poison's crashes make a crash loop

@@ -65,9 +65,9 @@ func TestHostRunsAsACLUser(t *testing.T) {
 	cfg := b.config()
 	cfg.Redis = nil
 	cfg.RedisURL = fmt.Sprintf("redis://%s:%s@%s/0", user, pass, b.rdb.Options().Addr)
-	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "2s", Once: true}) // reclaimed while it stalls)
+	jobID := b.armFirstJob(t, "counter.before_apply", faults.Spec{Action: "stall", Duration: "2s", Once: true}) // reclaimed while it stalls)
 	hosttest.Start(t, cfg)
-	b.held(t, "counter.apply", jobID)
+	b.held(t, "counter.before_apply", jobID)
 	b.waitDrained(t, 30)
 	b.requireCounters(t, want)
 	require.EqualValues(t, 30, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`))

@@ -219,7 +219,7 @@ func TestRollbackOnRequest(t *testing.T) {
 	require.Equal(t, http.StatusUnprocessableEntity, code)
 	require.Contains(t, out.Error, "name the plugin")
 
-	d.install(hosttest.Build(t, "./plugins/counters", "main.version=2.0.0"), "counters", "counters", "2.0.0")
+	d.install(hosttest.Build(t, "./plugins/counters/chaos", "main.version=2.0.0"), "counters", "counters", "2.0.0")
 	// The new version serves a moment before its probation (and the
 	// version it replaced) is recorded: wait for both.
 	hosttest.Eventually(t, 30*time.Second, "the watcher to swap to 2.0.0 and put it on probation", func() bool {
@@ -250,7 +250,7 @@ func TestRollbackOnRequest(t *testing.T) {
 	require.Contains(t, out.Error, "no previous version to roll back to")
 
 	// A new manifest is not the refused one: the watcher swaps to it.
-	d.install(hosttest.Build(t, "./plugins/counters", "main.version=2.0.1"), "counters", "counters", "2.0.1")
+	d.install(hosttest.Build(t, "./plugins/counters/chaos", "main.version=2.0.1"), "counters", "counters", "2.0.1")
 	// The new version serves a moment before the swap's answer clears the
 	// refusal it replaces: wait for both.
 	hosttest.Eventually(t, 30*time.Second, "the watcher to swap to 2.0.1 and forget the refusal", func() bool {

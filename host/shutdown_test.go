@@ -20,11 +20,11 @@ func TestShutdownAbandonsInFlightUnacked(t *testing.T) {
 	// Not Once: a batch holding the hanging job is called off after
 	// StalledAfter and its jobs run again alone, where this one must hang
 	// again; it is disarmed before the second host starts.
-	jobID := b.armFirstJob(t, "counter.apply", faults.Spec{Action: "stall", Duration: "1h"})
+	jobID := b.armFirstJob(t, "counter.before_apply", faults.Spec{Action: "stall", Duration: "1h"})
 	cfg := b.config()
 	cfg.ShutdownGrace = 300 * time.Millisecond
 	first := hosttest.Start(t, cfg)
-	b.held(t, "counter.apply", jobID)
+	b.held(t, "counter.before_apply", jobID)
 	hosttest.Eventually(t, 20*time.Second, "the others applied", func() bool {
 		return hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`) == 2
 	})
@@ -32,7 +32,7 @@ func TestShutdownAbandonsInFlightUnacked(t *testing.T) {
 	require.EqualValues(t, 1, hosttest.Pending(t, b.rdb, b.stream, "usher"), "the abandoned entry stays pending")
 	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM processed_jobs`), "its transaction rolled back")
 
-	require.NoError(t, faults.Disarm(b.faultDir, "counter.apply"))
+	require.NoError(t, faults.Disarm(b.faultDir, "counter.before_apply"))
 	second := b.config()
 	second.DisableRelay = true
 	hosttest.Start(t, second)

@@ -61,7 +61,7 @@ func TestSoak(t *testing.T) {
 	_, err := pool.Exec(ctx, `INSERT INTO events (name) SELECT 'soak ' || n FROM generate_series(1, 100) n`)
 	require.NoError(t, err)
 
-	cfg := hostConfig(url, rdb, stream, hosttest.Build(t, "./plugins/counters"))
+	cfg := hostConfig(url, rdb, stream, hosttest.Build(t, "./plugins/counters/chaos"))
 	cfg.ReclaimIdle, cfg.ReclaimInterval, cfg.JobTimeout, cfg.MaxDeliveries = 2*time.Second, 500*time.Millisecond, 2*time.Second, 2
 	cfg.MaxAttempts, cfg.RetryBackoff = 2, 100*time.Millisecond
 	cfg.ReconcileAfter, cfg.ReconcileInterval = 5*time.Second, time.Second

@@ -53,6 +53,15 @@
 // reports effects outside the effect phase statically (see the README,
 // "Vet your plugin").
 //
+// # Middleware
+//
+// Tracing, metrics and fault injection wrap handlers from outside: [Use]
+// adds a [Middleware] that runs before and after every phase of every kind,
+// with that phase's capability and nothing more ([Call]). A shipped plugin
+// usually has none; a build of it for tests or chaos is its own main
+// package that registers the same handlers and adds its middleware
+// (plugins/tickets/chaos in this repository).
+//
 // # Testing
 //
 // sdktest.Run(t, sdktest.Case{...}) runs the handler, as its plugin's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/usherhq/usher/sdk"
 )
@@ -103,4 +104,27 @@ func Example() {
 	// In main: sdk.Serve(p)
 
 	// Output: [credit_loyalty_points number_invoice send_receipt] <nil>
+}
+
+// A build of a plugin for tests or chaos wraps its handlers from outside:
+// here, every phase of every kind logs how long it took and how it ended.
+// The handlers are the shipped ones, unchanged; the middleware gets each
+// phase's capability and nothing more (a read-only handle in Check, no
+// database in Prepare), and the host checks what it does as it checks a
+// handler.
+func ExampleUse() {
+	p := sdk.New("loyalty", "1.2.0")
+	sdk.HandleRecordJobID[LoyaltyPoints](p, credit{})
+	sdk.HandleStateFirst[Invoice](p, invoice{})
+	sdk.Use(p, sdk.MiddlewareFunc(func(ctx context.Context, call *sdk.Call, next func(context.Context) error) error {
+		start := time.Now()
+		err := next(ctx)
+		call.Log.Info("phase ran", "kind", call.Kind, "phase", call.Phase, "job_id", call.JobID,
+			"took", time.Since(start), "err", err)
+		return err
+	}))
+	fmt.Println(p.Kinds(), p.Err())
+	// In main: sdk.Serve(p)
+
+	// Output: [credit_loyalty_points number_invoice] <nil>
 }

@@ -24,6 +24,8 @@ type Plugin struct {
 	// logger receives records not tied to a job (stderr, which go-plugin
 	// forwards to the host's log).
 	logger *slog.Logger
+	// middleware wraps every phase of every kind (Use).
+	middleware []Middleware
 }
 
 // New starts a plugin description. name and version appear in the manifest
@@ -40,8 +42,9 @@ type kindHandler interface {
 
 // invokeEnv is what a phase call needs from the plugin process.
 type invokeEnv struct {
-	host   hostCaller
-	logger func(job *usherv1.Job) *slog.Logger
+	host       hostCaller
+	logger     func(job *usherv1.Job) *slog.Logger
+	middleware []Middleware
 }
 
 func (p *Plugin) add(kind string, h kindHandler) {
@@ -169,7 +172,13 @@ func (k *stateFirstKind[T, S]) invoke(ctx context.Context, env invokeEnv, call *
 	h := handle{host: env.host, id: call.GetHandle()}
 	switch call.GetPhase() {
 	case usherv1.Phase_PHASE_CHECK:
-		st, done, err := k.h.Check(ctx, job, &ReadOnly{h: h})
+		db := &ReadOnly{h: h}
+		var st S
+		var done bool
+		err := around(ctx, env.middleware, job, Call{Phase: PhaseCheck, ReadOnly: db}, func(ctx context.Context) (err error) {
+			st, done, err = k.h.Check(ctx, job, db)
+			return err
+		})
 		if err != nil {
 			return result(err)
 		}
@@ -178,13 +187,20 @@ func (k *stateFirstKind[T, S]) invoke(ctx context.Context, env invokeEnv, call *
 		}
 		return withState(st)
 	case usherv1.Phase_PHASE_PREPARE:
-		st, err := k.h.Prepare(ctx, job, state)
+		var st S
+		err := around(ctx, env.middleware, job, Call{Phase: PhasePrepare}, func(ctx context.Context) (err error) {
+			st, err = k.h.Prepare(ctx, job, state)
+			return err
+		})
 		if err != nil {
 			return result(err)
 		}
 		return withState(st)
 	case usherv1.Phase_PHASE_COMMIT:
-		return result(k.h.Commit(ctx, job, &CommitTx{h: h}, state))
+		tx := &CommitTx{h: h}
+		return result(around(ctx, env.middleware, job, Call{Phase: PhaseCommit, CommitTx: tx}, func(ctx context.Context) error {
+			return k.h.Commit(ctx, job, tx, state)
+		}))
 	default:
 		return wrongPhase(call, "state-first")
 	}
@@ -212,7 +228,11 @@ func (k *claimKind[T]) invoke(ctx context.Context, env invokeEnv, call *usherv1.
 	}
 	switch call.GetPhase() {
 	case usherv1.Phase_PHASE_CLAIM:
-		c, err := k.h.Claim(job)
+		var c Claim
+		err := around(ctx, env.middleware, job, Call{Phase: PhaseClaim}, func(context.Context) (err error) {
+			c, err = k.h.Claim(job)
+			return err
+		})
 		if err != nil {
 			return result(err)
 		}
@@ -232,7 +252,9 @@ func (k *claimKind[T]) invoke(ctx context.Context, env invokeEnv, call *usherv1.
 		if c, err := k.h.Claim(job); err == nil {
 			kept.columns = c.Result
 		}
-		res := result(k.h.Effect(context.WithValue(ctx, resultKey{}, kept), job, &ReadOnly{h: handle{host: env.host, id: call.GetHandle()}}, key))
+		db := &ReadOnly{h: handle{host: env.host, id: call.GetHandle()}}
+		res := result(around(context.WithValue(ctx, resultKey{}, kept), env.middleware, job, Call{Phase: PhaseEffect, ReadOnly: db},
+			func(ctx context.Context) error { return k.h.Effect(ctx, job, db, key) }))
 		if res.GetOutcome() == usherv1.Outcome_OUTCOME_OK {
 			res.EffectResult = kept.values
 		}
@@ -258,7 +280,9 @@ func (k *jobIDKind[T]) invoke(ctx context.Context, env invokeEnv, call *usherv1.
 		return wrongPhase(call, "job-id")
 	}
 	tx := &Tx{h: handle{host: env.host, id: call.GetHandle()}}
-	err = k.h.Apply(ctx, job, tx)
+	err = around(ctx, env.middleware, job, Call{Phase: PhaseApply, Tx: tx}, func(ctx context.Context) error {
+		return k.h.Apply(ctx, job, tx)
+	})
 	if err == nil {
 		err = tx.err
 	}

@@ -114,7 +114,8 @@ func (s *pluginServer) Invoke(ctx context.Context, req *usherv1.InvokeRequest) (
 		return nil, err
 	}
 	logs := &logBatch{min: slog.Level(req.GetMinLogLevel())}
-	env := invokeEnv{host: host, logger: func(job *usherv1.Job) *slog.Logger { return host.jobLogger(job, logs) }}
+	env := invokeEnv{host: host, logger: func(job *usherv1.Job) *slog.Logger { return host.jobLogger(job, logs) },
+		middleware: s.p.middleware}
 	results := make([]*usherv1.Result, len(req.GetCalls()))
 	var wg sync.WaitGroup
 	for i, call := range req.GetCalls() {

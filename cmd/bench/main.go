@@ -28,9 +28,12 @@
 //     the number covers relay, stream, dispatch, plugin, guard and effect
 //     commit, plus the producer's own transaction, and leaves out the
 //     XACK;
-//   - lost and doubled: every event's seats_sold against the sum of its
-//     orders' seats, and counter_applies rows per order (0: a lost job, 2
-//     or more: a doubled one); duplicates absorbed per guard from
+//   - lost and doubled, from what the application and the runtime store
+//     (the shipped plugin records nothing for the benchmark): every
+//     event's seats_sold against the sum of its orders' seats (a doubled
+//     apply adds its order's seats again), and each order's counter job
+//     in processed_jobs, written in the increment's transaction (missing:
+//     a lost job); duplicates absorbed per guard from
 //     absorbed_duplicates.
 //
 // Unless --peers=false it then runs `go run ./cmd/peers --json` in

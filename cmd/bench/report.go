@@ -115,7 +115,7 @@ type absorbed struct {
 func (r *results) tally() {
 	add := func(c check) {
 		r.Lost += c.Lost + c.LostJobs
-		r.Doubled += c.Doubled + c.DoubledJobs
+		r.Doubled += c.Doubled
 	}
 	r.Lost, r.Doubled = 0, 0
 	for _, u := range append(slices.Clone(r.Usher), r.InProcess...) {
@@ -147,7 +147,7 @@ func (r *results) printTable(w io.Writer) {
 			prss = append(prss, mib(p.PeakRSSBytes))
 		}
 		fmt.Fprintf(tw, "%d\t%.0f\t%.2f\t%.2f\t%.2f\t%s\t%s\t%d\t%d\t\n", u.Inflight, u.JobsPerSec, u.Seconds, u.HostCPUSeconds, pcpu,
-			mib(u.HostPeakRSSBytes), strings.Join(prss, ","), u.Lost+u.LostJobs, u.Doubled+u.DoubledJobs)
+			mib(u.HostPeakRSSBytes), strings.Join(prss, ","), u.Lost+u.LostJobs, u.Doubled)
 	}
 	_ = tw.Flush()
 	if len(r.Boundary) > 0 {
@@ -167,7 +167,7 @@ func (r *results) printTable(w io.Writer) {
 	}
 	if m := r.Mix; m != nil {
 		fmt.Fprintf(w, "\nthe full Stagedoor mix: %d orders rendered, mailed and counted in %.1fs (%d marked sent, %d messages at the provider, %d counted; lost %d, doubled %d)\n",
-			m.Orders, m.Seconds, m.Sent, m.Messages, m.Counted, m.Lost+m.LostJobs+m.LostEmails, m.Doubled+m.DoubledJobs+m.DoubledMails)
+			m.Orders, m.Seconds, m.Sent, m.Messages, m.Counted, m.Lost+m.LostJobs+m.LostEmails, m.Doubled+m.DoubledMails)
 		fmt.Fprintf(w, "  host + plugins cpu %.2fs, the same PDFs rendered and stored alone %.2fs: the runtime adds %.0f%% (mail provider, not counted: %.2fs)\n",
 			m.CPUSeconds, m.RenderAloneCPUSeconds, 100*m.Overhead, m.MailProviderCPUSeconds)
 	}
@@ -175,7 +175,7 @@ func (r *results) printTable(w io.Writer) {
 		fmt.Fprintf(w, "\nlatency (outbox commit -> outcome recorded), %d jobs/s offered (%.0f achieved, %.0f applied) for %ds, inflight %d:\n",
 			l.Rate, l.OfferedPerSec, l.AppliedPerSec, l.Seconds, l.Inflight)
 		fmt.Fprintf(w, "  p50 %.1f ms  p95 %.1f ms  p99 %.1f ms  max %.1f ms  mean %.1f ms  lost %d  doubled %d\n",
-			l.P50Ms, l.P95Ms, l.P99Ms, l.MaxMs, l.MeanMs, l.Lost+l.LostJobs, l.Doubled+l.DoubledJobs)
+			l.P50Ms, l.P95Ms, l.P99Ms, l.MaxMs, l.MeanMs, l.Lost+l.LostJobs, l.Doubled)
 	}
 	fmt.Fprintln(w, "\nduplicates absorbed per guard:")
 	if len(r.Absorbed) == 0 {

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/tickets/mail"
 )
 
@@ -101,6 +102,9 @@ func (c *chaos) replayCommand() string {
 // runChaos is the whole run: start everything, load and break it, drain,
 // check. It stops every child before it returns.
 func runChaos(ctx context.Context, cfg config, out io.Writer) (err error) {
+	if err := faults.RequireChaosBuilds(cfg.pluginDir); err != nil {
+		return err
+	}
 	c := &chaos{cfg: cfg, out: out, start: time.Now()}
 	if err := c.setupWorkDir(); err != nil {
 		return err

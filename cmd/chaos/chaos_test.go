@@ -56,8 +56,9 @@ func TestChaosShort(t *testing.T) {
 	}
 }
 
-// buildSystem builds the host, the plugins (with their manifests) and the
-// mail provider into a temporary directory, as `make build` does.
+// buildSystem builds the host, the plugins' chaos builds (with their
+// manifests) and the mail provider into a temporary directory, as `make
+// build chaos-plugins` does.
 func buildSystem(t *testing.T) string {
 	t.Helper()
 	root := moduleRoot(t)
@@ -72,8 +73,8 @@ func buildSystem(t *testing.T) string {
 	targets := map[string]string{
 		"host":             "./cmd/host",
 		"mailprovider":     "./cmd/mailprovider",
-		"plugins/counters": "./plugins/counters",
-		"plugins/tickets":  "./plugins/tickets",
+		"plugins/counters": "./plugins/counters/chaos",
+		"plugins/tickets":  "./plugins/tickets/chaos",
 	}
 	start := time.Now()
 	var wg sync.WaitGroup

@@ -13,7 +13,7 @@ import (
 // --short replaces those the command line did not set.
 type config struct {
 	hostBin   string // the host binary; default bin/host
-	pluginDir string // the plugin binaries; default bin/plugins
+	pluginDir string // the plugins' chaos builds; default bin/chaos-plugins
 	mailBin   string // the mail provider binary; default bin/mailprovider
 	pgBinDir  string // Postgres' bin directory; default the newest /usr/lib/postgresql/*/bin
 
@@ -40,7 +40,7 @@ func parseConfig(args []string, usageOut io.Writer) (config, error) {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(usageOut)
 	fs.StringVar(&c.hostBin, "host-bin", "bin/host", "the host binary (make build)")
-	fs.StringVar(&c.pluginDir, "plugin-dir", "bin/plugins", "directory of the plugin binaries")
+	fs.StringVar(&c.pluginDir, "plugin-dir", "bin/chaos-plugins", "directory of the plugins' chaos builds, whose faults chaos arms (make chaos-plugins)")
 	fs.StringVar(&c.mailBin, "mailprovider", "bin/mailprovider", "the mail provider binary")
 	fs.StringVar(&c.pgBinDir, "pg-bin", "", "Postgres bin directory (default: the newest /usr/lib/postgresql/*/bin)")
 	fs.IntVar(&c.hosts, "hosts", 3, "host processes in the consumer group")

@@ -332,11 +332,11 @@ var midJobPoints = []struct {
 	job   int // index into the order's outbox ids: 0 counter, 1 render
 	what  string
 }{
-	{"counter.apply", 0, "inside update_sales_counter's transaction, job id inserted, not committed"},
+	{"counter.before_apply", 0, "inside update_sales_counter's transaction, job id inserted, not committed"},
 	{"render.after_check", 1, "after render_tickets' check"},
 	{"render.after_prepare", 1, "after the PDF was stored, before the commit"},
-	{"render.before_write", 1, "in render_tickets' commit transaction, before the conditional write"},
-	{"render.after_write", 1, "after the conditional write won, before the commit"},
+	{"render.before_commit", 1, "in render_tickets' commit transaction, before the conditional write"},
+	{"render.after_commit", 1, "after the conditional write and the send_tickets enqueue, before the host commits"},
 }
 
 func (in *injector) pluginKillMidJob(ctx context.Context, inj injection, rng *rand.Rand) (string, error) {

@@ -12,9 +12,12 @@
 // checks every invariant against the database, the stream and the provider,
 // prints a table, and exits non-zero when one does not hold.
 //
-//	chaos --host-bin bin/host --plugin-dir bin/plugins --mailprovider bin/mailprovider [--short] [--seed N]
+//	chaos --host-bin bin/host --plugin-dir bin/chaos-plugins --mailprovider bin/mailprovider [--short] [--seed N]
 //
-// It builds nothing (`make chaos` builds first). Every process logs to a
+// The plugins are their chaos builds (plugins/counters/chaos,
+// plugins/tickets/chaos): the shipped handlers wrapped in faults.Middleware,
+// which the mid-job kills arm, and a counter_applies row per apply, which
+// the checks count. It builds nothing (`make chaos` builds first). Every process logs to a
 // file in the work directory it prints; every child is stopped on exit,
 // also on SIGINT. Flags: chaos -h.
 package main

@@ -56,7 +56,7 @@ func (cl *cli) demoFlags(fs *flag.FlagSet) runner {
 	fs.StringVar(&d.adminURL, "admin-url", env("USHER_ADMIN_URL", demoAdminURL),
 		"a database administrator's URL: the demo creates its database and roles with it; its hosts log in as the owner role usher (USHER_ADMIN_URL)")
 	fs.IntVar(&d.orders, "orders", 300, "Stagedoor orders to place")
-	fs.StringVar(&d.pluginDir, "plugin-dir", "bin/plugins", "directory with the counters and tickets plugins")
+	fs.StringVar(&d.pluginDir, "plugin-dir", "bin/chaos-plugins", "directory with the counters and tickets plugins' chaos builds, whose faults the demo arms (make chaos-plugins)")
 	fs.StringVar(&d.mailBin, "mailprovider", "bin/mailprovider", "the mail provider binary")
 	fs.StringVar(&d.work, "workdir", ".demo", "scratch directory (recreated)")
 	fs.DurationVar(&d.reclaim, "reclaim-idle", 3*time.Second, "reclaim threshold (60s in production; short so the demo is quick)")
@@ -91,7 +91,7 @@ func (d *demo) run(ctx context.Context) error {
 	// Faults, armed before the first order.
 	faultDir := filepath.Join(d.work, "faults")
 	killJob, slowJob := "1", "4" // outbox ids: order 1's counter job, order 2's render job
-	must(faults.Arm(faultDir, "counter.apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{killJob}, Once: true}))
+	must(faults.Arm(faultDir, "counter.before_apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{killJob}, Once: true}))
 	must(faults.Arm(faultDir, "render.after_check", faults.Spec{Action: "stall", Duration: (2 * d.reclaim).String(), JobIDs: []string{slowJob}, Once: true}))
 	must(faults.Arm(faultDir, "send.after_effect", faults.Spec{Action: "crash", Every: 60, Once: true}))
 	if err := d.mailer.SetFaults(ctx, mail.Faults{FailNext: 5, FailStatus: 503}); err != nil {
@@ -109,7 +109,7 @@ func (d *demo) run(ctx context.Context) error {
 		stopHosts()
 		return err
 	}
-	go d.killWhenHeld(ctx, faultDir, "counter.apply", killJob)
+	go d.killWhenHeld(ctx, faultDir, "counter.before_apply", killJob)
 	start := time.Now()
 	waitErr := d.waitDone(ctx, 5*time.Minute)
 	elapsed := time.Since(start)
@@ -178,6 +178,9 @@ func shellQuote(s string) string {
 
 // prepare makes a fresh database and stream and a clean work directory.
 func (d *demo) prepare(ctx context.Context) error {
+	if err := faults.RequireChaosBuilds(d.pluginDir); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
 	if err := os.RemoveAll(d.work); err != nil {
 		return err
 	}

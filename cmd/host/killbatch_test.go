@@ -27,7 +27,7 @@ func TestHostKilledMidBatch(t *testing.T) {
 	rdb, stream := hosttest.Redis(t)
 	ctx := context.Background()
 	bin := hosttest.Build(t, "./cmd/host")
-	counters := hosttest.Build(t, "./plugins/counters")
+	counters := hosttest.Build(t, "./plugins/counters/chaos")
 	var evs [2]int64
 	for i := range evs {
 		var err error

@@ -97,8 +97,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	ctx := context.Background()
 	pool, dbURL := hosttest.DB(t)
 	rdb, stream := hosttest.Redis(t)
-	v1 := hosttest.Build(t, "./plugins/counters")
-	v2 := hosttest.Build(t, "./plugins/counters", "main.version=2.0.0")
+	v1 := hosttest.Build(t, "./plugins/counters/chaos")
+	v2 := hosttest.Build(t, "./plugins/counters/chaos", "main.version=2.0.0")
 	dir := t.TempDir()
 	install(t, dir, v1, "1.0.0")
 	h := hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream, PluginDir: dir, DisablePluginWatch: true,

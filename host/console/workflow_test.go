@@ -30,7 +30,7 @@ func TestConsoleShowsAnOrdersWorkflow(t *testing.T) {
 	rdb, stream := hosttest.Redis(t)
 	dir, work := t.TempDir(), t.TempDir()
 	for name, kinds := range map[string][]string{"counters": {"update_sales_counter"}, "tickets": {"render_tickets", "send_tickets"}} {
-		src, err := os.ReadFile(hosttest.Build(t, "./plugins/"+name))
+		src, err := os.ReadFile(hosttest.Build(t, "./plugins/"+name+"/chaos"))
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), src, 0o755))
 		m, err := pluginhost.NewFileManifest(filepath.Join(dir, name), name, "1.0.0", kinds)

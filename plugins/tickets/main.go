@@ -11,17 +11,16 @@
 // Environment: USHER_BLOB_DIR (where PDFs are stored, default ./blobs),
 // MAILPROVIDER_URL (default http://127.0.0.1:8025), TICKETS_CLAIM_LEASE
 // (the send claim's lease, default 2m).
+//
+// plugins/tickets/chaos is the same plugin with faults injected from
+// outside, for tests, the demo and the chaos suite.
 package main
 
 import (
 	"fmt"
-	"net/http"
 	"os"
-	"time"
 
-	"github.com/usherhq/usher/plugins/tickets/blob"
-	"github.com/usherhq/usher/plugins/tickets/handlers"
-	"github.com/usherhq/usher/plugins/tickets/mail"
+	"github.com/usherhq/usher/plugins/tickets/tickets"
 	"github.com/usherhq/usher/sdk"
 )
 
@@ -35,28 +34,10 @@ func main() {
 }
 
 func run() error {
-	store, err := blob.NewFS(envOr("USHER_BLOB_DIR", "blobs"))
+	p, err := tickets.Plugin(version)
 	if err != nil {
 		return err
 	}
-	lease := sdk.DefaultLease
-	if s := os.Getenv("TICKETS_CLAIM_LEASE"); s != "" {
-		if lease, err = time.ParseDuration(s); err != nil {
-			return fmt.Errorf("TICKETS_CLAIM_LEASE: %w", err)
-		}
-	}
-	mailer := &mail.Client{BaseURL: envOr("MAILPROVIDER_URL", "http://127.0.0.1:8025"),
-		HTTP: &http.Client{Timeout: 10 * time.Second}}
-	p := sdk.New("tickets", version)
-	sdk.HandleStateFirst(p, &handlers.Render{Store: store})
-	sdk.HandleClaim(p, &handlers.Send{Store: store, Mailer: mailer, Lease: lease})
 	sdk.Serve(p)
 	return nil
-}
-
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
 }

@@ -39,7 +39,7 @@ func setup(t *testing.T) *testBundle {
 	rdb, stream := hosttest.Redis(t)
 	mailURL := hosttest.MailProvider(t)
 	return &testBundle{pool: pool, dbURL: url, rdb: rdb, stream: stream, blobDir: t.TempDir(), faultDir: t.TempDir(),
-		mail: &mail.Client{BaseURL: mailURL}, mailURL: mailURL, plugin: hosttest.Build(t, "./plugins/tickets")}
+		mail: &mail.Client{BaseURL: mailURL}, mailURL: mailURL, plugin: hosttest.Build(t, "./plugins/tickets/chaos")}
 }
 
 func (b *testBundle) config(lease time.Duration) host.Config {

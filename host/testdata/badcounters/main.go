@@ -5,7 +5,8 @@
 // job with a transient error; -X main.mode=crashjob -X main.crashJob=ID
 // exits the process in job ID only; -X main.mode=flaky fails every job's
 // first attempt with a transient error and applies its retry. Any other
-// mode serves like counters.
+// mode serves like counters. Like the counters plugin's chaos build, it
+// records every apply in counter_applies (applies.Recorded).
 package main
 
 import (
@@ -13,6 +14,7 @@ import (
 	"errors"
 	"os"
 
+	"github.com/usherhq/usher/plugins/counters/applies"
 	"github.com/usherhq/usher/plugins/counters/counter"
 	"github.com/usherhq/usher/plugins/stagedoor"
 	"github.com/usherhq/usher/sdk"
@@ -46,6 +48,6 @@ func (h handler) Apply(ctx context.Context, job sdk.Job[stagedoor.UpdateSalesCou
 
 func main() {
 	p := sdk.New("counters", version)
-	sdk.HandleRecordJobID(p, handler{counter.Handler{Version: version}})
+	sdk.HandleRecordJobID(p, applies.Recorded{Handler: handler{}, Version: version})
 	sdk.Serve(p)
 }

@@ -1,8 +1,18 @@
-// Package faults lets tests and the demo stop a shipped plugin at a chosen
-// point: stall it (so it can be killed with -9 or overrun its deadline),
-// crash it, panic, or fail. It is inert unless the host passes the plugin
-// USHER_FAULT_DIR; each point is a JSON file in that directory, read on
-// every call so a running test can arm and disarm it.
+// Package faults lets tests, the demo and the chaos suite stop a Stagedoor
+// plugin at a chosen point: stall it (so it can be killed with -9 or
+// overrun its deadline), crash it, panic, or fail. The shipped plugins do
+// not import it: their chaos builds (plugins/counters/chaos,
+// plugins/tickets/chaos) serve the same handlers wrapped in [Middleware],
+// which has a point before and after every phase of every kind:
+//
+//	counter.before_apply   counter.after_apply                 update_sales_counter
+//	render.before_check    render.after_check    ...           render_tickets (check, prepare, commit)
+//	send.before_claim      send.after_effect     ...           send_tickets (claim, effect)
+//
+// An after point fires only when the phase succeeded. It is inert unless
+// the host passes the plugin USHER_FAULT_DIR; each point is a JSON file in
+// that directory, read on every call so a running test can arm and disarm
+// it.
 //
 //	{"action": "stall", "duration": "30s", "job_ids": ["17"], "once": true}
 //
@@ -16,6 +26,7 @@ package faults
 
 import (
 	"context"
+	"debug/buildinfo"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,9 +50,54 @@ type Spec struct {
 	Once     bool     `json:"once,omitempty"`
 }
 
-// At applies the fault armed for point, if any, to jobID. The files it
-// writes are the test's markers, not an effect of the job, and only when
-// the host passed USHER_FAULT_DIR.
+// ShortNames are the Stagedoor kinds' point prefixes, which [Middleware]
+// uses unless told otherwise.
+var ShortNames = map[string]string{
+	"update_sales_counter": "counter",
+	"render_tickets":       "render",
+	"send_tickets":         "send",
+}
+
+// Middleware injects the armed faults around every phase of every kind of
+// the plugin it is used on (sdk.Use): at <name>.before_<phase> before the
+// handler's phase, and at <name>.after_<phase> when the phase succeeded.
+// A fault's error is the phase's error; an after point's error drops what
+// the phase did (Apply's writes, Commit's transaction, an effect's kept
+// result) as the handler's own error would.
+type Middleware struct {
+	// Names maps a kind to its points' prefix. Default ShortNames; a kind
+	// in neither uses the kind itself.
+	Names map[string]string
+}
+
+var _ sdk.Middleware = Middleware{}
+
+// Wrap runs the phase between its two points.
+func (m Middleware) Wrap(ctx context.Context, call *sdk.Call, next func(context.Context) error) error {
+	name := m.name(call.Kind)
+	if err := At(ctx, name+".before_"+string(call.Phase), call.JobID); err != nil {
+		return err
+	}
+	if err := next(ctx); err != nil {
+		return err
+	}
+	return At(ctx, name+".after_"+string(call.Phase), call.JobID)
+}
+
+func (m Middleware) name(kind string) string {
+	names := m.Names
+	if names == nil {
+		names = ShortNames
+	}
+	if n, ok := names[kind]; ok {
+		return n
+	}
+	return kind
+}
+
+// At applies the fault armed for point, if any, to jobID; [Middleware]
+// calls it. The files it writes are the test's markers, not an effect of
+// the job, and only when the host passed USHER_FAULT_DIR.
 //
 //usher:no-effect test hook: writes marker files in USHER_FAULT_DIR only
 func At(ctx context.Context, point, jobID string) error {
@@ -107,6 +163,28 @@ func (s Spec) matches(jobID string) bool {
 	}
 	return true
 }
+
+// RequireChaosBuilds returns an error naming the first of the counters and
+// tickets plugins in dir that is not a chaos build (plugins/*/chaos, read
+// from the binary's build info): the shipped plugins ignore armed faults
+// and record no counter_applies, so a run that arms and counts them would
+// wait for what never comes.
+func RequireChaosBuilds(dir string) error {
+	for _, name := range []string{"counters", "tickets"} {
+		bin := filepath.Join(dir, name)
+		info, err := buildinfo.ReadFile(bin)
+		if err != nil {
+			return fmt.Errorf("%s: %w", bin, err)
+		}
+		if info.Path != module+"/plugins/"+name+"/chaos" {
+			return fmt.Errorf("%s is built from %s, not the plugin's chaos build %s/plugins/%s/chaos, which injects faults and records counter_applies (make chaos-plugins; --plugin-dir bin/chaos-plugins)",
+				bin, info.Path, module, name)
+		}
+	}
+	return nil
+}
+
+const module = "github.com/usherhq/usher"
 
 // Arm writes spec for point into dir (for tests and the demo).
 func Arm(dir, point string, s Spec) error {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/usherhq/usher/plugins/stagedoor"
-	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/tickets/blob"
 	"github.com/usherhq/usher/plugins/tickets/render"
 	"github.com/usherhq/usher/sdk"
@@ -65,9 +64,6 @@ func (r *Render) Check(ctx context.Context, job sdk.Job[stagedoor.RenderTickets]
 	if len(o.Tickets) == 0 {
 		return st, false, sdk.Permanent(fmt.Errorf("order %d has no tickets", job.Args.OrderID))
 	}
-	if err := faults.At(ctx, "render.after_check", job.ID); err != nil {
-		return st, false, err
-	}
 	return st, missing == 0, nil
 }
 
@@ -82,24 +78,15 @@ func (r *Render) Prepare(ctx context.Context, job sdk.Job[stagedoor.RenderTicket
 	if err := r.Store.Put(ctx, st.PDFKey, pdf); err != nil {
 		return st, fmt.Errorf("store %s: %w", st.PDFKey, err)
 	}
-	if err := faults.At(ctx, "render.after_prepare", job.ID); err != nil {
-		return st, err
-	}
 	return st, nil
 }
 
 // Commit writes the key where it is still null; only the winning run queues
 // the email.
 func (r *Render) Commit(ctx context.Context, job sdk.Job[stagedoor.RenderTickets], tx *sdk.CommitTx, st RenderState) error {
-	if err := faults.At(ctx, "render.before_write", job.ID); err != nil {
-		return err
-	}
 	win, err := tx.WriteIf(ctx, `UPDATE tickets SET pdf_key = $1 WHERE order_id = $2 AND pdf_key IS NULL RETURNING id`,
 		st.PDFKey, job.Args.OrderID)
 	if err != nil {
-		return err
-	}
-	if err := faults.At(ctx, "render.after_write", job.ID); err != nil {
 		return err
 	}
 	if win == nil {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/usherhq/usher/plugins/stagedoor"
-	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/tickets/blob"
 	"github.com/usherhq/usher/plugins/tickets/mail"
 	"github.com/usherhq/usher/sdk"
@@ -80,8 +79,5 @@ func (s *Send) Effect(ctx context.Context, job sdk.Job[stagedoor.SendTickets], d
 		return fmt.Errorf("send ticket email: %w", err)
 	}
 	job.Log.Info("ticket email sent", "order_id", job.Args.OrderID, "message_id", receipt.ID, "replayed", receipt.Replayed, "key", key.String())
-	if err := faults.At(ctx, "send.after_effect", job.ID); err != nil {
-		return err
-	}
 	return sdk.KeepResult(ctx, receipt.ID)
 }

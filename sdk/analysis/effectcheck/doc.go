@@ -11,14 +11,18 @@
 //     function or package marked //usher:effect is reported when it is
 //     reachable from a handler's Check, Commit, Apply or Claim, and from
 //     Prepare unless it is declared //usher:idempotent-by-key. Only a
-//     ClaimEffect's Effect may run any effect.
+//     ClaimEffect's Effect may run any effect. A middleware (the Wrap
+//     method of a type implementing sdk.Middleware, or a function literal
+//     converted to sdk.MiddlewareFunc) runs in every phase, so any effect
+//     it reaches is reported, keyed ones included.
 //   - sdk.KeyForTest outside a _test.go file.
 //   - A ClaimEffect's Effect that ignores its key: the IdempotencyKey
 //     parameter is unnamed, named _, or never used.
 //
 // Handlers are the methods of the types that implement sdk.StateFirst,
 // sdk.ClaimEffect or sdk.RecordJobID, instantiated with the type arguments
-// their methods use, generic handler types included.
+// their methods use, generic handler types included. A named function
+// converted to sdk.MiddlewareFunc is not followed.
 //
 // # How deep it looks
 //

@@ -22,8 +22,10 @@ var guards = []struct {
 }
 
 // checkHandlers checks the methods of every handler type declared in the
-// package.
+// package, and every middleware: the Wrap method of a type implementing
+// sdk.Middleware and a function literal converted to sdk.MiddlewareFunc.
 func checkHandlers(pass *analysis.Pass, sdk *types.Package, funcs map[*types.Func]*funcInfo) {
+	checkMiddlewareFuncs(pass, sdk, funcs)
 	known := map[*types.TypeName]map[string]bool{} // handler type -> its guard's methods
 	for _, f := range pass.Files {
 		for _, d := range f.Decls {
@@ -41,6 +43,10 @@ func checkHandlers(pass *analysis.Pass, sdk *types.Package, funcs map[*types.Fun
 				continue
 			}
 			obj := named.Obj()
+			if fn.Name() == "Wrap" && isMiddleware(sdk, recv) {
+				checkPhase(pass, fd.Body, obj.Name()+".Wrap", middleware, funcs)
+				continue
+			}
 			methods, seen := known[obj]
 			if !seen {
 				methods = guardOf(sdk, recv)
@@ -53,8 +59,10 @@ func checkHandlers(pass *analysis.Pass, sdk *types.Package, funcs map[*types.Fun
 			switch fn.Name() {
 			case "Effect":
 				checkKeyUsed(pass, fd, fn, phase)
+			case "Prepare":
+				checkPhase(pass, fd.Body, phase, keyedOnly, funcs)
 			default:
-				checkPhase(pass, fd, fn.Name() == "Prepare", phase, funcs)
+				checkPhase(pass, fd.Body, phase, noEffect, funcs)
 			}
 		}
 	}
@@ -110,22 +118,78 @@ func methodSig(t types.Type, name string) *types.Signature {
 	return nil
 }
 
-// checkPhase reports each call in a phase that must not run an effect
-// whose callee reaches one. Prepare may reach effects declared
-// idempotent by key.
-func checkPhase(pass *analysis.Pass, fd *ast.FuncDecl, prepare bool, phase string, funcs map[*types.Func]*funcInfo) {
-	forEachCall(pass, fd.Body, func(call *ast.CallExpr, callee *types.Func) {
+// isMiddleware reports whether recv's type (or a pointer to it) implements
+// sdk.Middleware.
+func isMiddleware(sdk *types.Package, recv types.Type) bool {
+	obj, ok := sdk.Scope().Lookup("Middleware").(*types.TypeName)
+	if !ok {
+		return false
+	}
+	iface, ok := obj.Type().Underlying().(*types.Interface)
+	if !ok {
+		return false
+	}
+	base := deref(recv)
+	return types.Implements(base, iface) || types.Implements(types.NewPointer(base), iface)
+}
+
+// checkMiddlewareFuncs checks every function literal converted to
+// sdk.MiddlewareFunc. A named function converted is not followed.
+func checkMiddlewareFuncs(pass *analysis.Pass, sdk *types.Package, funcs map[*types.Func]*funcInfo) {
+	mf, ok := sdk.Scope().Lookup("MiddlewareFunc").(*types.TypeName)
+	if !ok {
+		return
+	}
+	for _, f := range pass.Files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok || len(call.Args) != 1 {
+				return true
+			}
+			tv, ok := pass.TypesInfo.Types[call.Fun]
+			if !ok || !tv.IsType() || !types.Identical(tv.Type, mf.Type()) {
+				return true
+			}
+			if lit, ok := call.Args[0].(*ast.FuncLit); ok {
+				checkPhase(pass, lit.Body, "sdk.MiddlewareFunc", middleware, funcs)
+			}
+			return true
+		})
+	}
+}
+
+// rule is what a checked body may reach.
+type rule int
+
+const (
+	noEffect   rule = iota // Check, Commit, Apply, Claim
+	keyedOnly              // Prepare: effects declared idempotent by key
+	middleware             // a middleware: no effect, it runs in every phase
+)
+
+// checkPhase reports each call in body whose callee reaches an effect the
+// rule does not allow.
+func checkPhase(pass *analysis.Pass, body *ast.BlockStmt, phase string, r rule, funcs map[*types.Func]*funcInfo) {
+	forEachCall(pass, body, func(call *ast.CallExpr, callee *types.Func) {
 		e, name, ok := calleeEffects(pass, funcs, call, callee)
 		if !ok {
 			return
 		}
 		w := e.Unkeyed.via(name)
-		hint := "effects belong in a ClaimEffect's Effect"
-		if prepare {
+		var hint string
+		switch {
+		case r == keyedOnly:
 			hint = "only a call declared //usher:idempotent-by-key may have an effect in Prepare"
-		} else if e.Unkeyed.zero() {
+		case r == middleware:
+			hint = "a middleware runs in every phase; effects belong in a ClaimEffect's Effect"
+			if w.zero() {
+				w = e.Keyed.via(name)
+			}
+		case e.Unkeyed.zero():
 			w = e.Keyed.via(name)
 			hint = "an effect idempotent by key belongs in Prepare or a ClaimEffect's Effect"
+		default:
+			hint = "effects belong in a ClaimEffect's Effect"
 		}
 		if w.zero() {
 			return

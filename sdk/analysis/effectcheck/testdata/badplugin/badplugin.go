@@ -172,3 +172,32 @@ var (
 //
 //usher:efect // want `unknown directive //usher:efect`
 func typo() {}
+
+// Notify is a middleware that sends: it runs in every phase, so its send
+// is outside the effect phase wherever it wraps.
+type Notify struct{ Mailer *mailer.Client }
+
+func (n Notify) Wrap(ctx context.Context, call *sdk.Call, next func(context.Context) error) error { // want Wrap:`effect: network call`
+	if err := n.Mailer.Send(ctx, sdk.IdempotencyKey{}, nil); err != nil { // want `Notify.Wrap: network call outside the effect phase: .* \(a middleware runs in every phase`
+		return err
+	}
+	return next(ctx)
+}
+
+// Hooked is a clean middleware: its marker file is declared no effect.
+type Hooked struct{}
+
+func (Hooked) Wrap(ctx context.Context, call *sdk.Call, next func(context.Context) error) error {
+	testHook()
+	return next(ctx)
+}
+
+var (
+	_ sdk.Middleware = Notify{}
+	_ sdk.Middleware = Hooked{}
+	// A function literal as middleware is checked too.
+	_ = sdk.MiddlewareFunc(func(ctx context.Context, call *sdk.Call, next func(context.Context) error) error {
+		_ = os.WriteFile("/tmp/timing", nil, 0o600) // want `sdk.MiddlewareFunc: file write outside the effect phase: os.WriteFile \(a middleware runs`
+		return next(ctx)
+	})
+)
