@@ -92,7 +92,7 @@ func TestHangingJobDoesNotHoldItsBatch(t *testing.T) {
 	h := hosttest.Start(t, cfg)
 
 	b.held(t, "counter.before_apply", jobID)
-	hosttest.Eventually(t, 30*time.Second, "every other job applied while one hangs", func() bool {
+	hosttest.Eventually(t, 90*time.Second, "every other job applied while one hangs", func() bool {
 		return hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`) == 199
 	})
 	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies WHERE job_id = $1`, jobID), "the hanging job has not applied")
