@@ -34,6 +34,7 @@ import (
 	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/internal/periodic"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/plugindb"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/reclaim"
 	"github.com/usherhq/usher/host/sandbox"
@@ -410,7 +411,9 @@ func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhos
 
 // admit decides whether the plugin m (started from the manifest file, when
 // there is one) may serve: its kinds must be the manifest's, its role must
-// be fit (sandbox.CheckPluginRole), and its kinds are pinned to that role.
+// be fit (sandbox.CheckPluginRole), the manifest's schema, migrations and
+// grants must install (plugindb.Install), and its kinds are pinned to that
+// role.
 // It returns the plugin's database: the pool of a plugin already loaded (a
 // swap), or a new one.
 func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhost.DirPlugin) (guard.DB, error) {
@@ -432,6 +435,22 @@ func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhos
 	if err := sandbox.CheckPluginRole(ctx, h.pool, m.Name, role); err != nil {
 		return guard.DB{}, err
 	}
+	if file != nil {
+		// The same install as `host plugins install`: its schema, its
+		// migrations and its declared grants, or a refusal with why.
+		spec, err := plugindb.FromManifest(*file)
+		if err != nil {
+			return guard.DB{}, err
+		}
+		res, err := plugindb.Install(ctx, h.pool, spec)
+		if err != nil {
+			return guard.DB{}, err
+		}
+		if !res.Unchanged {
+			h.log.Info("plugin installed", "plugin", m.Name, "version", m.Version, "migrations_applied", res.Applied,
+				"granted", res.Granted, "revoked", res.Revoked)
+		}
+	}
 	if err := sandbox.Prepare(ctx, h.pool, m.Name, role, kinds, enqueues); err != nil {
 		return guard.DB{}, err
 	}
@@ -442,7 +461,7 @@ func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhos
 		return l.db, nil
 	}
 	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: h.pool.Config(), Role: role,
-		Size: int32(h.cfg.PluginPoolSize), StatementTimeout: h.cfg.StatementTimeout, Schema: h.schema, Logger: h.log})
+		Size: int32(h.cfg.PluginPoolSize), StatementTimeout: h.cfg.StatementTimeout, Schema: h.schema, Plugin: m.Name, Logger: h.log})
 	if err != nil {
 		return guard.DB{}, err
 	}

@@ -54,6 +54,7 @@ func (d *pluginDir) install(bin, file, name, version string) pluginhost.FileMani
 	d.copy(bin, file)
 	m, err := pluginhost.NewFileManifest(filepath.Join(d.dir, file), name, version, kindsOf(bin))
 	require.NoError(d.t, err)
+	hosttest.AddShipped(d.t, &m, d.dir)
 	d.writeManifest(m)
 	return m
 }

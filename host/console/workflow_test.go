@@ -35,6 +35,7 @@ func TestConsoleShowsAnOrdersWorkflow(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), src, 0o755))
 		m, err := pluginhost.NewFileManifest(filepath.Join(dir, name), name, "1.0.0", kinds)
 		require.NoError(t, err)
+		hosttest.AddShipped(t, &m, dir)
 		_, err = m.Write(dir)
 		require.NoError(t, err)
 	}
