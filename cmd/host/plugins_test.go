@@ -29,7 +29,8 @@ func install(t *testing.T, dir, bin, file, name, version string) {
 	require.NoError(t, os.Rename(tmp, filepath.Join(dir, file)))
 	cl := &cli{stdout: io.Discard, stderr: io.Discard, now: time.Now}
 	require.NoError(t, cl.run(context.Background(),
-		[]string{"plugins", "manifest", filepath.Join(dir, file), "--name", name, "--version", version, "--kind", "update_sales_counter", "--write"}))
+		[]string{"plugins", "manifest", filepath.Join(dir, file), "--name", name, "--version", version, "--kind", "update_sales_counter", "--write",
+			"--grants", filepath.Join(hosttest.ModuleRoot(t), "plugins", "counters", "db", "grants.json")}))
 }
 
 // operator runs the host binary as an operator whose home is home: no

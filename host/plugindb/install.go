@@ -495,7 +495,7 @@ func (in installer) grantApp(ctx context.Context, grants, old []pluginhost.Grant
 		if _, err := in.tx.Exec(ctx, "REVOKE ALL ON TABLE "+table(g.Table)+" FROM "+r); err != nil {
 			return fmt.Errorf("grant on %s: %w (the host's login must own the table or hold its privileges WITH GRANT OPTION)", g.Table, err)
 		}
-		var privs []string
+		var privs, desc []string
 		for _, p := range []struct {
 			name string
 			cols []string
@@ -508,12 +508,13 @@ func (in installer) grantApp(ctx context.Context, grants, old []pluginhost.Grant
 				quoted[i] = ident(c)
 			}
 			privs = append(privs, p.name+" ("+strings.Join(quoted, ", ")+")")
+			desc = append(desc, p.name+" ("+strings.Join(p.cols, ", ")+")")
 		}
 		q := "GRANT " + strings.Join(privs, ", ") + " ON TABLE " + table(g.Table) + " TO " + r
 		if _, err := in.tx.Exec(ctx, q); err != nil {
 			return fmt.Errorf("%s: %w (the host's login must own the table or hold its privileges WITH GRANT OPTION)", q, err)
 		}
-		in.res.Granted = append(in.res.Granted, strings.Join(privs, ", ")+" ON "+g.Table)
+		in.res.Granted = append(in.res.Granted, strings.Join(desc, ", ")+" ON "+g.Table)
 	}
 	return nil
 }
