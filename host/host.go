@@ -374,7 +374,7 @@ func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhos
 		return err
 	}
 	m := sup.Manifest()
-	db, err := h.admit(ctx, m, file)
+	db, err := h.admit(ctx, m, file, true)
 	if err != nil {
 		sup.Stop()
 		return err
@@ -413,10 +413,10 @@ func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhos
 // there is one) may serve: its kinds must be the manifest's, its role must
 // be fit (sandbox.CheckPluginRole), the manifest's schema, migrations and
 // grants must install (plugindb.Install), and its kinds are pinned to that
-// role.
-// It returns the plugin's database: the pool of a plugin already loaded (a
-// swap), or a new one.
-func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhost.DirPlugin) (guard.DB, error) {
+// role. A rollback (install false) installs nothing. It returns the
+// plugin's database: the pool of a plugin already loaded (a swap), or a
+// new one.
+func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhost.DirPlugin, install bool) (guard.DB, error) {
 	kinds := make([]string, len(m.Kinds))
 	for i, k := range m.Kinds {
 		kinds[i] = k.Kind
@@ -435,9 +435,10 @@ func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhos
 	if err := sandbox.CheckPluginRole(ctx, h.pool, m.Name, role); err != nil {
 		return guard.DB{}, err
 	}
-	if file != nil {
+	if file != nil && install {
 		// The same install as `host plugins install`: its schema, its
-		// migrations and its declared grants, or a refusal with why.
+		// migrations and its declared grants, or a refusal with why. The
+		// binary running is the manifest's: go-plugin checked it.
 		spec, err := plugindb.FromManifest(*file)
 		if err != nil {
 			return guard.DB{}, err
@@ -661,7 +662,9 @@ func (h *Host) swapIn(ctx context.Context, l *loaded, pcfg pluginhost.Config, fi
 	}()
 	begin := time.Now()
 	res, err := l.sup.Swap(ctx, pcfg, func(m pluginhost.Manifest) error {
-		_, err := h.admit(ctx, m, file)
+		// A rollback keeps the schema and grants of the version it
+		// rolls back from: migrations run forward only.
+		_, err := h.admit(ctx, m, file, forward)
 		return err
 	})
 	if err != nil {

@@ -481,6 +481,9 @@ func (cl *cli) pluginsInstall(fs *flag.FlagSet) runner {
 }
 
 func (cl *cli) installOne(ctx context.Context, pool *pgxpool.Pool, p pluginhost.DirPlugin) error {
+	if err := plugindb.VerifyBinary(p); err != nil {
+		return err
+	}
 	spec, err := plugindb.FromManifest(p)
 	if err != nil {
 		return err

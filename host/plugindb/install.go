@@ -39,17 +39,24 @@ type Spec struct {
 	Grants []pluginhost.Grant
 }
 
-// FromManifest is the install of the plugin p found in a plugin
-// directory, once its binary matches the manifest's SHA-256 (so the files
-// installed are those of the binary the host will run).
-func FromManifest(p pluginhost.DirPlugin) (Spec, error) {
+// VerifyBinary refuses p when its binary's SHA-256 is not the manifest's:
+// the install is then not that of the binary a host would run. (A host
+// needs no such call: go-plugin checks the binary it starts.)
+func VerifyBinary(p pluginhost.DirPlugin) error {
 	sum, err := pluginhost.FileSHA256(p.BinaryPath)
 	if err != nil {
-		return Spec{}, err
+		return err
 	}
 	if sum != p.Manifest.SHA256 {
-		return Spec{}, fmt.Errorf("plugin %s: binary %s has sha256 %s, not the manifest's %s", p.Manifest.Name, p.BinaryPath, sum, p.Manifest.SHA256)
+		return fmt.Errorf("plugin %s is refused: binary %s has sha256 %s, not the manifest's %s", p.Manifest.Name, p.BinaryPath, sum, p.Manifest.SHA256)
 	}
+	return nil
+}
+
+// FromManifest is the install of the plugin p found in a plugin
+// directory: its migrations directory and grants. The migrations'
+// checksum is checked by Install.
+func FromManifest(p pluginhost.DirPlugin) (Spec, error) {
 	s := Spec{Name: p.Manifest.Name, Version: p.Manifest.Version, Grants: p.Manifest.Grants, MigrationsSHA256: p.Manifest.MigrationsSHA256}
 	if dir := p.Manifest.MigrationsDir(dirOf(p.ManifestPath)); dir != "" {
 		info, err := os.Stat(dir)
