@@ -319,7 +319,11 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	if c.Plugin != "" {
 		// The plugin cannot create in its own schema (its owner is
 		// usher_schema_<name>), so nothing of its making shadows anything.
-		path = pgx.Identifier{Schema(c.Plugin)}.Sanitize() + ", " + schema
+		own := Schema(c.Plugin)
+		if CheckPluginName(own) != nil {
+			own = pgx.Identifier{own}.Sanitize()
+		}
+		path = own + ", " + schema
 	}
 	cc.RuntimeParams["search_path"] = path
 	cc.RuntimeParams["default_transaction_read_only"] = "off"
