@@ -25,9 +25,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/host"
-	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/host/plugindb"
 	"github.com/usherhq/usher/host/pluginhost"
+	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/migrations"
 	"github.com/usherhq/usher/plugins/stagedoor/appdb"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"

@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/usherhq/usher/plugins/counters/counter"
 	"github.com/usherhq/usher/host/pluginhost"
+	"github.com/usherhq/usher/plugins/counters/counter"
 	"github.com/usherhq/usher/plugins/stagedoor"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 	"github.com/usherhq/usher/sdk"
