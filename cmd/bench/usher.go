@@ -524,7 +524,8 @@ func stagePlugin(pluginDir, into, name string) error {
 		return fmt.Errorf("the %s plugin's manifest (run make plugins): %w", name, err)
 	}
 	var m struct {
-		Binary string `json:"binary"`
+		Binary     string `json:"binary"`
+		Migrations string `json:"migrations"`
 	}
 	if err := json.Unmarshal(b, &m); err != nil {
 		return fmt.Errorf("%s: %w", manifest, err)
@@ -534,6 +535,14 @@ func stagePlugin(pluginDir, into, name string) error {
 	}
 	if err := os.WriteFile(filepath.Join(into, manifest), b, 0o644); err != nil {
 		return err
+	}
+	if m.Migrations != "" { // the plugin's own migrations, beside its manifest
+		if m.Migrations != filepath.Base(m.Migrations) {
+			return fmt.Errorf("%s: migrations %q is not a directory name", manifest, m.Migrations)
+		}
+		if err := os.CopyFS(filepath.Join(into, m.Migrations), os.DirFS(filepath.Join(pluginDir, m.Migrations))); err != nil {
+			return fmt.Errorf("%s: migrations: %w", manifest, err)
+		}
 	}
 	return copyFile(filepath.Join(pluginDir, m.Binary), filepath.Join(into, m.Binary))
 }
