@@ -16,15 +16,19 @@ build: plugins
 	$(GO) build -o $(BIN)/mailprovider ./cmd/mailprovider
 	$(GO) build -o $(BIN)/bench ./cmd/bench
 
-# Each plugin is a binary plus its manifest (name, version, SHA-256), which
-# the host verifies before starting it. A host watching $(PLUGINS) hot-swaps
+# Each plugin is a binary plus its manifest (name, version, SHA-256, its
+# migrations and its grants on Stagedoor's tables, from plugins/NAME/db),
+# which the host verifies and installs before starting it. A host watching $(PLUGINS) hot-swaps
 # a plugin whose manifest changed: make plugins COUNTERS_VERSION=1.1.0
 plugins:
 	@mkdir -p $(PLUGINS)
 	$(GO) build -ldflags "-X main.version=$(or $(COUNTERS_VERSION),1.0.0)" -o $(PLUGINS)/counters ./plugins/counters
 	$(GO) build -ldflags "-X main.version=$(or $(TICKETS_VERSION),1.0.0)" -o $(PLUGINS)/tickets ./plugins/tickets
-	$(GO) run ./cmd/host plugins manifest $(PLUGINS)/counters --name counters --version $(or $(COUNTERS_VERSION),1.0.0) --kind update_sales_counter --write
-	$(GO) run ./cmd/host plugins manifest $(PLUGINS)/tickets --name tickets --version $(or $(TICKETS_VERSION),1.0.0) --kind render_tickets --kind send_tickets --write
+	rm -rf $(PLUGINS)/tickets-migrations && cp -r plugins/tickets/db/migrations $(PLUGINS)/tickets-migrations
+	$(GO) run ./cmd/host plugins manifest $(PLUGINS)/counters --name counters --version $(or $(COUNTERS_VERSION),1.0.0) --kind update_sales_counter \
+		--grants plugins/counters/db/grants.json --write
+	$(GO) run ./cmd/host plugins manifest $(PLUGINS)/tickets --name tickets --version $(or $(TICKETS_VERSION),1.0.0) --kind render_tickets --kind send_tickets \
+		--migrations $(PLUGINS)/tickets-migrations --grants plugins/tickets/db/grants.json --write
 
 # The same plugins built for the demo, the chaos suite and the tests: the
 # shipped handlers wrapped in faults.Middleware (and, for counters, a
@@ -34,8 +38,11 @@ chaos-plugins:
 	@mkdir -p $(CHAOS_PLUGINS)
 	$(GO) build -ldflags "-X main.version=$(or $(COUNTERS_VERSION),1.0.0)" -o $(CHAOS_PLUGINS)/counters ./plugins/counters/chaos
 	$(GO) build -ldflags "-X main.version=$(or $(TICKETS_VERSION),1.0.0)" -o $(CHAOS_PLUGINS)/tickets ./plugins/tickets/chaos
-	$(GO) run ./cmd/host plugins manifest $(CHAOS_PLUGINS)/counters --name counters --version $(or $(COUNTERS_VERSION),1.0.0) --kind update_sales_counter --write
-	$(GO) run ./cmd/host plugins manifest $(CHAOS_PLUGINS)/tickets --name tickets --version $(or $(TICKETS_VERSION),1.0.0) --kind render_tickets --kind send_tickets --write
+	rm -rf $(CHAOS_PLUGINS)/tickets-migrations && cp -r plugins/tickets/db/migrations $(CHAOS_PLUGINS)/tickets-migrations
+	$(GO) run ./cmd/host plugins manifest $(CHAOS_PLUGINS)/counters --name counters --version $(or $(COUNTERS_VERSION),1.0.0) --kind update_sales_counter \
+		--grants plugins/counters/db/grants.json --write
+	$(GO) run ./cmd/host plugins manifest $(CHAOS_PLUGINS)/tickets --name tickets --version $(or $(TICKETS_VERSION),1.0.0) --kind render_tickets --kind send_tickets \
+		--migrations $(CHAOS_PLUGINS)/tickets-migrations --grants plugins/tickets/db/grants.json --write
 
 services:
 	@.ci/services

@@ -55,7 +55,10 @@ type Config struct {
 	// <name>.plugin.json naming it, with the plugin's name, version and the
 	// binary's SHA-256 (`host plugins manifest` writes one). The checksum
 	// is verified before the binary starts, and the running plugin must
-	// report the manifest's name and version. An executable no manifest
+	// report the manifest's name and version. Each plugin is installed
+	// before it serves, as `host plugins install` does (host/plugindb: its
+	// migrations in its schema plugin_<name>, its declared grants); a
+	// refused install refuses the plugin. An executable no manifest
 	// names is ignored with a warning. At New, a manifest that cannot be
 	// loaded is an error; later, while Run watches the directory, it is
 	// logged and the running version keeps serving. Optional.
@@ -69,7 +72,8 @@ type Config struct {
 	// last seen, besides fsnotify's events. Default 2s.
 	PluginPollInterval time.Duration
 	// Plugins lists plugin binaries to start besides PluginDir's, with no
-	// manifest: no checksum is verified and Reload does not touch them
+	// manifest: no checksum is verified, nothing is installed (their
+	// schema and grants must be in place) and Reload does not touch them
 	// (unless a manifest in PluginDir names the same plugin, which then
 	// replaces it). For tests and embedding applications.
 	Plugins []string

@@ -34,6 +34,7 @@ import (
 	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/internal/periodic"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/plugindb"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/reclaim"
 	"github.com/usherhq/usher/host/sandbox"
@@ -373,7 +374,7 @@ func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhos
 		return err
 	}
 	m := sup.Manifest()
-	db, err := h.admit(ctx, m, file)
+	db, err := h.admit(ctx, m, file, true)
 	if err != nil {
 		sup.Stop()
 		return err
@@ -410,10 +411,12 @@ func (h *Host) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhos
 
 // admit decides whether the plugin m (started from the manifest file, when
 // there is one) may serve: its kinds must be the manifest's, its role must
-// be fit (sandbox.CheckPluginRole), and its kinds are pinned to that role.
-// It returns the plugin's database: the pool of a plugin already loaded (a
-// swap), or a new one.
-func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhost.DirPlugin) (guard.DB, error) {
+// be fit (sandbox.CheckPluginRole), the manifest's schema, migrations and
+// grants must install (plugindb.Install), and its kinds are pinned to that
+// role. A rollback (install false) installs nothing. It returns the
+// plugin's database: the pool of a plugin already loaded (a swap), or a
+// new one.
+func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhost.DirPlugin, install bool) (guard.DB, error) {
 	kinds := make([]string, len(m.Kinds))
 	for i, k := range m.Kinds {
 		kinds[i] = k.Kind
@@ -432,6 +435,23 @@ func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhos
 	if err := sandbox.CheckPluginRole(ctx, h.pool, m.Name, role); err != nil {
 		return guard.DB{}, err
 	}
+	if file != nil && install {
+		// The same install as `host plugins install`: its schema, its
+		// migrations and its declared grants, or a refusal with why. The
+		// binary running is the manifest's: go-plugin checked it.
+		spec, err := plugindb.FromManifest(*file)
+		if err != nil {
+			return guard.DB{}, err
+		}
+		res, err := plugindb.Install(ctx, h.pool, spec)
+		if err != nil {
+			return guard.DB{}, err
+		}
+		if !res.Unchanged {
+			h.log.Info("plugin installed", "plugin", m.Name, "version", m.Version, "migrations_applied", res.Applied,
+				"granted", res.Granted, "revoked", res.Revoked)
+		}
+	}
 	if err := sandbox.Prepare(ctx, h.pool, m.Name, role, kinds, enqueues); err != nil {
 		return guard.DB{}, err
 	}
@@ -442,7 +462,7 @@ func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhos
 		return l.db, nil
 	}
 	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: h.pool.Config(), Role: role,
-		Size: int32(h.cfg.PluginPoolSize), StatementTimeout: h.cfg.StatementTimeout, Schema: h.schema, Logger: h.log})
+		Size: int32(h.cfg.PluginPoolSize), StatementTimeout: h.cfg.StatementTimeout, Schema: h.schema, Plugin: m.Name, Logger: h.log})
 	if err != nil {
 		return guard.DB{}, err
 	}
@@ -642,7 +662,9 @@ func (h *Host) swapIn(ctx context.Context, l *loaded, pcfg pluginhost.Config, fi
 	}()
 	begin := time.Now()
 	res, err := l.sup.Swap(ctx, pcfg, func(m pluginhost.Manifest) error {
-		_, err := h.admit(ctx, m, file)
+		// A rollback keeps the schema and grants of the version it
+		// rolls back from: migrations run forward only.
+		_, err := h.admit(ctx, m, file, forward)
 		return err
 	})
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pluginhost"
+	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
 
@@ -54,6 +55,7 @@ func (d *pluginDir) install(bin, file, name, version string) pluginhost.FileMani
 	d.copy(bin, file)
 	m, err := pluginhost.NewFileManifest(filepath.Join(d.dir, file), name, version, kindsOf(bin))
 	require.NoError(d.t, err)
+	hosttest.AddShipped(d.t, &m, d.dir)
 	d.writeManifest(m)
 	return m
 }
@@ -562,6 +564,17 @@ func TestRefusedManifestStaysRefused(t *testing.T) {
 		defer admin.Close(context.Background())
 		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
 		_, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+		// Setup made its schema role too, and its schema on the database
+		// roles are set up from.
+		test, err := pgx.Connect(context.Background(), hosttest.DatabaseURL())
+		if err != nil {
+			return
+		}
+		defer test.Close(context.Background())
+		schemaRole := sandbox.SchemaRole(name)
+		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+schemaRole)
+		_, _ = test.Exec(context.Background(), "DROP OWNED BY "+schemaRole)
+		_, _ = test.Exec(context.Background(), "DROP ROLE IF EXISTS "+schemaRole)
 	})
 	d := newPluginDir(t)
 	d.install(b.counters, "counters", "counters", "1.0.0")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/plugindb"
 )
 
 // With password authentication (a cluster of the test's own that requires
@@ -51,6 +52,16 @@ func TestPasswordAuthentication(t *testing.T) {
 	_, err = pgx.Connect(ctx, ownerURL)
 	require.ErrorContains(t, err, "password authentication failed")
 	t.Setenv("PGPASSFILE", passfile)
+	// As the owner, with its password: Stagedoor's tables, then the
+	// counters plugin's grants on them (its hosts load it by path: no
+	// manifest to install from).
+	out, err = exec.Command(hosttest.Build(t, "./cmd/host"), "migrate", "--stagedoor", "--database-url", ownerURL).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	owner, err := pgxpool.New(ctx, ownerURL)
+	require.NoError(t, err)
+	_, err = plugindb.Install(ctx, owner, hosttest.ShippedSpec(t, "counters"))
+	owner.Close()
+	require.NoError(t, err)
 
 	rdb, stream := hosttest.Redis(t)
 	counters := hosttest.Build(t, "./plugins/counters")

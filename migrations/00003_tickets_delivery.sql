@@ -1,16 +1,12 @@
 -- +goose Up
--- render_tickets' state (null until the PDF is stored) and send_tickets'
--- claim row, unique on the effect.
-ALTER TABLE tickets ADD COLUMN pdf_key text;
-
-CREATE TABLE email_sends (
-    order_id   bigint      NOT NULL REFERENCES orders (id),
-    kind       text        NOT NULL,
-    claimed_at timestamptz NOT NULL,
-    sent_at    timestamptz,
-    UNIQUE (order_id, kind)
-);
+-- A no-op since Stagedoor became an application like any other: its tables
+-- (events, orders, tickets, counter_applies) are created by its own
+-- migrations (plugins/stagedoor/appdb, `host migrate --stagedoor`), and
+-- email_sends by the tickets plugin's, in its schema plugin_tickets. The
+-- runtime's migrations hold only the runtime's tables. A database migrated
+-- before keeps what this version created (the app's migrations are IF NOT
+-- EXISTS); the version stays so that its history is continuous.
+SELECT 1;
 
 -- +goose Down
-DROP TABLE email_sends;
-ALTER TABLE tickets DROP COLUMN pdf_key;
+SELECT 1;

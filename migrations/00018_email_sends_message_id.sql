@@ -1,8 +1,12 @@
 -- +goose Up
--- The mail provider's message id of a ticket email, kept by the send's
--- claim effect (sdk.KeepResult) and written with the mark that sets
--- sent_at, in the same statement.
-ALTER TABLE email_sends ADD COLUMN provider_message_id text;
+-- A no-op since Stagedoor became an application like any other: its tables
+-- (events, orders, tickets, counter_applies) are created by its own
+-- migrations (plugins/stagedoor/appdb, `host migrate --stagedoor`), and
+-- email_sends by the tickets plugin's, in its schema plugin_tickets. The
+-- runtime's migrations hold only the runtime's tables. A database migrated
+-- before keeps what this version created (the app's migrations are IF NOT
+-- EXISTS); the version stays so that its history is continuous.
+SELECT 1;
 
 -- +goose Down
-ALTER TABLE email_sends DROP COLUMN provider_message_id;
+SELECT 1;

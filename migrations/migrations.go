@@ -1,5 +1,7 @@
-// Package migrations holds usher's versioned SQL: the runtime's tables and
-// the Stagedoor example's tables. The files are embedded in every binary and
+// Package migrations holds the runtime's versioned SQL: its own tables and
+// functions, nothing of any application or plugin (Stagedoor's tables are
+// its own, plugins/stagedoor/appdb; a plugin ships its migrations beside
+// its binary, host/plugindb). The files are embedded in every binary and
 // applied with goose by `host migrate` and at the start of `host run`.
 package migrations
 
@@ -18,24 +20,13 @@ import (
 //go:embed *.sql
 var files embed.FS
 
-//go:embed grants/stagedoor.sql
-var stagedoorGrants string
-
-// Up applies every migration not yet applied, then the Stagedoor plugins'
-// grants to whichever of their roles exist (GRANT is idempotent, so a role
-// created since the last run gets them now). Concurrent callers are
+// Up applies every migration not yet applied. Concurrent callers are
 // serialised by goose's Postgres session lock, so several hosts starting at
 // once migrate once.
 func Up(ctx context.Context, pool *pgxpool.Pool) error {
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	if err := up(ctx, db); err != nil {
-		return err
-	}
-	if _, err := pool.Exec(ctx, stagedoorGrants); err != nil {
-		return fmt.Errorf("migrations: grants to the Stagedoor plugins' roles: %w", err)
-	}
-	return nil
+	return up(ctx, db)
 }
 
 func up(ctx context.Context, db *sql.DB) error {

@@ -79,7 +79,14 @@ func TestREADMEQuickRun(t *testing.T) {
 		b, err := os.ReadFile(hosttest.Build(t, "./plugins/"+name))
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(bin, b, 0o755))
-		args := []string{"plugins", "manifest", bin, "--name", name, "--version", "1.0.0", "--write"}
+		// As make plugins writes them: the grants, the tickets plugin's
+		// migrations beside its binary.
+		db := filepath.Join(hosttest.ModuleRoot(t), "plugins", name, "db")
+		args := []string{"plugins", "manifest", bin, "--name", name, "--version", "1.0.0", "--write", "--grants", filepath.Join(db, "grants.json")}
+		if name == "tickets" {
+			require.NoError(t, os.CopyFS(filepath.Join(plugins, "tickets-migrations"), os.DirFS(filepath.Join(db, "migrations"))))
+			args = append(args, "--migrations", filepath.Join(plugins, "tickets-migrations"))
+		}
 		for _, k := range kinds {
 			args = append(args, "--kind", k)
 		}

@@ -114,7 +114,7 @@ func measureMix(ctx context.Context, cfg config, db *database, pluginDir string,
 	start := time.Now()
 	p.phase(fmt.Sprintf("mix: %d orders (render, send, count)", cfg.Mix), int64(cfg.Mix))
 	for {
-		res.Sent = count(ctx, db.pool, `SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL AND order_id = ANY($1)`, ids)
+		res.Sent = count(ctx, db.pool, `SELECT count(*) FROM plugin_tickets.email_sends WHERE sent_at IS NOT NULL AND order_id = ANY($1)`, ids)
 		res.Counted = count(ctx, db.pool, `SELECT count(*) FROM processed_jobs WHERE job_id = ANY($1)`, counterJobs)
 		p.set(min(res.Sent, res.Counted))
 		if res.Sent == int64(cfg.Mix) && res.Counted == int64(cfg.Mix) {

@@ -25,8 +25,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/plugindb"
+	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/migrations"
+	"github.com/usherhq/usher/plugins/stagedoor/appdb"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
 
@@ -53,8 +56,9 @@ type database struct {
 }
 
 // createDatabase creates a fresh database, sets up the owner and the
-// counters plugin's roles on it (sandbox.Setup, as `host setup` does) and
-// migrates it as the owner.
+// plugins' roles on it (sandbox.Setup, as `host setup` does), migrates it
+// as the owner (the runtime's and Stagedoor's tables) and installs the
+// plugins of cfg.PluginDir (`host plugins install`).
 func createDatabase(ctx context.Context, cfg config) (*database, error) {
 	admin, err := pgx.Connect(ctx, cfg.AdminURL)
 	if err != nil {
@@ -73,14 +77,14 @@ func createDatabase(ctx context.Context, cfg config) (*database, error) {
 	db.adminURL = u.String()
 	u.User = url.User(cfg.Owner)
 	db.ownerURL = u.String()
-	if err := db.setup(ctx, cfg.Owner); err != nil {
+	if err := db.setup(ctx, cfg.Owner, cfg.PluginDir); err != nil {
 		_ = db.drop(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	return db, nil
 }
 
-func (db *database) setup(ctx context.Context, owner string) error {
+func (db *database) setup(ctx context.Context, owner, pluginDir string) error {
 	conn, err := pgx.Connect(ctx, db.adminURL)
 	if err != nil {
 		return fmt.Errorf("connect as the administrator to %s: %w", db.name, err)
@@ -97,7 +101,28 @@ func (db *database) setup(ctx context.Context, owner string) error {
 	if db.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 		return fmt.Errorf("connect as %s: %w", owner, err)
 	}
-	return migrations.Up(ctx, db.pool)
+	if err := migrations.Up(ctx, db.pool); err != nil {
+		return err
+	}
+	if err := appdb.Migrate(ctx, db.pool); err != nil {
+		return err
+	}
+	// The plugins' schemas and grants, as `host plugins install` makes
+	// them: the in-process levels load no manifest.
+	scan, err := pluginhost.ScanDir(pluginDir)
+	if err != nil {
+		return err
+	}
+	for _, p := range scan.Plugins {
+		spec, err := plugindb.FromManifest(p)
+		if err != nil {
+			return err
+		}
+		if _, err := plugindb.Install(ctx, db.pool, spec); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // drop closes the owner's pool and drops the database.
@@ -506,7 +531,8 @@ func stagePlugin(pluginDir, into, name string) error {
 		return fmt.Errorf("the %s plugin's manifest (run make plugins): %w", name, err)
 	}
 	var m struct {
-		Binary string `json:"binary"`
+		Binary     string `json:"binary"`
+		Migrations string `json:"migrations"`
 	}
 	if err := json.Unmarshal(b, &m); err != nil {
 		return fmt.Errorf("%s: %w", manifest, err)
@@ -516,6 +542,14 @@ func stagePlugin(pluginDir, into, name string) error {
 	}
 	if err := os.WriteFile(filepath.Join(into, manifest), b, 0o644); err != nil {
 		return err
+	}
+	if m.Migrations != "" { // the plugin's own migrations, beside its manifest
+		if m.Migrations != filepath.Base(m.Migrations) {
+			return fmt.Errorf("%s: migrations %q is not a directory name", manifest, m.Migrations)
+		}
+		if err := os.CopyFS(filepath.Join(into, m.Migrations), os.DirFS(filepath.Join(pluginDir, m.Migrations))); err != nil {
+			return fmt.Errorf("%s: migrations: %w", manifest, err)
+		}
 	}
 	return copyFile(filepath.Join(pluginDir, m.Binary), filepath.Join(into, m.Binary))
 }

@@ -319,14 +319,15 @@ func (c *chaos) startMail() error {
 }
 
 // migrate applies the migrations once before the hosts start (each host
-// would too, at its start).
+// would apply the runtime's too, at its start), with Stagedoor's own: the
+// hosts install the plugins, whose grants name Stagedoor's tables.
 func (c *chaos) migrate(ctx context.Context) error {
 	logf, err := openLog(c.path("migrate.log"))
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.CommandContext(ctx, c.cfg.hostBin, "migrate")
+	cmd := exec.CommandContext(ctx, c.cfg.hostBin, "migrate", "--stagedoor")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+c.dbURL)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Run(); err != nil {
@@ -523,7 +524,7 @@ func (c *chaos) probeOrder(ctx context.Context, host string, timeout time.Durati
 		err := c.pool.QueryRow(ctx, `SELECT
 			EXISTS (SELECT 1 FROM counter_applies WHERE order_id = $1),
 			NOT EXISTS (SELECT 1 FROM tickets WHERE order_id = $1 AND pdf_key IS NULL),
-			EXISTS (SELECT 1 FROM email_sends WHERE order_id = $1 AND sent_at IS NOT NULL)`, pl.ID).
+			EXISTS (SELECT 1 FROM plugin_tickets.email_sends WHERE order_id = $1 AND sent_at IS NOT NULL)`, pl.ID).
 			Scan(&counted, &rendered, &sent)
 		if err == nil && counted && rendered && sent {
 			return nil

@@ -96,7 +96,20 @@ func buildSystem(t *testing.T) string {
 		t.Fatal(err)
 	}
 	for p, kinds := range map[string][]string{"counters": {"update_sales_counter"}, "tickets": {"render_tickets", "send_tickets"}} {
-		args := []string{"plugins", "manifest", filepath.Join(bin, "plugins", p), "--name", p, "--version", "1.0.0", "--write"}
+		// As make plugins writes them: the grants, and the tickets
+		// plugin's migrations copied beside its binary.
+		args := []string{"plugins", "manifest", filepath.Join(bin, "plugins", p), "--name", p, "--version", "1.0.0", "--write",
+			"--grants", filepath.Join(root, "plugins", p, "db", "grants.json")}
+		if src := filepath.Join(root, "plugins", p, "db", "migrations"); p == "tickets" {
+			dst := filepath.Join(bin, "plugins", p+"-migrations")
+			if err := os.RemoveAll(dst); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
+				t.Fatal(err)
+			}
+			args = append(args, "--migrations", dst)
+		}
 		for _, k := range kinds {
 			args = append(args, "--kind", k)
 		}

@@ -43,7 +43,7 @@ func (c *chaos) progress(ctx context.Context) (progress, error) {
 		(SELECT count(*) FROM orders),
 		(SELECT count(*) FROM counter_applies),
 		(SELECT count(DISTINCT order_id) FROM tickets WHERE pdf_key IS NOT NULL),
-		(SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL),
+		(SELECT count(*) FROM plugin_tickets.email_sends WHERE sent_at IS NOT NULL),
 		(SELECT count(*) FROM outbox WHERE published_at IS NULL),
 		(SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL),
 		(SELECT count(*) FROM dead_letters)`).
@@ -252,8 +252,8 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 		(SELECT count(*) FROM tickets t JOIN orders o ON o.id = t.order_id WHERE t.pdf_key IS NOT NULL AND t.pdf_key <> 'tickets/' || o.public_id || '.pdf'),
 		(SELECT count(*) FROM outbox WHERE kind = 'send_tickets' AND job_id IS NULL),
 		(SELECT count(DISTINCT payload->>'order_id') FROM outbox WHERE kind = 'send_tickets' AND job_id IS NULL),
-		(SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL),
-		(SELECT count(*) FROM email_sends)`).
+		(SELECT count(*) FROM plugin_tickets.email_sends WHERE sent_at IS NOT NULL),
+		(SELECT count(*) FROM plugin_tickets.email_sends)`).
 		Scan(&applies, &applyJobs, &applyOrders, &processedCounter, &pdfOrders, &badKeys, &sendQueued, &sendOrders, &sentRows, &sendRows); err != nil {
 		return false, err
 	}
@@ -353,7 +353,7 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 		        WHEN 'update_sales_counter' THEN EXISTS (SELECT 1 FROM counter_applies a WHERE a.job_id = coalesce(o.job_id, o.id::text))
 		        WHEN 'render_tickets' THEN EXISTS (SELECT 1 FROM tickets t WHERE t.order_id = (o.payload->>'order_id')::bigint)
 		            AND NOT EXISTS (SELECT 1 FROM tickets t WHERE t.order_id = (o.payload->>'order_id')::bigint AND t.pdf_key IS NULL)
-		        WHEN 'send_tickets' THEN EXISTS (SELECT 1 FROM email_sends e WHERE e.order_id = (o.payload->>'order_id')::bigint AND e.kind = 'tickets' AND e.sent_at IS NOT NULL)
+		        WHEN 'send_tickets' THEN EXISTS (SELECT 1 FROM plugin_tickets.email_sends e WHERE e.order_id = (o.payload->>'order_id')::bigint AND e.kind = 'tickets' AND e.sent_at IS NOT NULL)
 		        ELSE false END AS applied,
 		        EXISTS (SELECT 1 FROM dead_letters d WHERE d.job_id = coalesce(o.job_id, o.id::text) AND d.reason <> '') AS dead
 		    FROM outbox o) x
@@ -549,7 +549,7 @@ func (c *chaos) listUnaccounted(ctx context.Context) {
 		  AND CASE o.kind
 		      WHEN 'update_sales_counter' THEN NOT EXISTS (SELECT 1 FROM counter_applies a WHERE a.job_id = coalesce(o.job_id, o.id::text))
 		      WHEN 'render_tickets' THEN EXISTS (SELECT 1 FROM tickets t WHERE t.order_id = (o.payload->>'order_id')::bigint AND t.pdf_key IS NULL)
-		      WHEN 'send_tickets' THEN NOT EXISTS (SELECT 1 FROM email_sends e WHERE e.order_id = (o.payload->>'order_id')::bigint AND e.sent_at IS NOT NULL)
+		      WHEN 'send_tickets' THEN NOT EXISTS (SELECT 1 FROM plugin_tickets.email_sends e WHERE e.order_id = (o.payload->>'order_id')::bigint AND e.sent_at IS NOT NULL)
 		      ELSE true END
 		ORDER BY o.id LIMIT 20`)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/internal/mailproc"
+	"github.com/usherhq/usher/plugins/stagedoor/appdb"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 	"github.com/usherhq/usher/plugins/tickets/blob"
@@ -221,6 +222,11 @@ func (d *demo) prepare(ctx context.Context) error {
 	if d.pool, err = pgxpool.New(ctx, d.dbURL); err != nil {
 		return err
 	}
+	// Stagedoor's own tables (host migrate --stagedoor), before the hosts
+	// install the plugins whose grants name them.
+	if err := appdb.Migrate(ctx, d.pool); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
 	opt, err := host.RedisOptions(d.conn.redisURL, d.conn.redisCAFile)
 	if err != nil {
 		return err
@@ -398,7 +404,7 @@ func (d *demo) progress(ctx context.Context) (progress, error) {
 		(SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL),
 		(SELECT count(*) FROM counter_applies),
 		(SELECT count(DISTINCT order_id) FROM tickets WHERE pdf_key IS NOT NULL),
-		(SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL)`).
+		(SELECT count(*) FROM plugin_tickets.email_sends WHERE sent_at IS NOT NULL)`).
 		Scan(&p.unpublished, &p.scheduled, &p.counted, &p.rendered, &p.sent)
 	if err != nil {
 		return p, err
@@ -472,7 +478,7 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 		(SELECT count(DISTINCT job_id) FROM counter_applies),
 		(SELECT count(DISTINCT order_id) FROM tickets WHERE pdf_key IS NOT NULL),
 		(SELECT count(*) FROM outbox WHERE kind = 'send_tickets' AND job_id IS NULL),
-		(SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL),
+		(SELECT count(*) FROM plugin_tickets.email_sends WHERE sent_at IS NOT NULL),
 		(SELECT count(*) FROM dead_letters),
 		(SELECT count(*) FROM outbox),
 		(SELECT count(*) FROM outbox WHERE done_at IS NULL),

@@ -2,13 +2,13 @@
 //
 //	host run          serve jobs (relay, consumer, reclaim, scheduler, plugins)
 //	host setup        create the owner and plugin roles (once, as an administrator)
-//	host migrate      apply the database migrations
+//	host migrate      apply the runtime's migrations (--stagedoor: the example app's too)
 //	host demo         the Stagedoor demo: everything, with faults, and a summary
 //	host inspect      pending entries, backlog, dead letters, absorbed duplicates
 //	host deadletters  list | show ID | requeue ID | requeue --kind KIND
 //	host jobs         show ID: a job's state and every delivery's record
 //	host workflows    show REQUEST_ID: the jobs one request started, as a tree
-//	host plugins      list | reload [NAME] (a running host, admin API) | manifest BINARY | init NAME
+//	host plugins      list | reload [NAME] (a running host, admin API) | manifest BINARY | install [NAME] | init NAME
 //
 // Flags go anywhere on the command line, before or after the command, its
 // subcommand and its arguments; an unknown flag is an error (exit status
@@ -67,7 +67,7 @@ func (cl *cli) commands() *command {
 	return &command{name: "host", summary: "usher's host: serve jobs and operate them", subs: []*command{
 		{name: "run", summary: "serve jobs", flags: cl.runFlags},
 		{name: "setup", summary: "create the runtime's owner role and the plugins' login roles (once, as a database administrator)", flags: cl.setupFlags},
-		{name: "migrate", summary: "apply database migrations", flags: cl.migrateFlags},
+		{name: "migrate", summary: "apply the runtime's database migrations (--stagedoor: and the Stagedoor example's tables)", flags: cl.migrateFlags},
 		{name: "demo", summary: "run the Stagedoor demo with faults injected and print a summary", flags: cl.demoFlags},
 		{name: "inspect", summary: "show pending entries, backlog, dead letters and absorbed duplicates", flags: cl.inspectFlags},
 		{name: "deadletters", summary: "list, show and requeue dead letters", subs: cl.deadLetterCommands()},

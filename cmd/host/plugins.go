@@ -10,14 +10,18 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/admin"
+	"github.com/usherhq/usher/host/plugindb"
 	"github.com/usherhq/usher/host/pluginhost"
 )
 
@@ -28,8 +32,10 @@ func (cl *cli) pluginCommands() []*command {
 			help: "Only NAME when given. Exits non-zero when a load or swap was refused.\n\n" + tokenHelp, flags: cl.pluginsReload},
 		{name: "rollback", args: "NAME", summary: "ask a running host to swap NAME back to the version its last swap replaced",
 			help: "The manifest rolled back from is refused until it changes (or a reload asks for it).\n\n" + tokenHelp, flags: cl.pluginsRollback},
-		{name: "manifest", args: "BINARY", summary: "print BINARY's manifest (name, version, binary, SHA-256), or write it beside the binary as NAME.plugin.json",
-			flags: cl.pluginsManifest},
+		{name: "manifest", args: "BINARY", summary: "print BINARY's manifest (name, version, binary, SHA-256, migrations, grants), or write it beside the binary as NAME.plugin.json",
+			help: manifestHelp, flags: cl.pluginsManifest},
+		{name: "install", args: "[NAME...]", summary: "install the plugins of --plugin-dir (or only NAME...) in the database: verify, apply their migrations, grant what their manifests declare",
+			help: installHelp, flags: cl.pluginsInstall},
 		{name: "init", args: "NAME", summary: "write a new plugin module to start from: a handler per guard, their sdktest tests, migrations, grants, a Makefile",
 			help: "NAME is the plugin's name (lower-case letters, digits and _, starting with a letter): its database role is usher_plugin_NAME.\n" +
 				"The directory (--dir, default ./NAME) must be new or empty.",
@@ -295,21 +301,112 @@ func drainText(r host.ReloadResult) string {
 	return fmt.Sprintf("old version's calls finished in %s", roundDuration(r.DrainTime))
 }
 
+const manifestHelp = `--migrations DIR names the plugin's migrations: goose-style NNNNN_name.sql
+files, applied in the plugin's own schema plugin_NAME. DIR must be a
+directory beside the binary (copy it there); the manifest records its name
+and migrations_sha256, the checksum an install verifies.
+
+--grants FILE is a JSON array of the plugin's privileges on the
+application's tables, column by column, as the manifest holds them:
+  [{"table": "wallets", "select": ["id", "balance"], "update": ["balance"]}]
+--grant TABLE:select=a,b;update=c;insert=d adds one table's (repeat it).`
+
+const installHelp = `Run as the runtime's owner (--database-url), after the application's
+tables exist and an administrator ran host setup --plugin NAME. For each
+plugin: its binary and migrations must match the manifest's checksums; its
+migrations not yet applied run as usher_schema_NAME in its schema
+plugin_NAME (a migration that switches role, grants, or touches anything
+outside the schema is refused and leaves nothing); its role gets exactly
+the grants the manifest declares, and those no longer declared are revoked.
+A second install of the same manifest changes nothing. host run does the
+same for every plugin it loads from --plugin-dir.`
+
 func (cl *cli) pluginsManifest(fs *flag.FlagSet) runner {
 	name := fs.String("name", "", "the plugin's name, as it reports it (required)")
 	version := fs.String("version", "", "the plugin's version, as it reports it (required)")
 	write := fs.Bool("write", false, "write NAME.plugin.json beside the binary instead of printing it")
-	var kinds, enqueues listFlag
+	var kinds, enqueues, grantSpecs listFlag
 	fs.Var(&kinds, "kind", "a kind the plugin serves (repeat for each; at least one)")
 	fs.Var(&enqueues, "enqueue", "a kind of another plugin its handlers may enqueue (repeat for each)")
+	migrationsDir := fs.String("migrations", "", "the plugin's migrations: a directory of NNNNN_name.sql files beside the binary")
+	grantsFile := fs.String("grants", "", "a JSON file of the plugin's grants on the application's tables")
+	fs.Var(&grantSpecs, "grant", "one table's grants, TABLE:select=a,b;update=c;insert=d (repeat for each table)")
 	return func(ctx context.Context, pos []string) error {
-		return cl.manifest(ctx, pos, *name, *version, kinds, enqueues, *write)
+		extra, err := manifestExtras(pos, *migrationsDir, *grantsFile, grantSpecs)
+		if err != nil {
+			return err
+		}
+		return cl.manifest(ctx, pos, *name, *version, kinds, enqueues, *write, extra)
 	}
 }
 
-func (cl *cli) manifest(ctx context.Context, pos []string, name, version string, kinds, enqueues []string, write bool) error {
+// manifestExtras reads the plugin's migrations and grants from the flags.
+func manifestExtras(pos []string, migrationsDir, grantsFile string, grantSpecs []string) (pluginhost.FileManifest, error) {
+	var m pluginhost.FileManifest
+	if migrationsDir != "" && len(pos) == 1 {
+		abs, err := filepath.Abs(migrationsDir)
+		if err != nil {
+			return m, err
+		}
+		binDir, err := filepath.Abs(filepath.Dir(pos[0]))
+		if err != nil {
+			return m, err
+		}
+		if filepath.Dir(abs) != binDir {
+			return m, fmt.Errorf("--migrations %s must be a directory beside the binary, in %s: copy it there (the manifest names it relative to itself)", migrationsDir, binDir)
+		}
+		m.Migrations = filepath.Base(abs)
+		if m.MigrationsSHA256, err = pluginhost.MigrationsSHA256(os.DirFS(abs)); err != nil {
+			return m, err
+		}
+	}
+	if grantsFile != "" {
+		gs, err := pluginhost.ReadGrants(grantsFile)
+		if err != nil {
+			return m, err
+		}
+		m.Grants = gs
+	}
+	for _, s := range grantSpecs {
+		g, err := parseGrant(s)
+		if err != nil {
+			return m, usageError{err.Error()}
+		}
+		m.Grants = append(m.Grants, g)
+	}
+	return m, nil
+}
+
+// parseGrant reads --grant TABLE:select=a,b;update=c;insert=d.
+func parseGrant(s string) (pluginhost.Grant, error) {
+	table, privs, ok := strings.Cut(s, ":")
+	g := pluginhost.Grant{Table: table}
+	if !ok || table == "" || privs == "" {
+		return g, fmt.Errorf("--grant %q: want TABLE:select=a,b;update=c;insert=d", s)
+	}
+	for _, p := range strings.Split(privs, ";") {
+		kind, cols, ok := strings.Cut(p, "=")
+		if !ok || cols == "" {
+			return g, fmt.Errorf("--grant %q: %q is not PRIVILEGE=col,col", s, p)
+		}
+		list := strings.Split(cols, ",")
+		switch strings.ToLower(kind) {
+		case "select":
+			g.Select = append(g.Select, list...)
+		case "update":
+			g.Update = append(g.Update, list...)
+		case "insert":
+			g.Insert = append(g.Insert, list...)
+		default:
+			return g, fmt.Errorf("--grant %q: privilege %q is not select, update or insert", s, kind)
+		}
+	}
+	return g, nil
+}
+
+func (cl *cli) manifest(ctx context.Context, pos []string, name, version string, kinds, enqueues []string, write bool, extra pluginhost.FileManifest) error {
 	if len(pos) != 1 || name == "" || version == "" || len(kinds) == 0 {
-		return usageError{"usage: host plugins manifest BINARY --name NAME --version VERSION --kind KIND [--kind KIND ...] [--enqueue KIND ...] [--write]"}
+		return usageError{"usage: host plugins manifest BINARY --name NAME --version VERSION --kind KIND [--kind KIND ...] [--enqueue KIND ...] [--migrations DIR] [--grants FILE] [--grant TABLE:select=a,b;update=c ...] [--write]"}
 	}
 	m, err := pluginhost.NewFileManifest(pos[0], name, version, kinds)
 	if err != nil {
@@ -333,6 +430,7 @@ func (cl *cli) manifest(ctx context.Context, pos []string, name, version string,
 		return fmt.Errorf("%s serves kinds %v, not %v; refusing to write that manifest", pos[0], served, slices.Compact(want))
 	}
 	m.Enqueues = enqueues
+	m.Migrations, m.MigrationsSHA256, m.Grants = extra.Migrations, extra.MigrationsSHA256, extra.Grants
 	if write {
 		path, err := m.Write(filepath.Dir(pos[0]))
 		if err != nil {
@@ -342,6 +440,78 @@ func (cl *cli) manifest(ctx context.Context, pos []string, name, version string,
 		return nil
 	}
 	return writeJSON(cl.stdout, m)
+}
+
+func (cl *cli) pluginsInstall(fs *flag.FlagSet) runner {
+	conn := &connFlags{}
+	conn.registerDB(fs)
+	dir := fs.String("plugin-dir", env("USHER_PLUGIN_DIR", ""), "the directory of plugin binaries and their manifests (USHER_PLUGIN_DIR; required)")
+	return func(ctx context.Context, pos []string) error {
+		if *dir == "" {
+			return usageError{"usage: host plugins install --plugin-dir DIR [--database-url URL] [NAME ...]"}
+		}
+		scan, err := pluginhost.ScanDir(*dir)
+		if err != nil {
+			return err
+		}
+		for _, p := range scan.Problems {
+			fmt.Fprintf(cl.stderr, "skipped: %v\n", p)
+		}
+		var chosen []pluginhost.DirPlugin
+		for _, p := range scan.Plugins {
+			if len(pos) == 0 || slices.Contains(pos, p.Manifest.Name) {
+				chosen = append(chosen, p)
+			}
+		}
+		for _, n := range pos {
+			if !slices.ContainsFunc(chosen, func(p pluginhost.DirPlugin) bool { return p.Manifest.Name == n }) {
+				return fmt.Errorf("no manifest in %s names plugin %q", *dir, n)
+			}
+		}
+		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
+			var failed []string
+			for _, p := range chosen {
+				if err := cl.installOne(ctx, pool, p); err != nil {
+					fmt.Fprintf(cl.stdout, "%s: refused: %v\n", p.Manifest.Name, err)
+					failed = append(failed, p.Manifest.Name)
+				}
+			}
+			if len(failed) > 0 {
+				return fmt.Errorf("install refused for %s", strings.Join(failed, ", "))
+			}
+			return nil
+		})
+	}
+}
+
+func (cl *cli) installOne(ctx context.Context, pool *pgxpool.Pool, p pluginhost.DirPlugin) error {
+	if err := plugindb.VerifyBinary(p); err != nil {
+		return err
+	}
+	spec, err := plugindb.FromManifest(p)
+	if err != nil {
+		return err
+	}
+	res, err := plugindb.Install(ctx, pool, spec)
+	if err != nil {
+		return err
+	}
+	if res.Unchanged {
+		_, err = fmt.Fprintf(cl.stdout, "%s %s: unchanged\n", p.Manifest.Name, p.Manifest.Version)
+		return err
+	}
+	fmt.Fprintf(cl.stdout, "%s %s: installed (%d migration(s) applied", p.Manifest.Name, p.Manifest.Version, len(res.Applied))
+	for _, a := range res.Applied {
+		fmt.Fprintf(cl.stdout, " %s", a)
+	}
+	fmt.Fprintln(cl.stdout, ")")
+	for _, g := range res.Granted {
+		fmt.Fprintf(cl.stdout, "  granted %s\n", g)
+	}
+	for _, t := range res.Revoked {
+		fmt.Fprintf(cl.stdout, "  revoked on %s (no longer in the manifest)\n", t)
+	}
+	return nil
 }
 
 // listFlag is a repeatable string flag.

@@ -29,7 +29,8 @@ func install(t *testing.T, dir, bin, file, name, version string) {
 	require.NoError(t, os.Rename(tmp, filepath.Join(dir, file)))
 	cl := &cli{stdout: io.Discard, stderr: io.Discard, now: time.Now}
 	require.NoError(t, cl.run(context.Background(),
-		[]string{"plugins", "manifest", filepath.Join(dir, file), "--name", name, "--version", version, "--kind", "update_sales_counter", "--write"}))
+		[]string{"plugins", "manifest", filepath.Join(dir, file), "--name", name, "--version", version, "--kind", "update_sales_counter", "--write",
+			"--grants", filepath.Join(hosttest.ModuleRoot(t), "plugins", "counters", "db", "grants.json")}))
 }
 
 // operator runs the host binary as an operator whose home is home: no
@@ -96,7 +97,8 @@ func TestPluginsCommands(t *testing.T) {
 	h, dir, o := runningHost(t, home)
 	m, err := pluginhost.ReadManifest(filepath.Join(dir, "counters.plugin.json"))
 	require.NoError(t, err)
-	require.Equal(t, pluginhost.FileManifest{Name: "counters", Version: "1.0.0", Binary: "counters", SHA256: m.SHA256, Kinds: []string{"update_sales_counter"}}, m)
+	require.Equal(t, pluginhost.FileManifest{Name: "counters", Version: "1.0.0", Binary: "counters", SHA256: m.SHA256, Kinds: []string{"update_sales_counter"}, Grants: m.Grants}, m)
+	require.Len(t, m.Grants, 3, "the counters plugin's grants, from plugins/counters/db/grants.json")
 
 	require.Contains(t, o.ok("plugins"), "counters  1.0.0")
 	require.Contains(t, o.ok("plugins", "list"), "counters  1.0.0")

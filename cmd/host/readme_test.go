@@ -170,7 +170,7 @@ func TestREADMEOperatingCommands(t *testing.T) {
 			ran++
 		}
 	}
-	require.Equal(t, 11, ran, "migrate, inspect ×2, list ×4, show ×2, requeue ×2")
+	require.Equal(t, 12, ran, "migrate ×2, inspect ×2, list ×4, show ×2, requeue ×2")
 	require.EqualValues(t, 0, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL`))
 
 	_, err := deadletter.Add(ctx, pool, deadletter.Letter{JobID: "9", Kind: kind, Payload: []byte(`{}`), Reason: "permanent failure: order 9", Attempts: 1, StreamID: "9-0"})

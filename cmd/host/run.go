@@ -11,6 +11,7 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/migrations"
+	"github.com/usherhq/usher/plugins/stagedoor/appdb"
 )
 
 func (cl *cli) runFlags(fs *flag.FlagSet) runner {
@@ -53,6 +54,7 @@ func serve(ctx context.Context, f *hostFlags, tf *tokenFlags) error {
 func (cl *cli) migrateFlags(fs *flag.FlagSet) runner {
 	conn := &connFlags{}
 	conn.registerDB(fs)
+	stagedoor := fs.Bool("stagedoor", false, "also apply the Stagedoor example application's own migrations (its tables: events, orders, tickets, counter_applies)")
 	return func(ctx context.Context, pos []string) error {
 		if len(pos) > 0 {
 			return usageError{fmt.Sprintf("migrate takes no arguments, got %q", pos)}
@@ -61,7 +63,13 @@ func (cl *cli) migrateFlags(fs *flag.FlagSet) runner {
 			if err := migrations.Up(ctx, pool); err != nil {
 				return err
 			}
-			_, err := fmt.Fprintln(cl.stdout, "migrations applied")
+			if _, err := fmt.Fprintln(cl.stdout, "migrations applied"); err != nil || !*stagedoor {
+				return err
+			}
+			if err := appdb.Migrate(ctx, pool); err != nil {
+				return err
+			}
+			_, err := fmt.Fprintln(cl.stdout, "stagedoor migrations applied")
 			return err
 		})
 	}

@@ -23,9 +23,11 @@ import (
 func TestReadmeSetup(t *testing.T) {
 	t.Parallel()
 	lines := readmeBlock(t, "**Set up once, as an administrator:**", "sh")
-	require.Len(t, lines, 2)
-	setup, run := lines[0], lines[1]
+	require.Len(t, lines, 4)
+	setup, migrate, install, run := lines[0], lines[1], lines[2], lines[3]
 	require.True(t, strings.HasPrefix(setup, "bin/host setup "), setup)
+	require.True(t, strings.HasPrefix(migrate, "PGPASSFILE=pgpass bin/host migrate "), migrate)
+	require.True(t, strings.HasPrefix(install, "PGPASSFILE=pgpass bin/host plugins install "), install)
 	require.True(t, strings.HasPrefix(run, "PGPASSFILE=pgpass bin/host run "), run)
 
 	ctx := context.Background()
@@ -48,7 +50,14 @@ func TestReadmeSetup(t *testing.T) {
 		b, err := os.ReadFile(hosttest.Build(t, "./plugins/"+name))
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(bin, b, 0o755))
-		args := []string{"plugins", "manifest", bin, "--name", name, "--version", "1.0.0", "--write"}
+		// As make plugins writes them.
+		args := []string{"plugins", "manifest", bin, "--name", name, "--version", "1.0.0", "--write",
+			"--grants", filepath.Join(hosttest.ModuleRoot(t), "plugins", name, "db", "grants.json")}
+		if name == "tickets" {
+			require.NoError(t, os.CopyFS(filepath.Join(plugins, "tickets-migrations"),
+				os.DirFS(filepath.Join(hosttest.ModuleRoot(t), "plugins", "tickets", "db", "migrations"))))
+			args = append(args, "--migrations", filepath.Join(plugins, "tickets-migrations"))
+		}
 		for _, k := range kinds {
 			args = append(args, "--kind", k)
 		}
@@ -69,6 +78,24 @@ func TestReadmeSetup(t *testing.T) {
 	st, err := os.Stat(filepath.Join(dir, "pgpass"))
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+
+	// The runtime's owner, with the password setup gave it: Stagedoor's
+	// tables, then the plugins' schemas and grants.
+	owner := func(line string) string {
+		f := local(line)
+		cmd := exec.Command(filepath.Join(dir, "bin", "host"), f[2:]...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), f[0])
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s\n%s", line, out)
+		return string(out)
+	}
+	require.Contains(t, owner(migrate), "stagedoor migrations applied")
+	out = []byte(owner(install))
+	require.Contains(t, string(out), "tickets 1.0.0: installed (1 migration(s) applied 00001_email_sends.sql)")
+	require.Contains(t, string(out), "UPDATE (pdf_key) ON tickets\n")
+	require.Contains(t, string(out), "counters 1.0.0: installed (0 migration(s) applied)")
+	require.Contains(t, owner(install), "tickets 1.0.0: unchanged")
 
 	f := local(run)
 	env, f := f[0], f[1:]

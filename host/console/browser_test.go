@@ -80,6 +80,7 @@ func install(t *testing.T, dir, bin, version string) {
 	require.NoError(t, os.Rename(tmp, filepath.Join(dir, "counters")))
 	m, err := pluginhost.NewFileManifest(filepath.Join(dir, "counters"), "counters", version, []string{"update_sales_counter"})
 	require.NoError(t, err)
+	hosttest.AddShipped(t, &m, dir)
 	_, err = m.Write(dir)
 	require.NoError(t, err)
 }

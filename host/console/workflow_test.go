@@ -35,6 +35,7 @@ func TestConsoleShowsAnOrdersWorkflow(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), src, 0o755))
 		m, err := pluginhost.NewFileManifest(filepath.Join(dir, name), name, "1.0.0", kinds)
 		require.NoError(t, err)
+		hosttest.AddShipped(t, &m, dir)
 		_, err = m.Write(dir)
 		require.NoError(t, err)
 	}
@@ -53,7 +54,7 @@ func TestConsoleShowsAnOrdersWorkflow(t *testing.T) {
 		orders.Jobs{Tickets: true, Counter: true})
 	require.NoError(t, err)
 	hosttest.Eventually(t, 60*time.Second, "the order's tickets mailed and its seats counted", func() bool {
-		return hosttest.Count(t, pool, `SELECT count(*) FROM email_sends WHERE order_id = $1 AND sent_at IS NOT NULL`, placed.ID) == 1 &&
+		return hosttest.Count(t, pool, `SELECT count(*) FROM plugin_tickets.email_sends WHERE order_id = $1 AND sent_at IS NOT NULL`, placed.ID) == 1 &&
 			hosttest.Count(t, pool, `SELECT count(*) FROM counter_applies WHERE order_id = $1`, placed.ID) == 1 &&
 			hosttest.Pending(t, rdb, stream, "usher") == 0
 	})

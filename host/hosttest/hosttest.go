@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,8 +27,11 @@ import (
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/admin"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/plugindb"
+	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/migrations"
+	"github.com/usherhq/usher/plugins/stagedoor/appdb"
 )
 
 // DatabaseURL is the server tests create their databases on
@@ -123,6 +127,19 @@ func DB(tb testing.TB) (*pgxpool.Pool, string) {
 	if err := migrations.Up(ctx, pool); err != nil {
 		tb.Fatalf("hosttest: migrate: %v", err)
 	}
+	// The application's tables, then the shipped plugins' schemas and
+	// grants, as `host migrate --stagedoor` and `host plugins install`
+	// make them: tests that load a plugin by path (no manifest) find
+	// them in place, and those that load from a manifest written with
+	// AddShipped install the same, a no-op.
+	if err := appdb.Migrate(ctx, pool); err != nil {
+		tb.Fatalf("hosttest: stagedoor: %v", err)
+	}
+	for _, name := range Shipped {
+		if _, err := plugindb.Install(ctx, pool, ShippedSpec(tb, name)); err != nil {
+			tb.Fatalf("hosttest: %v", err)
+		}
+	}
 	// The raw test plugin's default commit writes the events counter.
 	for _, p := range []string{"raw", "flaky"} {
 		if _, err := pool.Exec(ctx, `GRANT SELECT (id, seats_sold), UPDATE (seats_sold) ON events TO `+sandbox.PluginRole(p)); err != nil {
@@ -130,6 +147,53 @@ func DB(tb testing.TB) (*pgxpool.Pool, string) {
 		}
 	}
 	return pool, u.String()
+}
+
+// Shipped are the plugins this repository ships, whose schema and grants
+// live in plugins/<name>/db: migrations/ (none for counters) and
+// grants.json, the files `make plugins` writes into their manifests.
+var Shipped = []string{"counters", "tickets"}
+
+// ShippedSpec is the install of shipped plugin name from its source
+// files, as its manifest would carry them.
+func ShippedSpec(tb testing.TB, name string) plugindb.Spec {
+	tb.Helper()
+	dir := filepath.Join(ModuleRoot(tb), "plugins", name, "db")
+	grants, err := pluginhost.ReadGrants(filepath.Join(dir, "grants.json"))
+	if err != nil {
+		tb.Fatalf("hosttest: %v", err)
+	}
+	spec := plugindb.Spec{Name: name, Version: "source", Grants: grants}
+	if _, err := os.Stat(filepath.Join(dir, "migrations")); err == nil {
+		spec.Migrations = os.DirFS(filepath.Join(dir, "migrations"))
+		if spec.MigrationsSHA256, err = pluginhost.MigrationsSHA256(spec.Migrations); err != nil {
+			tb.Fatalf("hosttest: %v", err)
+		}
+	}
+	return spec
+}
+
+// AddShipped completes m, a manifest about to be written into dir, with
+// its plugin's migrations (copied into dir as <name>-migrations) and
+// grants when it is one of Shipped, as `make plugins` does; other
+// manifests are left as they are.
+func AddShipped(tb testing.TB, m *pluginhost.FileManifest, dir string) {
+	tb.Helper()
+	if !slices.Contains(Shipped, m.Name) {
+		return
+	}
+	spec := ShippedSpec(tb, m.Name)
+	m.Grants = spec.Grants
+	if spec.Migrations == nil {
+		return
+	}
+	m.Migrations, m.MigrationsSHA256 = m.Name+"-migrations", spec.MigrationsSHA256
+	if err := os.RemoveAll(filepath.Join(dir, m.Migrations)); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.CopyFS(filepath.Join(dir, m.Migrations), spec.Migrations); err != nil {
+		tb.Fatalf("hosttest: copy %s's migrations: %v", m.Name, err)
+	}
 }
 
 // AdminURL is dbURL (one of DB's) for the administrator of DatabaseURL:

@@ -3,11 +3,13 @@ package pluginhost
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -41,6 +43,120 @@ type FileManifest struct {
 	// Enqueues are kinds of other plugins its handlers may enqueue; a
 	// plugin may always enqueue its own kinds.
 	Enqueues []string `json:"enqueues,omitempty"`
+	// Migrations is a directory beside the manifest (a plain name, never
+	// a path) of goose-style NNNNN_name.sql files: the plugin's own
+	// tables, applied in its schema plugin_<name> (package plugindb).
+	// Optional.
+	Migrations string `json:"migrations,omitempty"`
+	// MigrationsSHA256 is MigrationsSHA256 of that directory: an install
+	// refuses files that do not match it. Required with Migrations.
+	MigrationsSHA256 string `json:"migrations_sha256,omitempty"`
+	// Grants are the plugin's privileges on tables outside its own
+	// schema (the application's), column by column. An install grants
+	// exactly these and revokes what is no longer listed.
+	Grants []Grant `json:"grants,omitempty"`
+}
+
+// Grant is a plugin's privileges on one table outside its own schema.
+type Grant struct {
+	// Table is the table, schema-qualified ("app.wallets") or in the
+	// database's current schema ("wallets").
+	Table string `json:"table"`
+	// Select, Update and Insert name the columns of each privilege.
+	Select []string `json:"select,omitempty"`
+	Update []string `json:"update,omitempty"`
+	Insert []string `json:"insert,omitempty"`
+}
+
+// validate refuses a grant that names no table, no column, or anything
+// that is not a plain SQL identifier.
+func (g Grant) validate() error {
+	parts := strings.Split(g.Table, ".")
+	if len(parts) > 2 {
+		return fmt.Errorf("grant on %q: a table is NAME or SCHEMA.NAME", g.Table)
+	}
+	for _, p := range parts {
+		if !identifier(p) {
+			return fmt.Errorf("grant on %q: %q is not a plain SQL identifier (lower-case letters, digits and _)", g.Table, p)
+		}
+	}
+	if len(g.Select)+len(g.Update)+len(g.Insert) == 0 {
+		return fmt.Errorf("grant on %q names no column", g.Table)
+	}
+	for _, cols := range [][]string{g.Select, g.Update, g.Insert} {
+		for _, c := range cols {
+			if !identifier(c) {
+				return fmt.Errorf("grant on %q: column %q is not a plain SQL identifier (lower-case letters, digits and _)", g.Table, c)
+			}
+		}
+	}
+	return nil
+}
+
+// identifier is a name that needs no quoting: lower-case letters, digits
+// and _, not starting with a digit.
+func identifier(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for i, c := range s {
+		if !(c == '_' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// MigrationsDir is the manifest's migrations directory in dir (the
+// manifest's directory), or "" when it has none.
+func (m FileManifest) MigrationsDir(dir string) string {
+	if m.Migrations == "" {
+		return ""
+	}
+	return filepath.Join(dir, m.Migrations)
+}
+
+// MigrationsSHA256 is the checksum of a plugin's migrations: SHA-256,
+// lower-case hex, over every *.sql file directly in fsys, in byte order of
+// their names, each as its name, a NUL byte, its length in decimal, a NUL
+// byte and its content. Other files do not count (and are never applied).
+func MigrationsSHA256(fsys fs.FS) (string, error) {
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil {
+		return "", err
+	}
+	sort.Strings(names)
+	h := sha256.New()
+	for _, n := range names {
+		b, err := fs.ReadFile(fsys, n)
+		if err != nil {
+			return "", fmt.Errorf("migrations: %w", err)
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", n, len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// ReadGrants reads a JSON array of grants (the manifest's "grants") from
+// path: `host plugins manifest --grants FILE`.
+func ReadGrants(path string) ([]Grant, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var gs []Grant
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&gs); err != nil {
+		return nil, fmt.Errorf("grants %s: %w", path, err)
+	}
+	for _, g := range gs {
+		if err := g.validate(); err != nil {
+			return nil, fmt.Errorf("grants %s: %w", path, err)
+		}
+	}
+	return gs, nil
 }
 
 // NewFileManifest describes the binary at path as plugin name at version,
@@ -140,7 +256,25 @@ func (m FileManifest) validate() error {
 	if err != nil {
 		return fmt.Errorf("manifest of %s: %w", m.Name, err)
 	}
+	switch {
+	case m.Migrations != "" && (m.Migrations != filepath.Base(m.Migrations) || m.Migrations == "." || m.Migrations == ".."):
+		return fmt.Errorf("manifest of %s: migrations %q must be a directory name in the manifest's directory", m.Name, m.Migrations)
+	case m.Migrations != "" && !sha256Hex(m.MigrationsSHA256):
+		return fmt.Errorf("manifest of %s: migrations_sha256 %q is not 64 lower-case hex digits (host plugins manifest --migrations DIR computes it)", m.Name, m.MigrationsSHA256)
+	case m.Migrations == "" && m.MigrationsSHA256 != "":
+		return fmt.Errorf("manifest of %s has a migrations_sha256 but no migrations", m.Name)
+	}
+	for _, g := range m.Grants {
+		if err := g.validate(); err != nil {
+			return fmt.Errorf("manifest of %s: %w", m.Name, err)
+		}
+	}
 	return nil
+}
+
+func sha256Hex(s string) bool {
+	b, err := hex.DecodeString(s)
+	return err == nil && len(b) == 32 && s == strings.ToLower(s)
 }
 
 // ReadManifest reads and validates the manifest file at path.
@@ -244,7 +378,11 @@ func (p DirPlugin) Same(q DirPlugin) bool {
 	return p.ManifestPath == q.ManifestPath && p.BinaryPath == q.BinaryPath &&
 		p.Manifest.Name == q.Manifest.Name && p.Manifest.Version == q.Manifest.Version &&
 		p.Manifest.Binary == q.Manifest.Binary && p.Manifest.SHA256 == q.Manifest.SHA256 &&
-		slices.Equal(p.Manifest.Kinds, q.Manifest.Kinds) && slices.Equal(p.Manifest.Enqueues, q.Manifest.Enqueues)
+		slices.Equal(p.Manifest.Kinds, q.Manifest.Kinds) && slices.Equal(p.Manifest.Enqueues, q.Manifest.Enqueues) &&
+		p.Manifest.Migrations == q.Manifest.Migrations && p.Manifest.MigrationsSHA256 == q.Manifest.MigrationsSHA256 &&
+		slices.EqualFunc(p.Manifest.Grants, q.Manifest.Grants, func(a, b Grant) bool {
+			return a.Table == b.Table && slices.Equal(a.Select, b.Select) && slices.Equal(a.Update, b.Update) && slices.Equal(a.Insert, b.Insert)
+		})
 }
 
 // Probe starts the binary at path in a scratch directory, reads what it

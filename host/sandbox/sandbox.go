@@ -57,6 +57,21 @@ func PluginRole(name string) string {
 	return s
 }
 
+// SchemaRole is the NOLOGIN role that owns plugin name's schema and runs
+// its migrations: usher_schema_<name>. The runtime's owner is a member (to
+// SET ROLE to it); the plugin's own login role never is.
+func SchemaRole(name string) string { return cut63("usher_schema_" + name) }
+
+// Schema is plugin name's own schema: plugin_<name>.
+func Schema(name string) string { return cut63("plugin_" + name) }
+
+func cut63(s string) string {
+	if len(s) > 63 {
+		return s[:63]
+	}
+	return s
+}
+
 // CheckPluginName refuses a plugin name that is not already the form its
 // role takes (lower-case letters, digits and _, starting with a letter, at
 // most 50 bytes): then no two names share a role, and no plugin can name
@@ -76,7 +91,7 @@ func CheckPluginName(name string) error {
 // RuntimeTables are the runtime's own tables: no plugin role may hold any
 // privilege on them.
 var RuntimeTables = []string{"outbox", "processed_jobs", "scheduled_jobs", "dead_letters",
-	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets", "tx_gates", "job_history"}
+	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets", "tx_gates", "job_history", "plugin_installs"}
 
 // AppEnqueueFunction is the applications' enqueue (package client, and any
 // language's driver): an operator grants EXECUTE on it to an application's
@@ -247,10 +262,14 @@ type PoolConfig struct {
 	// the role in the passfile (PGPASSFILE, else ~/.pgpass), as libpq
 	// finds it; none with trust or certificate authentication.
 	Password string
-	// Schema is the schema of the plugins' tables (the runtime's, where
-	// the host migrates), their search_path after "$user". Default
-	// "public".
+	// Schema is the schema of the application's tables (the runtime's,
+	// where the host migrates), on the search_path after the plugin's own
+	// schema (Schema(plugin)). Default "public".
 	Schema string
+	// Plugin is the plugin's name: its own schema, plugin_<name>, comes
+	// first on the search_path, so its handlers name their tables
+	// unqualified. Optional (then only Schema is on the path).
+	Plugin string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -296,7 +315,17 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	if CheckPluginName(schema) != nil { // not a plain lower-case name: quoted
 		schema = pgx.Identifier{schema}.Sanitize()
 	}
-	cc.RuntimeParams["search_path"] = `"$user", ` + schema
+	path := schema
+	if c.Plugin != "" {
+		// The plugin cannot create in its own schema (its owner is
+		// usher_schema_<name>), so nothing of its making shadows anything.
+		own := Schema(c.Plugin)
+		if CheckPluginName(own) != nil {
+			own = pgx.Identifier{own}.Sanitize()
+		}
+		path = own + ", " + schema
+	}
+	cc.RuntimeParams["search_path"] = path
 	cc.RuntimeParams["default_transaction_read_only"] = "off"
 	cc.RuntimeParams["default_transaction_isolation"] = "read committed"
 	cfg.MaxConns, cfg.MinConns = c.Size, 0

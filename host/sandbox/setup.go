@@ -35,9 +35,11 @@ type SetupConfig struct {
 // Setup creates the owner and the plugins' login roles when missing and
 // sets their passwords, on the database admin is connected to. It needs a
 // superuser or a role with CREATEROLE, once; the host itself never does.
-// The owner may create tables in the current schema; plugin roles get
-// nothing here (their tables' grants come with the tables). It is safe to
-// run again.
+// The owner may create tables in the current schema. Each plugin also gets
+// its schema, plugin_<name>, owned by the NOLOGIN role usher_schema_<name>
+// of which the owner is a member, so the host can later apply the plugin's
+// migrations there without any administrator (package plugindb); plugin
+// roles get no privilege here. It is safe to run again.
 func Setup(ctx context.Context, admin *pgx.Conn, c SetupConfig) error {
 	if c.Owner == "" {
 		c.Owner = "usher"
@@ -70,6 +72,33 @@ func Setup(ctx context.Context, admin *pgx.Conn, c SetupConfig) error {
 		// role has only its own privileges.
 		if err := ensureRole(ctx, admin, role, "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT", c.PluginPasswords[p]); err != nil {
 			return err
+		}
+		if err := setupSchema(ctx, admin, c.Owner, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setupSchema creates plugin p's schema role (NOLOGIN: nobody logs in as
+// it), makes the owner a member so that the host can run the plugin's
+// migrations as it (SET ROLE), and creates the schema plugin_<p> it owns
+// on admin's database. The plugin's login role is not a member: it gets
+// only what an install grants it on the schema's tables.
+func setupSchema(ctx context.Context, admin *pgx.Conn, owner, p string) error {
+	role := SchemaRole(p)
+	if err := ensureRole(ctx, admin, role, "NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT", ""); err != nil {
+		return err
+	}
+	r, o, schema := pgx.Identifier{role}.Sanitize(), pgx.Identifier{owner}.Sanitize(), pgx.Identifier{Schema(p)}.Sanitize()
+	for _, q := range []string{
+		"GRANT " + r + " TO " + o,
+		"CREATE SCHEMA IF NOT EXISTS " + schema + " AUTHORIZATION " + r,
+		"ALTER SCHEMA " + schema + " OWNER TO " + r,
+		"REVOKE ALL ON SCHEMA " + schema + " FROM PUBLIC",
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			return fmt.Errorf("sandbox: setup: %s: %w", q, err)
 		}
 	}
 	return nil

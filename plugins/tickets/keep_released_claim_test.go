@@ -22,7 +22,7 @@ func TestDuplicateAfterReleasedClaimMarkedSent(t *testing.T) {
 	ctx := context.Background()
 	_, err := b.pool.Exec(ctx, `UPDATE tickets SET pdf_key = 'tickets/x.pdf' WHERE order_id = $1`, p.ID)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `INSERT INTO email_sends (order_id, kind, claimed_at, sent_at) VALUES ($1, 'tickets', '-infinity', now())`, p.ID)
+	_, err = b.pool.Exec(ctx, `INSERT INTO plugin_tickets.email_sends (order_id, kind, claimed_at, sent_at) VALUES ($1, 'tickets', '-infinity', now())`, p.ID)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `INSERT INTO outbox (kind, payload) VALUES ('send_tickets', json_build_object('order_id', $1::bigint))`, p.ID)
 	require.NoError(t, err)

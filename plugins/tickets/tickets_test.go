@@ -75,7 +75,7 @@ func (b *testBundle) absorbed(t *testing.T, reason string) int64 {
 func (b *testBundle) waitSent(t *testing.T, orderID int64) {
 	t.Helper()
 	hosttest.Eventually(t, 45*time.Second, "the ticket email marked sent and nothing pending", func() bool {
-		return hosttest.Count(t, b.pool, `SELECT count(*) FROM email_sends WHERE order_id = $1 AND sent_at IS NOT NULL`, orderID) == 1 &&
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM plugin_tickets.email_sends WHERE order_id = $1 AND sent_at IS NOT NULL`, orderID) == 1 &&
 			hosttest.Pending(t, b.rdb, b.stream, "usher") == 0
 	})
 }
@@ -131,7 +131,7 @@ func TestCrashAfterProviderAccepted(t *testing.T) {
 	// The effect's result is kept with the mark: the provider's id of the
 	// one message, which the replay answered again.
 	var kept string
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT provider_message_id FROM email_sends WHERE order_id = $1`, p.ID).Scan(&kept))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT provider_message_id FROM plugin_tickets.email_sends WHERE order_id = $1`, p.ID).Scan(&kept))
 	require.Equal(t, msgs[0].ID, kept, "the provider's message id is kept in the claim row")
 	stats, err := b.mail.Stats(context.Background())
 	require.NoError(t, err)
@@ -154,7 +154,7 @@ func TestFreshClaimRetriesAfterLeaseAcrossRestart(t *testing.T) {
 	require.NoError(t, store.Put(ctx, handlers.PDFKey(p.PublicID), []byte("%PDF-1.4 test")))
 	_, err = b.pool.Exec(ctx, `UPDATE tickets SET pdf_key = $1 WHERE order_id = $2`, handlers.PDFKey(p.PublicID), p.ID)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `INSERT INTO email_sends (order_id, kind, claimed_at) VALUES ($1, 'tickets', now())`, p.ID)
+	_, err = b.pool.Exec(ctx, `INSERT INTO plugin_tickets.email_sends (order_id, kind, claimed_at) VALUES ($1, 'tickets', now())`, p.ID)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `INSERT INTO outbox (kind, payload) VALUES ('send_tickets', jsonb_build_object('order_id', $1::bigint))`, p.ID)
 	require.NoError(t, err)

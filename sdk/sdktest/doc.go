@@ -24,7 +24,10 @@
 // and effects outside it (messages at a provider).
 //
 // Each scenario gets a fresh database (USHER_TEST_DATABASE_URL, default the
-// local "test" database), with usher's migrations and the Case's Schema.
+// local "test" database), with usher's migrations, the Stagedoor example's
+// tables and the Case's Schema; the plugin's own migrations (Case.Migrations)
+// and its grants (Case.Grants) are installed as a host installs a
+// manifest's, so a grant the handler lacks fails here as in production.
 // sdktest is the one part of the SDK that imports the host: it is the
 // host's code path it proves the handler against, and it is only linked
 // into tests.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"reflect"
 	"strings"
 	"sync"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/plugindb"
+	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 	"github.com/usherhq/usher/sdk"
@@ -28,15 +31,25 @@ import (
 // Case describes a handler to prove idempotent.
 type Case[T sdk.Args] struct {
 	// Plugin is the plugin's name. Its database role, usher_plugin_<name>,
-	// is created (when missing) before Schema runs, so Schema may grant
-	// to it; without Plugin the role is created only after Start, and a
-	// Schema that grants to a role that does not exist yet fails. Optional
-	// when Schema grants nothing.
+	// is created (when missing) and its Migrations and Grants installed
+	// before Schema and Start run, so Start may seed the plugin's own
+	// tables and Schema may grant to its role. Without Plugin they are
+	// installed after Start, under the name Start's plugin reports.
 	Plugin string
-	// Schema is extra SQL for the handler's own tables and its role's
-	// grants, run by the runtime's owner on every scenario's fresh
-	// database after usher's migrations, in the public schema. Optional.
+	// Schema is extra SQL for the application's tables the handler uses,
+	// run on every scenario's fresh database after usher's migrations, as
+	// the database's owner. Optional.
 	Schema string
+	// Migrations are the plugin's own migrations, the directory its
+	// manifest names (os.DirFS("db/migrations")): installed in its schema
+	// plugin_<name> as a host installs them (host/plugindb), so the
+	// handler names its tables unqualified. Optional.
+	Migrations fs.FS
+	// Grants are the plugin's grants on the application's tables, as its
+	// manifest declares them (pluginhost.ReadGrants reads the file `host
+	// plugins manifest --grants` takes). A column the handler uses and
+	// the grants miss fails with "permission denied", as in production.
+	Grants []pluginhost.Grant
 	// Enqueues lists kinds of other plugins the handler enqueues, as its
 	// manifest's "enqueues" would: the database refuses any other.
 	Enqueues []string
@@ -187,6 +200,9 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 	ctx := context.Background()
 	if c.Plugin != "" {
 		hosttest.EnsureRoles(tb, c.Plugin)
+		if err := c.install(ctx, pool, c.Plugin, "sdktest"); err != nil {
+			tb.Fatalf("sdktest: install: %v", err)
+		}
 	}
 	if c.Schema != "" {
 		if _, err := pool.Exec(ctx, c.Schema); err != nil {
@@ -213,7 +229,7 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 	if c.Plugin != "" && m.GetName() != c.Plugin {
 		tb.Fatalf("sdktest: Case.Plugin is %q, but Start's plugin is named %q", c.Plugin, m.GetName())
 	}
-	db, err := pluginDB(tb, pool, m, c.Enqueues)
+	db, err := c.pluginDB(tb, pool, m)
 	if err != nil {
 		return nil, g, err
 	}
@@ -299,9 +315,10 @@ func guardOf(p *sdk.Plugin, kind string, handles *guard.Handles) (*usherv1.Manif
 
 // pluginDB is where the handler's statements run, as in the host: a pool
 // logged in as the plugin's own role (created here when missing), with the
-// role checked and its kinds pinned. A grant the handler needs and the
+// role checked, the Case's migrations and grants installed as a host
+// installs a manifest's, and its kinds pinned. A grant the handler needs and the
 // role lacks fails here as it would in production.
-func pluginDB(tb testing.TB, pool *pgxpool.Pool, m *usherv1.ManifestResponse, enqueues []string) (guard.DB, error) {
+func (c Case[T]) pluginDB(tb testing.TB, pool *pgxpool.Pool, m *usherv1.ManifestResponse) (guard.DB, error) {
 	ctx := context.Background()
 	role := sandbox.PluginRole(m.GetName())
 	hosttest.EnsureRoles(tb, m.GetName())
@@ -312,10 +329,15 @@ func pluginDB(tb testing.TB, pool *pgxpool.Pool, m *usherv1.ManifestResponse, en
 	if err := sandbox.CheckPluginRole(ctx, pool, m.GetName(), role); err != nil {
 		return guard.DB{}, err
 	}
-	if err := sandbox.Prepare(ctx, pool, m.GetName(), role, kinds, enqueues); err != nil {
+	if c.Plugin == "" {
+		if err := c.install(ctx, pool, m.GetName(), m.GetVersion()); err != nil {
+			return guard.DB{}, err
+		}
+	}
+	if err := sandbox.Prepare(ctx, pool, m.GetName(), role, kinds, c.Enqueues); err != nil {
 		return guard.DB{}, err
 	}
-	ppool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: pool.Config(), Role: role, Size: 4})
+	ppool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: pool.Config(), Role: role, Size: 4, Plugin: m.GetName()})
 	if err != nil {
 		return guard.DB{}, err
 	}
@@ -335,7 +357,7 @@ func runToEnd(ctx context.Context, pool *pgxpool.Pool, runner *guard.Runner, inv
 			return out, nil
 		case guard.Retry:
 			if spec := inv.lastClaim(); spec != nil && strings.Contains(out.Reason, "claim held") {
-				if err := ageClaim(ctx, pool, spec); err != nil {
+				if err := ageClaim(ctx, pool, db.Role, spec); err != nil {
 					return out, err
 				}
 			}
@@ -348,7 +370,14 @@ func runToEnd(ctx context.Context, pool *pgxpool.Pool, runner *guard.Runner, inv
 }
 
 // ageClaim moves a claim's timestamp back past its lease, as time would.
-func ageClaim(ctx context.Context, pool *pgxpool.Pool, spec *usherv1.ClaimSpec) error {
+func ageClaim(ctx context.Context, pool *pgxpool.Pool, role string, spec *usherv1.ClaimSpec) error {
+	// The table as the plugin's search_path finds it: its own schema first.
+	var table string
+	err := pool.QueryRow(ctx, `SELECT coalesce(to_regclass(quote_ident($1) || '.' || quote_ident($2)), to_regclass(quote_ident($2)))::text`,
+		sandbox.Schema(strings.TrimPrefix(role, sandbox.RolePrefix)), spec.GetTable()).Scan(&table)
+	if err != nil {
+		return fmt.Errorf("sdktest: claim table %s: %w", spec.GetTable(), err)
+	}
 	var where []string
 	args := []any{}
 	for i, col := range spec.GetKeyColumns() {
@@ -357,9 +386,9 @@ func ageClaim(ctx context.Context, pool *pgxpool.Pool, spec *usherv1.ClaimSpec) 
 	}
 	claimed := pgx.Identifier{spec.GetClaimedColumn()}.Sanitize()
 	sql := fmt.Sprintf(`UPDATE %s SET %s = %s - make_interval(secs => %f) WHERE %s`,
-		pgx.Identifier{spec.GetTable()}.Sanitize(), claimed, claimed,
+		table, claimed, claimed,
 		(time.Duration(spec.GetLeaseMs())*time.Millisecond + time.Second).Seconds(), strings.Join(where, " AND "))
-	_, err := pool.Exec(ctx, sql, args...)
+	_, err = pool.Exec(ctx, sql, args...)
 	return err
 }
 
@@ -521,3 +550,21 @@ func (l localHost) Log(ctx context.Context, in *usherv1.LogRequest, _ ...grpc.Ca
 }
 
 var _ usherv1.HostClient = localHost{}
+
+// install installs the Case's migrations and grants as a host installs a
+// manifest's (host/plugindb).
+func (c Case[T]) install(ctx context.Context, pool *pgxpool.Pool, name, version string) error {
+	if c.Migrations == nil && c.Grants == nil {
+		return nil
+	}
+	spec := plugindb.Spec{Name: name, Version: version, Migrations: c.Migrations, Grants: c.Grants}
+	if c.Migrations != nil {
+		sum, err := pluginhost.MigrationsSHA256(c.Migrations)
+		if err != nil {
+			return err
+		}
+		spec.MigrationsSHA256 = sum
+	}
+	_, err := plugindb.Install(ctx, pool, spec)
+	return err
+}

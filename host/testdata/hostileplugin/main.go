@@ -76,7 +76,7 @@ func effect(job *usherv1.Job) string {
 // dirty lists what an earlier job left on the connection; a clean
 // connection answers an empty string.
 const dirty = `SELECT concat_ws(', ',
-	CASE WHEN current_setting('search_path') <> '"$user", public' THEN 'search_path ' || current_setting('search_path') END,
+	CASE WHEN current_setting('search_path') <> 'plugin_hostile, public' THEN 'search_path ' || current_setting('search_path') END,
 	CASE WHEN current_setting('default_transaction_read_only') = 'on' THEN 'default_transaction_read_only' END,
 	CASE WHEN current_setting('application_name') = 'hostile' THEN 'application_name' END,
 	CASE WHEN current_user <> session_user THEN 'role ' || current_user END,

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/plugins/counters/counter"
 	"github.com/usherhq/usher/plugins/stagedoor"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
@@ -16,7 +17,10 @@ import (
 
 func TestUpdateSalesCounterIsIdempotent(t *testing.T) {
 	t.Parallel()
+	grants, err := pluginhost.ReadGrants("../db/grants.json")
+	require.NoError(t, err)
 	sdktest.Run(t, sdktest.Case[stagedoor.UpdateSalesCounter]{
+		Grants: grants,
 		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[stagedoor.UpdateSalesCounter] {
 			ctx := context.Background()
 			ev, err := orders.CreateEvent(ctx, pool, "Kae Tempest", "Roundhouse")

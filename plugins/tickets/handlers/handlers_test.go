@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/plugins/stagedoor"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 	"github.com/usherhq/usher/plugins/tickets/blob"
@@ -35,9 +37,19 @@ type renderEffects struct {
 	Stored         []string
 }
 
+// ticketsGrants are the tickets plugin's grants, the file its manifest is
+// written from.
+func ticketsGrants(t *testing.T) []pluginhost.Grant {
+	t.Helper()
+	g, err := pluginhost.ReadGrants("../db/grants.json")
+	require.NoError(t, err)
+	return g
+}
+
 func TestRenderTicketsIsIdempotent(t *testing.T) {
 	t.Parallel()
 	sdktest.Run(t, sdktest.Case[stagedoor.RenderTickets]{
+		Migrations: os.DirFS("../db/migrations"), Grants: ticketsGrants(t),
 		// Served by the same plugin in production; this Plugin serves
 		// render_tickets alone.
 		Enqueues: []string{"send_tickets"},
@@ -75,6 +87,7 @@ type sendEffects struct {
 func TestSendTicketsIsIdempotent(t *testing.T) {
 	t.Parallel()
 	sdktest.Run(t, sdktest.Case[stagedoor.SendTickets]{
+		Migrations: os.DirFS("../db/migrations"), Grants: ticketsGrants(t),
 		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[stagedoor.SendTickets] {
 			ctx := context.Background()
 			o := placeOrder(tb, pool)
@@ -97,7 +110,7 @@ func TestSendTicketsIsIdempotent(t *testing.T) {
 					for _, m := range msgs {
 						e.Keys = append(e.Keys, m.IdempotencyKey)
 					}
-					err = pool.QueryRow(ctx, `SELECT count(*) FROM email_sends WHERE sent_at IS NOT NULL`).Scan(&e.Sent)
+					err = pool.QueryRow(ctx, `SELECT count(*) FROM plugin_tickets.email_sends WHERE sent_at IS NOT NULL`).Scan(&e.Sent)
 					return e, err
 				},
 			}
