@@ -169,6 +169,16 @@ var refused = []struct {
 	{regexp.MustCompile(`\bdefault\s+privileges\b`), "ALTER DEFAULT PRIVILEGES: the host manages the grants of the plugin's schema"},
 	{regexp.MustCompile(`\b(alter|create|drop)\s+(role|user|group)\b`), "roles are an administrator's (host setup)"},
 	{regexp.MustCompile(`\b(create|alter|drop)\s+schema\b`), "schemas are an administrator's: a plugin's tables live in plugin_<name>, which host setup creates"},
+	// Dynamic SQL builds a statement these words cannot see: EXECUTE
+	// 'RES' || 'ET ROLE' leaves the schema role for the session's (the
+	// runtime's owner) and can read what it may. The database's checks
+	// catch writes and DDL outside the schema, not reads, so no dynamic
+	// SQL at all: no DO block, no EXECUTE, no function that runs a query
+	// given as text.
+	{regexp.MustCompile(`^\s*do\b`), "DO: a migration may not run anonymous code blocks (dynamic SQL could leave the schema role)"},
+	{regexp.MustCompile(`\bexecute\b`), "EXECUTE: a migration may not run dynamic SQL (it could leave the schema role)"},
+	{regexp.MustCompile(`\b(query_to_xml\w*|cursor_to_xml\w*|dblink\w*|lo_import|lo_export|pg_read_\w+|pg_ls_\w+)\b`),
+		"a function that runs a query given as text, or reaches files or other databases, is not allowed in a migration"},
 }
 
 func lexicalCheck(stmts []string) error {
