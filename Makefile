@@ -86,6 +86,9 @@ soak: services
 # machine's cores; each test package uses its own database and stream.
 test: services
 	$(GO) test -race -count=1 -p 2 -timeout 20m ./...
+	# examples/refunds, a third-party plugin in a module of its own: its
+	# sdktest tests, and end to end through the documented commands.
+	cd examples/refunds && $(GO) test -count=1 -tags e2e -timeout 10m ./...
 
 # Issue 9's benchmark, then the Go benchmarks. bin/bench runs the counter
 # workload through an in-process host and the counters plugin: throughput
@@ -118,6 +121,7 @@ lint: vet-plugins
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed" >&2; exit 1; }
 	$(GO) vet ./...
 	staticcheck ./...
+	cd examples/refunds && $(GO) vet -tags e2e ./... && staticcheck -tags e2e ./...
 
 clean:
 	rm -rf $(BIN)

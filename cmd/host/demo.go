@@ -395,6 +395,9 @@ func (d *demo) killWhenHeld(ctx context.Context, dir, point, job string) {
 
 type progress struct {
 	unpublished, scheduled, pending, counted, rendered, sent int64
+	// open counts outbox rows without an outcome: an entry published and
+	// not yet read by any consumer is in neither unpublished nor pending.
+	open int64
 }
 
 func (d *demo) progress(ctx context.Context) (progress, error) {
@@ -404,8 +407,9 @@ func (d *demo) progress(ctx context.Context) (progress, error) {
 		(SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL),
 		(SELECT count(*) FROM counter_applies),
 		(SELECT count(DISTINCT order_id) FROM tickets WHERE pdf_key IS NOT NULL),
-		(SELECT count(*) FROM plugin_tickets.email_sends WHERE sent_at IS NOT NULL)`).
-		Scan(&p.unpublished, &p.scheduled, &p.counted, &p.rendered, &p.sent)
+		(SELECT count(*) FROM plugin_tickets.email_sends WHERE sent_at IS NOT NULL),
+		(SELECT count(*) FROM outbox WHERE done_at IS NULL)`).
+		Scan(&p.unpublished, &p.scheduled, &p.counted, &p.rendered, &p.sent, &p.open)
 	if err != nil {
 		return p, err
 	}
@@ -429,7 +433,7 @@ func (d *demo) waitDone(ctx context.Context, timeout time.Duration) error {
 				p.counted, n, p.rendered, n, p.sent, n, p.pending, p.unpublished, p.scheduled)
 			last = time.Now()
 		}
-		if p.counted >= n && p.rendered >= n && p.sent >= n && p.pending == 0 && p.unpublished == 0 && p.scheduled == 0 {
+		if p.counted >= n && p.rendered >= n && p.sent >= n && p.pending == 0 && p.unpublished == 0 && p.scheduled == 0 && p.open == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {

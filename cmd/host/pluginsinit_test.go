@@ -64,9 +64,9 @@ func TestPluginsInit(t *testing.T) {
 	}
 	require.Contains(t, string(out), "crashes_after_the_effect,_before_the_mark", "every scenario ran")
 
-	// The Makefile builds the binary and writes its manifest. SCHEMA_FLAGS=
-	// leaves out what plugin-owned schemas add to the manifest.
-	make := exec.Command("make", "manifest", "HOST="+bin, "SCHEMA_FLAGS=", "VERSION=0.2.0", "GOFLAGS=-mod=mod")
+	// The Makefile builds the binary and writes its manifest, with its
+	// migrations beside it.
+	make := exec.Command("make", "manifest", "HOST="+bin, "VERSION=0.2.0", "GOFLAGS=-mod=mod")
 	make.Dir = dir
 	make.Env = append(os.Environ(), "GOPROXY=off")
 	mout, err := make.CombinedOutput()
@@ -76,6 +76,8 @@ func TestPluginsInit(t *testing.T) {
 	require.Equal(t, "0.2.0", m.Version)
 	require.ElementsMatch(t, []string{"tplinit_render", "tplinit_notify", "tplinit_count"}, m.Kinds)
 	require.DirExists(t, filepath.Join(dir, "dist", "tplinit-migrations"))
+	require.Equal(t, "tplinit-migrations", m.Migrations)
+	require.NotEmpty(t, m.MigrationsSHA256)
 
 	// Refusals: exit status 2 for a command line init does not take, 1 for
 	// a directory it will not write to; nothing is written either way.

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -158,7 +159,7 @@ var Shipped = []string{"counters", "tickets"}
 // files, as its manifest would carry them.
 func ShippedSpec(tb testing.TB, name string) plugindb.Spec {
 	tb.Helper()
-	dir := filepath.Join(ModuleRoot(tb), "plugins", name, "db")
+	dir := filepath.Join(usherRoot(tb), "plugins", name, "db")
 	grants, err := pluginhost.ReadGrants(filepath.Join(dir, "grants.json"))
 	if err != nil {
 		tb.Fatalf("hosttest: %v", err)
@@ -254,6 +255,18 @@ func ModuleRoot(tb testing.TB) string {
 		}
 		dir = parent
 	}
+}
+
+// usherRoot is this module's root, found from this file: the shipped
+// plugins' files are there whichever module's test runs (a third party's
+// sdktest runs in its own module, where ModuleRoot is not usher's).
+func usherRoot(tb testing.TB) string {
+	tb.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		tb.Fatal("hosttest: cannot locate the usher module")
+	}
+	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
 }
 
 // Build compiles the main package pkg (relative to the module root, e.g.
