@@ -40,7 +40,7 @@ chaos-plugins:
 	$(GO) build -ldflags "-X main.version=$(or $(TICKETS_VERSION),1.0.0)" -o $(CHAOS_PLUGINS)/tickets ./plugins/tickets/chaos
 	rm -rf $(CHAOS_PLUGINS)/tickets-migrations && cp -r plugins/tickets/db/migrations $(CHAOS_PLUGINS)/tickets-migrations
 	$(GO) run ./cmd/host plugins manifest $(CHAOS_PLUGINS)/counters --name counters --version $(or $(COUNTERS_VERSION),1.0.0) --kind update_sales_counter \
-		--grants plugins/counters/db/grants.json --write
+		--grants plugins/counters/chaos/grants.json --write
 	$(GO) run ./cmd/host plugins manifest $(CHAOS_PLUGINS)/tickets --name tickets --version $(or $(TICKETS_VERSION),1.0.0) --kind render_tickets --kind send_tickets \
 		--migrations $(CHAOS_PLUGINS)/tickets-migrations --grants plugins/tickets/db/grants.json --write
 
