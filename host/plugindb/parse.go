@@ -159,36 +159,47 @@ var refused = []struct {
 	re  *regexp.Regexp
 	why string
 }{
-	{regexp.MustCompile(`\breset\s+(role|all|session)\b`), "RESET ROLE: a migration runs as the plugin's schema role and cannot leave it"},
-	{regexp.MustCompile(`\bset\s+(local\s+|session\s+)?role\b`), "SET ROLE: a migration runs as the plugin's schema role and cannot leave it"},
-	{regexp.MustCompile(`\bsession\s+authorization\b`), "SET SESSION AUTHORIZATION: a migration runs as the plugin's schema role and cannot leave it"},
-	{regexp.MustCompile(`\bset_config\b`), "set_config: a migration may not change settings through a function (set_config('role', ...) would leave its role)"},
-	{regexp.MustCompile(`\bsecurity\s+definer\b`), "SECURITY DEFINER: a function of the plugin's schema runs as its caller"},
-	{regexp.MustCompile(`\bgrant\b`), "GRANT: the host grants the plugin's role what its schema's tables need, and the manifest declares the rest"},
-	{regexp.MustCompile(`\brevoke\b`), "REVOKE: the host manages the grants of the plugin's schema"},
-	{regexp.MustCompile(`\bdefault\s+privileges\b`), "ALTER DEFAULT PRIVILEGES: the host manages the grants of the plugin's schema"},
-	{regexp.MustCompile(`\b(alter|create|drop)\s+(role|user|group)\b`), "roles are an administrator's (host setup)"},
-	{regexp.MustCompile(`\b(create|alter|drop)\s+schema\b`), "schemas are an administrator's: a plugin's tables live in plugin_<name>, which host setup creates"},
+	{words(`\breset\s+(role|all|session)\b`), "RESET ROLE: a migration runs as the plugin's schema role and cannot leave it"},
+	{words(`\bset\s+(local\s+|session\s+)?role\b`), "SET ROLE: a migration runs as the plugin's schema role and cannot leave it"},
+	{words(`\bsession\s+authorization\b`), "SET SESSION AUTHORIZATION: a migration runs as the plugin's schema role and cannot leave it"},
+	{words(`\bset_config\b`), "set_config: a migration may not change settings through a function (set_config('role', ...) would leave its role)"},
+	{words(`\bsecurity\s+definer\b`), "SECURITY DEFINER: a function of the plugin's schema runs as its caller"},
+	{words(`\bgrant\b`), "GRANT: the host grants the plugin's role what its schema's tables need, and the manifest declares the rest"},
+	{words(`\brevoke\b`), "REVOKE: the host manages the grants of the plugin's schema"},
+	{words(`\bdefault\s+privileges\b`), "ALTER DEFAULT PRIVILEGES: the host manages the grants of the plugin's schema"},
+	{words(`\b(alter|create|drop)\s+(role|user|group)\b`), "roles are an administrator's (host setup)"},
+	{words(`\b(create|alter|drop)\s+schema\b`), "schemas are an administrator's: a plugin's tables live in plugin_<name>, which host setup creates"},
 	// Dynamic SQL builds a statement these words cannot see: EXECUTE
 	// 'RES' || 'ET ROLE' leaves the schema role for the session's (the
 	// runtime's owner) and can read what it may. The database's checks
 	// catch writes and DDL outside the schema, not reads, so no dynamic
 	// SQL at all: no DO block, no EXECUTE, no function that runs a query
 	// given as text.
-	{regexp.MustCompile(`^\s*do\b`), "DO: a migration may not run anonymous code blocks (dynamic SQL could leave the schema role)"},
-	{regexp.MustCompile(`\bexecute\b`), "EXECUTE: a migration may not run dynamic SQL (it could leave the schema role)"},
-	{regexp.MustCompile(`\b(query_to_xml\w*|cursor_to_xml\w*|dblink\w*|lo_import|lo_export|pg_read_\w+|pg_ls_\w+)\b`),
+	{regexp.MustCompile(`/\*`), "a block comment (/* */): a comment between two words would hide them from this check; use -- comments"},
+	{words(`^\s*do\b`), "DO: a migration may not run anonymous code blocks (dynamic SQL could leave the schema role)"},
+	{words(`\bexecute\b`), "EXECUTE: a migration may not run dynamic SQL (it could leave the schema role)"},
+	{words(`\b(query_to_xml\w*|cursor_to_xml\w*|dblink\w*|lo_import|lo_export|pg_read_\w+|pg_ls_\w+)\b`),
 		"a function that runs a query given as text, or reaches files or other databases, is not allowed in a migration"},
+}
+
+// words compiles a pattern of words, where \s+ between two words also
+// matches a comment ending a line: SQL reads "RESET -- x" + newline +
+// "ROLE" as RESET ROLE.
+func words(pattern string) *regexp.Regexp {
+	return regexp.MustCompile(strings.ReplaceAll(pattern, `\s+`, `(?:\s|--[^\n]*(?:\n|$))+`))
 }
 
 func lexicalCheck(stmts []string) error {
 	for _, s := range stmts {
 		// Whole-line comments say nothing to the database; a comment at
 		// the end of a line of code is checked with it (stricter, and no
-		// string literal can hide code behind a "--").
+		// string literal can hide code behind a "--"). A line that starts
+		// with "--" but holds a quote is checked too: inside a string
+		// literal (a function's body) it is not a comment, and its quote
+		// can end the literal and leave code on the line.
 		var code []string
 		for _, l := range strings.Split(s, "\n") {
-			if !strings.HasPrefix(strings.TrimSpace(l), "--") {
+			if !strings.HasPrefix(strings.TrimSpace(l), "--") || strings.ContainsAny(l, `'$"`) {
 				code = append(code, l)
 			}
 		}
