@@ -79,12 +79,9 @@ func TestBatchesApplyEachJobOnce(t *testing.T) {
 func TestHangingJobDoesNotHoldItsBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := context.Background()
 	want := b.placeOrders(t, 200, 4)
 	// The hundredth job arrives while other jobs wait: it runs in a batch.
-	var jobID string
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(job_id, id::text) FROM outbox ORDER BY id OFFSET 99 LIMIT 1`).Scan(&jobID))
-	require.NoError(t, faults.Arm(b.faultDir, "counter.before_apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{jobID}}))
+	jobID := b.armJob(t, 99, "counter.before_apply", faults.Spec{Action: "stall", Duration: "1h"})
 	cfg := b.config()
 	cfg.AdminAddr = "127.0.0.1:0"
 	cfg.StalledAfter = 500 * time.Millisecond
@@ -116,11 +113,8 @@ func TestHangingJobDoesNotHoldItsBatch(t *testing.T) {
 func TestPluginCrashMidBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := context.Background()
 	want := b.placeOrders(t, 200, 4)
-	var jobID string
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(job_id, id::text) FROM outbox ORDER BY id OFFSET 99 LIMIT 1`).Scan(&jobID))
-	require.NoError(t, faults.Arm(b.faultDir, "counter.before_apply", faults.Spec{Action: "crash", Once: true, JobIDs: []string{jobID}}))
+	b.armJob(t, 99, "counter.before_apply", faults.Spec{Action: "crash", Once: true})
 	cfg := b.config()
 	cfg.AdminAddr = "127.0.0.1:0"
 	h := hosttest.Start(t, cfg)

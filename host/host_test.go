@@ -54,8 +54,15 @@ func (b *testBundle) config() host.Config {
 // returns that job's id.
 func (b *testBundle) armFirstJob(t *testing.T, point string, spec faults.Spec) string {
 	t.Helper()
+	return b.armJob(t, 0, point, spec)
+}
+
+// armJob arms a fault at point for the job of the outbox row after the
+// first n and returns that job's id.
+func (b *testBundle) armJob(t *testing.T, n int, point string, spec faults.Spec) string {
+	t.Helper()
 	var jobID string
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT id::text FROM outbox ORDER BY id LIMIT 1`).Scan(&jobID))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT coalesce(job_id, id::text) FROM outbox ORDER BY id OFFSET $1 LIMIT 1`, n).Scan(&jobID))
 	spec.JobIDs = []string{jobID}
 	require.NoError(t, faults.Arm(b.faultDir, point, spec))
 	return jobID

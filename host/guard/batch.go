@@ -177,16 +177,7 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq) {
 		}
 	}
 	res, err := first.inv.Invoke(ctx, calls)
-	if err != nil && context.Cause(ctx) == errBatchStalled {
-		// Called off, not crashed: one of the jobs hangs. Each runs
-		// again alone, where the hanging one holds only itself.
-		release()
-		tx.Rollback(context.WithoutCancel(ctx))
-		r.observe(first.db, len(run), false)
-		r.alone(run)
-		return
-	}
-	if err != nil {
+	if err != nil && context.Cause(ctx) != errBatchStalled {
 		release()
 		r.observe(first.db, len(run), false) // they run again alone
 		for _, q := range run {
@@ -194,7 +185,10 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq) {
 		}
 		return
 	}
-	ok := len(res) == len(calls)
+	// Called off as stalled (err set), not crashed: one of the jobs hangs,
+	// and the batch splits below like any batch that cannot apply whole;
+	// alone, the hanging job holds only itself.
+	ok := err == nil && len(res) == len(calls)
 	parts := make([]*writePart, len(run))
 	for i := 0; ok && i < len(run); i++ {
 		if res[i] == nil {
