@@ -41,17 +41,30 @@ func TestEndToEnd(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	must(t, err)
 
-	hostBin := filepath.Join(work, "host")
+	// The README's commands run as written, by sh, from a directory laid
+	// out as the repository is (bin/host, examples/refunds), with three
+	// changes: the test's databases for the two postgres URLs, and the
+	// fake provider's URL for https://payments.example.
+	hostBin := filepath.Join(work, "bin", "host")
 	sh(t, root, nil, "go", "build", "-o", hostBin, "./cmd/host")
-	dist := filepath.Join(work, "dist")
-	sh(t, ".", nil, "make", "manifest", "HOST="+hostBin, "OUT="+dist, "VERSION=1.0.0")
+	must(t, os.MkdirAll(filepath.Join(work, "examples"), 0o755))
+	here, err := filepath.Abs(".")
+	must(t, err)
+	must(t, os.Symlink(here, filepath.Join(work, "examples", "refunds")))
 
 	adminURL, ownerURL := database(t)
+	provider := startProvider(t)
+	lines := readme(t, strings.NewReplacer(
+		"postgres://postgres@127.0.0.1:5432/shop", adminURL,
+		"postgres://usher@127.0.0.1:5432/shop", ownerURL,
+		"https://payments.example", provider.URL))
+	if len(lines) != 5 || !strings.HasPrefix(lines[4], "bin/host run ") {
+		t.Fatalf("the README's commands changed: %q", lines)
+	}
 	env := []string{"HOME=" + work}
-	sh(t, work, env, hostBin, "setup", "--admin-url", adminURL, "--plugin", "refunds")
-	sh(t, work, env, hostBin, "migrate", "--database-url", ownerURL)
-	sh(t, work, env, hostBin, "plugins", "install", "--plugin-dir", dist, "refunds", "--database-url", ownerURL)
-
+	for _, line := range lines[:4] {
+		sh(t, work, env, "sh", "-c", line)
+	}
 	admin, err := pgxpool.New(ctx, adminURL)
 	must(t, err)
 	defer admin.Close()
@@ -61,12 +74,13 @@ func TestEndToEnd(t *testing.T) {
 		must(t, err)
 	}
 
-	provider := startProvider(t)
+	// The README's run line, with what a test needs after it: its own
+	// stream and Redis, no admin port, shorter reclaim and lease.
 	stream := "usher:refunds-e2e:{" + suffix() + "}"
 	logs := &lockedBuffer{}
-	host := exec.Command(hostBin, "run", "--database-url", ownerURL, "--redis-url", redisURL(), "--stream", stream,
-		"--plugin-dir", dist, "--admin-addr", "", "--reclaim-idle", "5s",
-		"--plugin-env", "REFUNDS_PROVIDER_URL="+provider.URL, "--plugin-env", "REFUNDS_CLAIM_LEASE=15s")
+	host := exec.Command("sh", "-c", "exec "+lines[4]+" --redis-url "+redisURL()+" --stream '"+stream+"'"+
+		" --admin-addr '' --reclaim-idle 5s --plugin-env REFUNDS_CLAIM_LEASE=15s")
+	host.Dir = work
 	host.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	host.Stdout, host.Stderr = logs, logs
 	must(t, host.Start())
@@ -237,6 +251,29 @@ func pluginPID(t *testing.T, hostPID int) int {
 }
 
 // sh runs a command in dir, failing the test with its output.
+// readme returns the commands of README.md's "Build, install and run"
+// block, each through r.
+func readme(t *testing.T, r *strings.Replacer) []string {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	must(t, err)
+	_, after, ok := strings.Cut(string(b), "## Build, install and run against a host")
+	if ok {
+		_, after, ok = strings.Cut(after, "```sh\n")
+	}
+	block, _, ok2 := strings.Cut(after, "```")
+	if !ok || !ok2 {
+		t.Fatal("README.md has no sh block under \"Build, install and run against a host\"")
+	}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(block), "\n") {
+		if cmd, _, _ := strings.Cut(l, "   #"); strings.TrimSpace(cmd) != "" {
+			lines = append(lines, r.Replace(strings.TrimSpace(cmd)))
+		}
+	}
+	return lines
+}
+
 func sh(t *testing.T, dir string, env []string, name string, args ...string) {
 	t.Helper()
 	cmd := exec.Command(name, args...)
