@@ -917,6 +917,8 @@ func (h *Host) Run(ctx context.Context) error {
 			Pool: h.pool, Redis: h.rdb, Stream: h.cfg.Stream, Key: h.key, PollInterval: h.cfg.RelayPollInterval,
 			AfterPublish: h.cfg.RelayAfterPublish, Logger: h.log,
 			OnPublished: func(n int) { h.metrics.published.Add(float64(n)) },
+			// What this host published is read now, not at the next poll.
+			OnAdded: consumer.Wake,
 		})
 		if err != nil {
 			return err

@@ -441,6 +441,24 @@ pace:
 		FROM outbox WHERE id = ANY($1)`, ids).Scan(&res.AppliedPerSec); err != nil {
 		return res, nil, err
 	}
+	for _, leg := range []struct {
+		sql      string
+		p50, p99 *float64
+	}{
+		{`extract(epoch FROM published_at - created_at)`, &res.RelayP50Ms, &res.RelayP99Ms},
+		{`extract(epoch FROM done_at - published_at)`, &res.RunP50Ms, &res.RunP99Ms},
+	} {
+		rows, err := db.pool.Query(ctx, `SELECT (`+leg.sql+`)::float8 * 1000 FROM outbox WHERE id = ANY($1) AND done_at IS NOT NULL`, ids)
+		if err != nil {
+			return res, nil, err
+		}
+		xs, err := pgx.CollectRows(rows, pgx.RowTo[float64])
+		if err != nil {
+			return res, nil, err
+		}
+		slices.Sort(xs)
+		*leg.p50, *leg.p99 = quantile(xs, 0.50), quantile(xs, 0.99)
+	}
 	slices.Sort(ms)
 	res.P50Ms, res.P95Ms, res.P99Ms, res.MaxMs = quantile(ms, 0.50), quantile(ms, 0.95), quantile(ms, 0.99), ms[len(ms)-1]
 	var sum float64

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
@@ -28,8 +30,11 @@ import (
 // beside a single one; those run again alone (Config.Solo) until they
 // apply, so a job that crashes its plugin is found by itself.
 //
-// One batch at a time per pool: the batches of a plugin do not wait on each
-// other's row locks, so they do not deadlock. A batch that runs past
+// One batch at a time per pool sends its writes: a batch starts only when
+// the one before it has sent all of its own and waits for nothing but its
+// COMMIT, so the batches of a plugin never wait on each other's row locks
+// in a cycle and do not deadlock, and a commit's round trip and flush
+// overlap the next batch's record, call and writes. A batch that runs past
 // StalledAfter is called off: its Invoke is cancelled, its transaction
 // rolled back, and each of its jobs runs again alone, so a handler that
 // hangs holds only its own job, never its batch-mates nor the next batch.
@@ -96,19 +101,31 @@ func (r *Runner) drain(b *batcher) {
 		// runs out of time has run out every job's own, which the host
 		// then reports as timed out, not as unfinished.
 		ctx, stop := context.WithCancelCause(batch[len(batch)-1].ctx)
-		done := make(chan struct{})
+		done, next := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		// The next batch starts when this one has sent its writes (its
+		// commit, a round trip and a flush to disk, overlaps the next
+		// one's record, call and writes), when it is called off as
+		// stalled (its jobs run alone, and one of them hangs), or when it
+		// is over.
+		free := func() { once.Do(func() { close(next) }) }
 		go func() {
 			defer close(done)
+			defer free()
 			defer stop(nil)
-			r.runBatch(ctx, batch)
+			r.runBatch(ctx, batch, free)
 		}()
-		t := time.NewTimer(r.cfg.StalledAfter)
-		select {
-		case <-done:
-		case <-t.C:
-			stop(errBatchStalled)
-		}
-		t.Stop()
+		go func() {
+			t := time.NewTimer(r.cfg.StalledAfter)
+			defer t.Stop()
+			select {
+			case <-done:
+			case <-t.C:
+				stop(errBatchStalled)
+				free()
+			}
+		}()
+		<-next
 	}
 }
 
@@ -135,18 +152,27 @@ func (r *Runner) alone(batch []*batchReq) {
 
 // runBatch runs batch's jobs in one transaction, or each alone when they
 // cannot all apply together.
-func (r *Runner) runBatch(ctx context.Context, batch []*batchReq) {
+//
+// written is called once the batch's writes have all run and it is about
+// to commit: from then on it waits on no row lock another batch can hold
+// (its commit records only its own jobs' outcomes), so the next batch may
+// start, and wait on this one's row locks if it must, without a deadlock.
+// A batch that splits holds its pool until its jobs have run alone.
+func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()) {
 	if len(batch) == 1 {
 		r.alone(batch)
 		return
 	}
+	// A job id twice in one batch (two entries of one job): the second
+	// runs alone after the batch, when the first's record has committed
+	// or rolled back, and is absorbed or applies as it would have alone.
+	batch, twice := distinctJobs(batch)
+	if len(twice) > 0 {
+		defer r.alone(twice)
+	}
 	first := batch[0]
 	recorded := make([]bool, len(batch))
-	opens := make([]opening, len(batch))
-	for i, q := range batch {
-		opens[i] = r.recordJob(q.job, &recorded[i])
-	}
-	tx, err := beginWith(ctx, first.db.Pool, r.cfg.Handles.schema, opens...)
+	tx, err := beginWith(ctx, first.db.Pool, r.cfg.Handles.schema, r.recordJobs(batch, recorded))
 	if err != nil {
 		r.alone(batch)
 		return
@@ -215,11 +241,12 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq) {
 		r.alone(run)
 		return
 	}
-	var last []lastStatement
-	for _, q := range run {
-		last = append(last, r.outcome(q.job, q.d)...)
+	written()
+	jobs, ds := make([]*usherv1.Job, len(run)), make([]Delivery, len(run))
+	for i, q := range run {
+		jobs[i], ds[i] = q.job, q.d
 	}
-	if err := tx.Commit(ctx, last...); err != nil {
+	if err := tx.Commit(ctx, r.outcomes(jobs, ds)...); err != nil {
 		// Committed or not, each job's record decides when it runs
 		// again: applied once, or absorbed.
 		r.observe(first.db, len(run), false)
@@ -230,6 +257,43 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq) {
 	for _, q := range run {
 		finish(q, Outcome{Verdict: Applied, Recorded: q.d.OutboxID != 0})
 	}
+}
+
+// distinctJobs splits batch into its first entry of each job and the
+// entries of a job already in it.
+func distinctJobs(batch []*batchReq) (first, twice []*batchReq) {
+	seen := make(map[[2]string]bool, len(batch))
+	for _, q := range batch {
+		k := [2]string{q.job.GetKind(), q.job.GetId()}
+		if seen[k] {
+			twice = append(twice, q)
+			continue
+		}
+		seen[k] = true
+		first = append(first, q)
+	}
+	return first, twice
+}
+
+// recordJobs records the ids of batch's jobs in its transaction, in one
+// statement; recorded[i] is false when job i was recorded before.
+func (r *Runner) recordJobs(batch []*batchReq, recorded []bool) opening {
+	ids, kinds := make([]string, len(batch)), make([]string, len(batch))
+	for i, q := range batch {
+		ids[i], kinds[i] = q.job.GetId(), q.job.GetKind()
+	}
+	return opening{sql: "SELECT " + r.cfg.Handles.fn("usher_record_jobs") + "($1, $2)", args: []any{ids, kinds},
+		scan: func(row pgx.Row) error {
+			var got []bool
+			if err := row.Scan(&got); err != nil {
+				return err
+			}
+			if len(got) != len(recorded) {
+				return fmt.Errorf("usher_record_jobs answered %d records for %d jobs", len(got), len(recorded))
+			}
+			copy(recorded, got)
+			return nil
+		}}
 }
 
 func (r *Runner) observe(db DB, jobs int, committed bool) {

@@ -31,7 +31,7 @@ var (
 // jobTx is a job's transaction on a connection of the plugin's pool, with
 // two round trips fewer than pgx.Tx: it begins in the same round trip as
 // its first statement (the host's), and commits in the same round trip as
-// the connection's reset (DISCARD ALL, which then need not run when the
+// the connection's reset (sandbox.ResetSession, which then need not run when the
 // connection goes back to its pool).
 type jobTx struct {
 	conn *pgxpool.Conn
@@ -132,12 +132,14 @@ func (t *jobTx) Commit(ctx context.Context, last ...lastStatement) error {
 	}
 	p.SendQueryParams("COMMIT", nil, nil, nil, nil)
 	p.SendPipelineSync()
-	// Its own Sync: DISCARD ALL cannot run inside a transaction block.
-	p.SendQueryParams("DISCARD ALL", nil, nil, nil, nil)
+	// Its own Sync: the reset is not part of the transaction.
+	for _, st := range sandbox.ResetSession {
+		p.SendQueryParams(st, nil, nil, nil, nil)
+	}
 	p.SendPipelineSync()
 	err := p.Flush()
 	// The results up to the first sync are last's and COMMIT's; after it,
-	// DISCARD ALL's. After an error the server skips to the next sync.
+	// the reset's. After an error the server skips to the next sync.
 	var commitErr, resetErr error
 	syncs, committed := 0, false
 	// note keeps the first error of the part it falls in.

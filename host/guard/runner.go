@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -401,6 +403,66 @@ func (r *Runner) outcome(job *usherv1.Job, d Delivery) []lastStatement {
 	}
 	text[len(text)-1] = []byte(d.Started.UTC().Format("2006-01-02T15:04:05.999999Z07:00"))
 	return []lastStatement{{sql: r.appliedSQL(), args: text}}
+}
+
+// outcomes are the statements that record the applied outcomes of a
+// batch's jobs: one usher_applied_batch for all of them when they share
+// their consumer, plugin, version and guard (a batch's jobs are one plugin
+// process's, so they do), else each job's own.
+func (r *Runner) outcomes(jobs []*usherv1.Job, ds []Delivery) []lastStatement {
+	var (
+		outboxIDs            []int64
+		kinds, ids, req, sid []string
+		attempts, deliveries []int32
+		started              []time.Time
+		first                *Delivery
+	)
+	for i, d := range ds {
+		if d.OutboxID == 0 {
+			continue
+		}
+		if first == nil {
+			first = &ds[i]
+		} else if d.Consumer != first.Consumer || d.Plugin != first.Plugin || d.Version != first.Version || d.Guard != first.Guard {
+			var last []lastStatement
+			for i, j := range jobs {
+				last = append(last, r.outcome(j, ds[i])...)
+			}
+			return last
+		}
+		j := jobs[i]
+		outboxIDs, kinds, ids = append(outboxIDs, d.OutboxID), append(kinds, j.GetKind()), append(ids, j.GetId())
+		attempts, deliveries = append(attempts, j.GetAttempt()), append(deliveries, int32(min(d.Deliveries, math.MaxInt32)))
+		req, sid, started = append(req, j.GetRequestId()), append(sid, d.StreamID), append(started, d.Started.UTC())
+	}
+	if first == nil {
+		return nil
+	}
+	args := [][]byte{textArg(pgtype.Int8ArrayOID, outboxIDs), textArg(pgtype.TextArrayOID, kinds), textArg(pgtype.TextArrayOID, ids),
+		textArg(pgtype.Int4ArrayOID, attempts), textArg(pgtype.Int4ArrayOID, deliveries), textArg(pgtype.TextArrayOID, req),
+		textArg(pgtype.TextArrayOID, sid), []byte(first.Consumer), []byte(first.Plugin), []byte(first.Version), []byte(first.Guard),
+		textArg(pgtype.TimestamptzArrayOID, started)}
+	return []lastStatement{{sql: "SELECT " + r.cfg.Handles.fn("usher_applied_batch") + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)", args: args}}
+}
+
+// textTypes encodes the arguments of the statements sent with a COMMIT,
+// which go in text form. A pgtype.Map caches its plans and is not safe for
+// concurrent use: the pools' batches share it under textMu.
+var (
+	textMu    sync.Mutex
+	textTypes = pgtype.NewMap()
+)
+
+// textArg is v in Postgres's text form for type oid. The values are the
+// runner's own slices of strings, integers and times, which always encode.
+func textArg(oid uint32, v any) []byte {
+	textMu.Lock()
+	defer textMu.Unlock()
+	b, err := textTypes.Encode(oid, pgtype.TextFormatCode, v, nil)
+	if err != nil {
+		panic(fmt.Sprintf("guard: encode %T as text: %v", v, err))
+	}
+	return b
 }
 
 // appliedSQL calls usher_applied_logged with appliedArgs.

@@ -53,6 +53,10 @@ type RelayConfig struct {
 	AfterPublish func(ids []int64) error
 	// OnPublished, when set, is told how many rows each batch published.
 	OnPublished func(n int)
+	// OnAdded, when set, runs as soon as a batch's entries are on the
+	// stream, before the rows are marked: a consumer it wakes reads them
+	// while the mark commits.
+	OnAdded func()
 }
 
 func (c *RelayConfig) setDefaults() error {
@@ -213,6 +217,9 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		// Some entries may be on the stream: that is the documented
 		// duplicate. The rows stay unpublished and go out again.
 		return 0, fmt.Errorf("outbox: publish: %w", err)
+	}
+	if r.cfg.OnAdded != nil {
+		r.cfg.OnAdded()
 	}
 	if r.cfg.AfterPublish != nil {
 		if err := r.cfg.AfterPublish(ids); err != nil {

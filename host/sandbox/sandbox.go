@@ -12,8 +12,9 @@
 //     login role, a member of no other role, with no privilege on the
 //     runtime's tables; Prepare pins its kinds and lets it call the
 //     runtime's SECURITY DEFINER functions.
-//   - Every connection is reset (DISCARD ALL) before it goes back to its
-//     pool, and one that is still inside a transaction is destroyed.
+//   - Every connection is reset (ResetSession: DISCARD ALL but for its
+//     plans) before it goes back to its pool, and one that is still inside
+//     a transaction is destroyed.
 //
 // Setup, run once by an administrator, creates the owner and the plugins'
 // roles.
@@ -103,7 +104,9 @@ const AppEnqueueFunction = "usher_enqueue_job(text, jsonb, text, text)"
 var functions = []string{"usher_check_serves(text)", "usher_applied(bigint, text)", "usher_record_job(text, text)",
 	"usher_gate_open(bytea)", "usher_gate_close(bytea)", "usher_gate_check()",
 	"usher_enqueue(text, text, jsonb, text, text)", "usher_enqueue(text, text, jsonb, text, text, text)",
-	"usher_applied_logged(bigint, text, text, integer, integer, text, text, text, text, text, text, timestamptz)"}
+	"usher_applied_logged(bigint, text, text, integer, integer, text, text, text, text, text, text, timestamptz)",
+	"usher_check_serves_all(text[])", "usher_record_jobs(text[], text[])",
+	"usher_applied_batch(bigint[], text[], text[], integer[], integer[], text[], text[], text, text, text, text, timestamptz[])"}
 
 // CheckHostLogin refuses a host whose database login is a superuser, unless
 // allowSuperuser: a superuser host means one escape from a plugin's role is
@@ -276,7 +279,7 @@ type PoolConfig struct {
 
 // OpenPluginPool opens the pool a plugin's statements run on: connections
 // that log in as the plugin's role, at most Size of them. Every connection
-// is reset with DISCARD ALL before it goes back to the pool (a session
+// is reset with ResetSession before it goes back to the pool (a session
 // setting, a temporary table, a prepared statement, a LISTEN or an advisory
 // lock a plugin left does not outlive its call), and one still inside a
 // transaction is destroyed.
@@ -303,11 +306,11 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	if cc.Password == "" {
 		cc.Password = passfilePassword(cc.Host, cc.Port, cc.Database, c.Role)
 	}
-	// Descriptions only, no server-side prepared statements: DISCARD ALL
+	// Descriptions only, no server-side prepared statements: the reset
 	// deallocates those, and a plugin must not reach the host's.
 	cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	// Given at login, these win over what the role set for itself with
-	// ALTER ROLE ... SET (which DISCARD ALL does not undo), and are what
+	// ALTER ROLE ... SET (which RESET ALL does not undo), and are what
 	// RESET comes back to.
 	cc.RuntimeParams = maps.Clone(cc.RuntimeParams)
 	cc.RuntimeParams["statement_timeout"] = fmt.Sprint(c.StatementTimeout.Milliseconds())
@@ -342,7 +345,7 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := conn.PgConn().Exec(ctx, "DISCARD ALL").Close(); err != nil {
+		if err := conn.PgConn().Exec(ctx, strings.Join(ResetSession, "; ")).Close(); err != nil {
 			logger.Warn("reset of a plugin connection failed; it is closed", "role", c.Role, "err", err)
 			return false
 		}
@@ -380,11 +383,22 @@ func passfilePassword(host string, port uint16, database, role string) string {
 	return pf.FindPassword(host, fmt.Sprint(port), database, role)
 }
 
+// ResetSession is what a plugin's session is reset with before its
+// connection is used again: DISCARD ALL's statements (PostgreSQL's manual
+// lists them) but DISCARD PLANS. A plugin's settings, role, cursors,
+// prepared statements, LISTENs, advisory locks, temporary tables and
+// sequence state do not outlive its call; the plans the server cached for
+// the runtime's own functions do, so the next job's calls do not plan them
+// again. A cached plan holds no privilege: the executor checks each
+// statement's permissions every time it runs it.
+var ResetSession = []string{"CLOSE ALL", "SET SESSION AUTHORIZATION DEFAULT", "RESET ALL", "DEALLOCATE ALL",
+	"UNLISTEN *", "SELECT pg_advisory_unlock_all()", "DISCARD TEMP", "DISCARD SEQUENCES"}
+
 // reset holds the connections whose session was reset in the same round
 // trip as their transaction's commit (MarkReset): going back to their
-// pool, they need no second DISCARD ALL.
+// pool, they need no second reset.
 var reset sync.Map
 
-// MarkReset records that conn was just reset with DISCARD ALL and nothing
+// MarkReset records that conn was just reset with ResetSession and nothing
 // ran on it since: its pool's AfterRelease skips the reset once.
 func MarkReset(conn *pgx.Conn) { reset.Store(conn, true) }

@@ -99,10 +99,14 @@ type Consumer struct {
 
 	// work feeds Concurrency long-lived workers (a goroutine per entry
 	// grows a fresh stack for every job); acks feeds the acker, which
-	// acks what the workers finished together in one XACK.
+	// acks what the workers finished together in one XACK. acking counts
+	// the acks asked for and not yet sent.
 	startWorkers sync.Once
 	work         chan Entry
 	acks         chan ackRequest
+	acking       sync.WaitGroup
+	// wake ends an idle wait early (Wake).
+	wake chan struct{}
 }
 
 // running is an entry in flight here.
@@ -111,10 +115,9 @@ type running struct {
 	detached bool
 }
 
-// ackRequest is one finished entry to ack; done gets the XACK's error.
+// ackRequest is one finished entry to ack.
 type ackRequest struct {
-	id   string
-	done chan error
+	id, jobID string
 }
 
 // maxAckBatch bounds the ids of one XACK.
@@ -127,7 +130,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	}
 	c := &Consumer{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency), running: map[string]*running{},
 		budget: semaphore.NewWeighted(cfg.MaxBytes),
-		work:   make(chan Entry, cfg.Concurrency), acks: make(chan ackRequest, cfg.Concurrency)}
+		work:   make(chan Entry, cfg.Concurrency), acks: make(chan ackRequest, cfg.Concurrency),
+		wake:   make(chan struct{}, 1)}
 	c.workCtx, c.cancelWork = context.WithCancel(context.Background())
 	return c, nil
 }
@@ -166,8 +170,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 			backoff, idle = 100*time.Millisecond, 5*time.Millisecond
 		case err == nil:
 			backoff = 100 * time.Millisecond
-			wait(ctx, idle)
-			idle = min(idle*2, c.cfg.IdlePoll)
+			if c.idle(ctx, idle) {
+				idle = 5 * time.Millisecond
+			} else {
+				idle = min(idle*2, c.cfg.IdlePoll)
+			}
 		default:
 			if strings.HasPrefix(err.Error(), "NOGROUP") {
 				// The stream was deleted (Redis restarted without
@@ -180,6 +187,30 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// Wake ends the wait after a read that found nothing: the host's relay
+// calls it when it has published entries, so they are read now, not at
+// the next poll. It never blocks.
+func (c *Consumer) Wake() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// idle waits d, or until Wake or ctx is done; it reports whether Wake
+// ended it.
+func (c *Consumer) idle(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-c.wake:
+		return true
+	}
+	return false
 }
 
 func wait(ctx context.Context, d time.Duration) {
@@ -338,12 +369,10 @@ func (c *Consumer) finish(e Entry) (detached bool) {
 	if !c.cfg.Dispatch(c.workCtx, e) {
 		return false
 	}
-	done := make(chan error, 1)
-	c.acks <- ackRequest{id: e.StreamID, done: done}
-	if err := <-done; err != nil {
-		c.cfg.Logger.Warn("ack failed; the entry will be reclaimed and absorbed by its guard",
-			"stream_id", e.StreamID, "job_id", e.JobID, "err", err)
-	}
+	// The job's outcome is committed: its slot goes to the next entry
+	// now, and the ack follows with the others finished meanwhile.
+	c.acking.Add(1)
+	c.acks <- ackRequest{id: e.StreamID, jobID: e.JobID}
 	return false // the deferred release says whether it was detached
 }
 
@@ -393,7 +422,11 @@ func (c *Consumer) acker() {
 		err := c.cfg.Redis.XAck(ctx, c.cfg.Stream, c.cfg.Group, ids...).Err()
 		cancel()
 		for _, r := range batch {
-			r.done <- err
+			if err != nil {
+				c.cfg.Logger.Warn("ack failed; the entry will be reclaimed and absorbed by its guard",
+					"stream_id", r.id, "job_id", r.jobID, "err", err)
+			}
+			c.acking.Done()
 		}
 	}
 }
@@ -412,4 +445,6 @@ func (c *Consumer) drain() {
 		<-done
 	}
 	c.cancelWork()
+	// The acks of what finished: each XACK is bounded by its own timeout.
+	c.acking.Wait()
 }

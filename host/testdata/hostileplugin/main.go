@@ -115,9 +115,16 @@ var attacks = map[string][]string{
 	"enqueue-other":   {"SELECT usher_enqueue('hostile_apply', 'update_sales_counter', '{\"order_id\": 1}', '', '')"},
 	"write-history":   {"INSERT INTO job_history (job_id, kind, verdict, started_at) VALUES ('999999', 'hostile_apply', 'applied', now())"},
 	"history-other":   {"SELECT usher_applied_logged(1, 'update_sales_counter', '1', 0, 1, '', '', '', '', '', '', now())"},
-	"pin-kind":        {"INSERT INTO plugin_kinds (kind, plugin, db_role) VALUES ('stolen', 'hostile', 'usher_plugin_hostile')"},
-	"alter-role":      {"ALTER ROLE usher_plugin_hostile SUPERUSER"},
-	"create-table":    {"CREATE TABLE public.processed_jobs_shadow (job_id text)"},
+	// The batch forms check what the single ones do, row for row.
+	"record-others": {"SELECT usher_record_jobs(ARRAY['999999'], ARRAY['update_sales_counter'])"},
+	"record-mixed":  {"SELECT usher_record_jobs(ARRAY['999998', '999999'], ARRAY['hostile_apply', 'update_sales_counter'])"},
+	"history-batch-other": {"SELECT usher_applied_batch(ARRAY[1], ARRAY['update_sales_counter'], ARRAY['1'], ARRAY[0], ARRAY[1], " +
+		"ARRAY[''], ARRAY[''], '', '', '', '', ARRAY[now()])"},
+	"history-batch-row": {"SELECT usher_applied_batch(ARRAY[1], ARRAY['hostile_apply'], ARRAY['1'], ARRAY[0], ARRAY[1], " +
+		"ARRAY[''], ARRAY[''], '', '', '', '', ARRAY[now()])"},
+	"pin-kind":     {"INSERT INTO plugin_kinds (kind, plugin, db_role) VALUES ('stolen', 'hostile', 'usher_plugin_hostile')"},
+	"alter-role":   {"ALTER ROLE usher_plugin_hostile SUPERUSER"},
+	"create-table": {"CREATE TABLE public.processed_jobs_shadow (job_id text)"},
 }
 
 type args struct {
@@ -162,9 +169,9 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
 				{Mode: plain, Sql: effect(job)}, {Mode: plain, Sql: "COMMIT"}, {Mode: plain, Sql: effect(job) + "-- after commit"}}}
 		case "returned-rollback", "returned-abort":
-			// In one round trip the writes after a ROLLBACK would run
-			// in a transaction of their own: the host's check after
-			// each write stops them.
+			// In one round trip the writes after a ROLLBACK run in a
+			// transaction of the server's, until the Sync: the host's
+			// check after the writes fails in it and rolls them back.
 			end := "ROLLBACK"
 			if a.Case == "returned-abort" {
 				end = "ABORT"
