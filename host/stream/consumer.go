@@ -131,7 +131,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	c := &Consumer{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency), running: map[string]*running{},
 		budget: semaphore.NewWeighted(cfg.MaxBytes),
 		work:   make(chan Entry, cfg.Concurrency), acks: make(chan ackRequest, cfg.Concurrency),
-		wake:   make(chan struct{}, 1)}
+		wake: make(chan struct{}, 1)}
 	c.workCtx, c.cancelWork = context.WithCancel(context.Background())
 	return c, nil
 }
