@@ -1,10 +1,12 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
@@ -180,18 +182,38 @@ type row struct {
 }
 
 // RelayOnce publishes one batch and returns how many rows it published.
+// Its transaction takes the rows and marks them published in the round
+// trip of its BEGIN, adds their entries to the stream, then commits: the
+// mark is seen only once the entries are on the stream (publish, then
+// mark), and a relay that dies before its commit leaves the rows to be
+// published again.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
-	tx, err := r.cfg.Pool.Begin(ctx)
+	conn, err := r.cfg.Pool.Acquire(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	rows, err := tx.Query(ctx, `
-		SELECT id, coalesce(job_id, id::text), kind, payload::text, request_id, trace, attempt
-		FROM outbox WHERE published_at IS NULL
-		ORDER BY id LIMIT $1
-		FOR UPDATE SKIP LOCKED`, r.cfg.BatchSize)
+	// A connection given back inside a transaction is closed by its pool.
+	defer conn.Release()
+	committed := false
+	defer func() {
+		if !committed && conn.Conn().PgConn().TxStatus() != 'I' {
+			_ = conn.Conn().PgConn().Exec(context.WithoutCancel(ctx), "ROLLBACK").Close()
+		}
+	}()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(`
+		UPDATE outbox SET published_at = now()
+		WHERE id IN (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+		RETURNING id, coalesce(job_id, id::text), kind, payload::text, request_id, trace, attempt`, r.cfg.BatchSize)
+	br := conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return 0, fmt.Errorf("outbox: begin: %w", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
+		_ = br.Close()
 		return 0, fmt.Errorf("outbox: select: %w", err)
 	}
 	batch, err := pgx.CollectRows(rows, func(rw pgx.CollectableRow) (row, error) {
@@ -199,12 +221,17 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		err := rw.Scan(&x.id, &x.jobID, &x.kind, &x.payload, &x.requestID, &x.trace, &x.attempt)
 		return x, err
 	})
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: select: %w", err)
 	}
 	if len(batch) == 0 {
-		return 0, nil
+		return 0, nil // the deferred ROLLBACK ends the empty transaction
 	}
+	// In the outbox's order (RETURNING keeps none).
+	slices.SortFunc(batch, func(a, b row) int { return cmp.Compare(a.id, b.id) })
 	ids := make([]int64, len(batch))
 	pipe := r.cfg.Redis.Pipeline()
 	for i, x := range batch {
@@ -226,12 +253,14 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 			return 0, fmt.Errorf("outbox: after publish: %w", err)
 		}
 	}
-	if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = now() WHERE id = ANY($1)`, ids); err != nil {
+	tag, err := conn.Exec(ctx, "COMMIT")
+	if err == nil && tag.String() != "COMMIT" {
+		err = errors.New("the transaction was rolled back")
+	}
+	if err != nil {
 		return 0, fmt.Errorf("outbox: mark: %w", err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("outbox: commit: %w", err)
-	}
+	committed = true
 	if r.cfg.OnPublished != nil {
 		r.cfg.OnPublished(len(batch))
 	}
