@@ -83,8 +83,11 @@ func TestHangingJobDoesNotHoldItsBatch(t *testing.T) {
 	b := setup(t)
 	want := b.placeOrders(t, 200, 4)
 	// The hundredth job arrives while other jobs wait: it runs in a batch.
+	// The host reads 120 entries at once, so the jobs around it wait
+	// together for their batches.
 	jobID := b.armJob(t, 99, "counter.before_apply", faults.Spec{Action: "stall", Duration: "1h"})
 	cfg := b.config()
+	cfg.Concurrency, cfg.PluginPoolSize = 120, 8
 	cfg.AdminAddr = "127.0.0.1:0"
 	cfg.StalledAfter = 500 * time.Millisecond
 	cfg.JobTimeout = 5 * time.Minute // far past the wait below: only the split can free the others
@@ -118,6 +121,9 @@ func TestPluginCrashMidBatch(t *testing.T) {
 	want := b.placeOrders(t, 200, 4)
 	b.armJob(t, 99, "counter.before_apply", faults.Spec{Action: "crash", Once: true})
 	cfg := b.config()
+	// The host reads 120 entries at once, so the jobs around the crashing
+	// one wait together for their batches.
+	cfg.Concurrency, cfg.PluginPoolSize = 120, 8
 	cfg.AdminAddr = "127.0.0.1:0"
 	h := hosttest.Start(t, cfg)
 
@@ -130,11 +136,11 @@ func TestPluginCrashMidBatch(t *testing.T) {
 		"the crash took a batch down")
 }
 
-// Two entries of one job can meet in one batch (a relay that published a
-// row twice, back to back): the batch records each job id once, and the
-// second entry runs alone after it, where it is absorbed. Every entry is
-// published twice here, and the host reads them only once they are all on
-// the stream, so its first batches hold both entries of several jobs.
+// Two entries of one job can be waiting for a batch at once (a relay that
+// published a row twice, back to back): a batch takes one entry of each
+// job, and the other waits until that batch is over, then is absorbed.
+// Every entry is published twice here, and the host reads them only once
+// they are all on the stream, so both entries of many jobs wait together.
 func TestBatchHoldsTwoEntriesOfOneJob(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -34,7 +34,11 @@ import (
 // the one before it has sent all of its own and waits for nothing but its
 // COMMIT, so the batches of a plugin never wait on each other's row locks
 // in a cycle and do not deadlock, and a commit's round trip and flush
-// overlap the next batch's record, call and writes. A batch that runs past
+// overlap the next batch's record, call and writes. (Starting the next
+// batch earlier still, its record and call overlapping this one's call
+// and writes, was measured: batches halved, and 16 jobs in flight ran 14 %
+// slower.) Another entry of a job already in a batch not over waits in the
+// queue until that batch is over, then meets its record. A batch that runs past
 // StalledAfter is called off: its Invoke is cancelled, its transaction
 // rolled back, and each of its jobs runs again alone, so a handler that
 // hangs holds only its own job, never its batch-mates nor the next batch.
@@ -55,6 +59,12 @@ type batcher struct {
 	mu      sync.Mutex
 	queue   []*batchReq
 	running bool
+	// inflight counts the entries of each job (kind, id) in the batches
+	// started and not over, and last is closed when the last batch started
+	// is over: another entry of the same job waits in the queue until
+	// they are, then meets their record.
+	inflight map[[2]string]int
+	last     <-chan struct{}
 }
 
 // jobIDBatched runs job in the next batch of its pool and returns its
@@ -83,25 +93,23 @@ func (r *Runner) drain(b *batcher) {
 			b.mu.Unlock()
 			return
 		}
-		// The jobs of one plugin process: a swap can leave jobs of the
-		// old and the new one waiting on the same pool.
-		inv := b.queue[0].inv
-		var batch, rest []*batchReq
-		for _, q := range b.queue {
-			if len(batch) < r.cfg.BatchMax && q.inv == inv {
-				batch = append(batch, q)
-			} else {
-				rest = append(rest, q)
-			}
+		batch := r.take(b)
+		if len(batch) == 0 {
+			// Every job waiting has another entry in a batch not over.
+			last := b.last
+			b.mu.Unlock()
+			<-last
+			continue
 		}
-		b.queue = rest
+		done := make(chan struct{})
+		b.last = done
 		b.mu.Unlock()
 		// The last job's deadline is the batch's: it came last, so it is
 		// the latest (every job has the same timeout), and a batch that
 		// runs out of time has run out every job's own, which the host
 		// then reports as timed out, not as unfinished.
 		ctx, stop := context.WithCancelCause(batch[len(batch)-1].ctx)
-		done, next := make(chan struct{}), make(chan struct{})
+		next := make(chan struct{})
 		var once sync.Once
 		// The next batch starts when this one has sent its writes (its
 		// commit, a round trip and a flush to disk, overlaps the next
@@ -111,6 +119,7 @@ func (r *Runner) drain(b *batcher) {
 		free := func() { once.Do(func() { close(next) }) }
 		go func() {
 			defer close(done)
+			defer b.over(batch)
 			defer free()
 			defer stop(nil)
 			r.runBatch(ctx, batch, free)
@@ -128,6 +137,45 @@ func (r *Runner) drain(b *batcher) {
 		<-next
 	}
 }
+
+// take takes the next batch from b's queue (b.mu held): jobs of one plugin
+// process (a swap can leave jobs of the old and the new one waiting on the
+// same pool), at most BatchMax, none of a job with another entry in a
+// batch not over. It is empty when every job waiting has such an entry.
+func (r *Runner) take(b *batcher) []*batchReq {
+	if b.inflight == nil {
+		b.inflight = map[[2]string]int{}
+	}
+	var inv Invoker
+	var batch, rest []*batchReq
+	for _, q := range b.queue {
+		k := jobKey(q)
+		switch {
+		case len(batch) >= r.cfg.BatchMax, inv != nil && q.inv != inv, b.inflight[k] > 0:
+			rest = append(rest, q)
+		default:
+			inv = q.inv
+			batch = append(batch, q)
+			b.inflight[k]++
+		}
+	}
+	b.queue = rest
+	return batch
+}
+
+// over forgets batch's jobs in flight.
+func (b *batcher) over(batch []*batchReq) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, q := range batch {
+		k := jobKey(q)
+		if b.inflight[k]--; b.inflight[k] <= 0 {
+			delete(b.inflight, k)
+		}
+	}
+}
+
+func jobKey(q *batchReq) [2]string { return [2]string{q.job.GetKind(), q.job.GetId()} }
 
 // errBatchStalled calls off a batch that ran past StalledAfter.
 var errBatchStalled = errors.New("batch stalled")
@@ -162,13 +210,6 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 	if len(batch) == 1 {
 		r.alone(batch)
 		return
-	}
-	// A job id twice in one batch (two entries of one job): the second
-	// runs alone after the batch, when the first's record has committed
-	// or rolled back, and is absorbed or applies as it would have alone.
-	batch, twice := distinctJobs(batch)
-	if len(twice) > 0 {
-		defer r.alone(twice)
 	}
 	first := batch[0]
 	recorded := make([]bool, len(batch))
@@ -257,22 +298,6 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 	for _, q := range run {
 		finish(q, Outcome{Verdict: Applied, Recorded: q.d.OutboxID != 0})
 	}
-}
-
-// distinctJobs splits batch into its first entry of each job and the
-// entries of a job already in it.
-func distinctJobs(batch []*batchReq) (first, twice []*batchReq) {
-	seen := make(map[[2]string]bool, len(batch))
-	for _, q := range batch {
-		k := [2]string{q.job.GetKind(), q.job.GetId()}
-		if seen[k] {
-			twice = append(twice, q)
-			continue
-		}
-		seen[k] = true
-		first = append(first, q)
-	}
-	return first, twice
 }
 
 // recordJobs records the ids of batch's jobs in its transaction, in one

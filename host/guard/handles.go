@@ -541,6 +541,11 @@ func (hs *Handles) Enqueue(ctx context.Context, req *usherv1.EnqueueRequest) (*u
 	case h.cap != capCommit && h.cap != capApply:
 		return nil, status.Errorf(codes.PermissionDenied, "enqueue is not allowed in a %s phase", h.cap)
 	}
+	// The handles of a batch share its transaction's connection.
+	if h.txMu != nil {
+		h.txMu.Lock()
+		defer h.txMu.Unlock()
+	}
 	ctx, cancel := hs.bound(ctx, h)
 	defer cancel()
 	out := &usherv1.EnqueueResponse{}
