@@ -202,14 +202,20 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	}()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	// The mark need not wait for its flush to disk: a mark lost with a
+	// crash of Postgres leaves its rows to be published again, which is
+	// the duplicate a crash between publish and mark already makes.
+	b.Queue("SET LOCAL synchronous_commit = off")
 	b.Queue(`
 		UPDATE outbox SET published_at = now()
 		WHERE id IN (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
 		RETURNING id, coalesce(job_id, id::text), kind, payload::text, request_id, trace, attempt`, r.cfg.BatchSize)
 	br := conn.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return 0, fmt.Errorf("outbox: begin: %w", err)
+	for range 2 {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return 0, fmt.Errorf("outbox: begin: %w", err)
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {
