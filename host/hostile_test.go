@@ -56,6 +56,7 @@ var hostileCases = []hostileCase{
 	{"hostile_apply", "returned-commit", "ended the host's transaction", false},
 	{"hostile_apply", "returned-rollback", "controlled the host's transaction (ROLLBACK)", false},
 	{"hostile_apply", "returned-abort", "controlled the host's transaction (ROLLBACK)", false},
+	{"hostile_apply", "returned-rollback-commit", "controlled the host's transaction (ROLLBACK)", false},
 	{"hostile_apply", "returned-savepoint", "controlled the host's transaction (SAVEPOINT)", false},
 	{"hostile_apply", "returned-query", "only plain writes can be returned", false},
 	{"hostile_apply", "holdable-cursor", "", false},

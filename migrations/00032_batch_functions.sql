@@ -24,8 +24,8 @@ $$;
 
 -- +goose StatementBegin
 -- Guard 4 for a batch: element i is true when this run recorded job i (it
--- applies), false when it was recorded before (a duplicate). The host never
--- sends one job id twice in a batch.
+-- applies), false when it was recorded before (a duplicate). One job id
+-- twice in a batch is refused: both would read as recorded now.
 CREATE FUNCTION usher_record_jobs(p_job_ids text[], p_kinds text[]) RETURNS boolean[]
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -36,6 +36,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM usher_check_serves_all(p_kinds);
+    IF (SELECT count(DISTINCT (j, k)) FROM unnest(p_job_ids, p_kinds) AS u(j, k)) <> cardinality(p_job_ids) THEN
+        RAISE EXCEPTION 'usher_record_jobs: a job id twice in one batch'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     WITH wanted AS (
         SELECT j, k, n FROM unnest(p_job_ids, p_kinds) WITH ORDINALITY AS u(j, k, n)
     ), ins AS (

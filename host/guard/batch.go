@@ -60,11 +60,9 @@ type batcher struct {
 	queue   []*batchReq
 	running bool
 	// inflight counts the entries of each job (kind, id) in the batches
-	// started and not over, and last is closed when the last batch started
-	// is over: another entry of the same job waits in the queue until
-	// they are, then meets their record.
+	// started and not over: another entry of the same job waits in the
+	// queue until they are, then meets their record.
 	inflight map[[2]string]int
-	last     <-chan struct{}
 }
 
 // jobIDBatched runs job in the next batch of its pool and returns its
@@ -95,14 +93,13 @@ func (r *Runner) drain(b *batcher) {
 		}
 		batch := r.take(b)
 		if len(batch) == 0 {
-			// Every job waiting has another entry in a batch not over.
-			last := b.last
+			// Every job waiting has another entry in a batch not over:
+			// the end of that batch starts the drain again (over).
+			b.running = false
 			b.mu.Unlock()
-			<-last
-			continue
+			return
 		}
 		done := make(chan struct{})
-		b.last = done
 		b.mu.Unlock()
 		// The last job's deadline is the batch's: it came last, so it is
 		// the latest (every job has the same timeout), and a batch that
@@ -119,7 +116,7 @@ func (r *Runner) drain(b *batcher) {
 		free := func() { once.Do(func() { close(next) }) }
 		go func() {
 			defer close(done)
-			defer b.over(batch)
+			defer r.over(b, batch)
 			defer free()
 			defer stop(nil)
 			r.runBatch(ctx, batch, free)
@@ -163,8 +160,9 @@ func (r *Runner) take(b *batcher) []*batchReq {
 	return batch
 }
 
-// over forgets batch's jobs in flight.
-func (b *batcher) over(batch []*batchReq) {
+// over forgets batch's jobs in flight, and starts b's drain again when
+// jobs wait and none drains them (they waited for this batch).
+func (r *Runner) over(b *batcher, batch []*batchReq) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, q := range batch {
@@ -172,6 +170,10 @@ func (b *batcher) over(batch []*batchReq) {
 		if b.inflight[k]--; b.inflight[k] <= 0 {
 			delete(b.inflight, k)
 		}
+	}
+	if len(b.queue) > 0 && !b.running {
+		b.running = true
+		go r.drain(b)
 	}
 }
 
@@ -202,9 +204,12 @@ func (r *Runner) alone(batch []*batchReq) {
 // cannot all apply together.
 //
 // written is called once the batch's writes have all run and it is about
-// to commit: from then on it waits on no row lock another batch can hold
-// (its commit records only its own jobs' outcomes), so the next batch may
-// start, and wait on this one's row locks if it must, without a deadlock.
+// to commit: from then on it takes no row lock of the plugin's tables (its
+// commit records only its own jobs' outcomes), so the next batch may
+// start, and wait on this one's row locks if it must. (A deferred check of
+// the plugin's tables at COMMIT can still wait on another transaction; the
+// database's deadlock detector breaks such a cycle, and the batch's jobs
+// run again alone.)
 // A batch that splits holds its pool until its jobs have run alone.
 func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()) {
 	if len(batch) == 1 {

@@ -227,16 +227,14 @@ type writePart struct {
 }
 
 // writeAll runs parts' writes, in order, in their transaction (one
-// transaction for all of them) in one round trip, followed by
-// usher_gate_check. A write that ends the host's transaction without an
-// error (a ROLLBACK) leaves the writes after it to run, until the round
-// trip's Sync, in one implicit transaction of the server's: the check then
-// finds no gate open in it and fails, and its failure rolls that
-// transaction back, so none of them commits. (A COMMIT fails by itself, on
-// the gate, and the server skips the rest.) It stops at the first write
-// that fails, whose part gets the error, and reports whether every write
-// ran. A failed check is charged to the last part: a batch then runs each
-// job alone, where the check finds the job that ended it.
+// transaction for all of them) in one round trip, each followed by
+// usher_gate_check: a write that ended the host's transaction fails the
+// check after it, and the server skips the writes after that instead of
+// running them in a transaction of their own. (One check after all the
+// writes is not enough: after a ROLLBACK, a write and a COMMIT would
+// commit that write for good before the check ran.) It stops at the first
+// write that fails, whose part gets the error, and reports whether every
+// write ran.
 func (hs *Handles) writeAll(parts []*writePart) bool {
 	n := 0
 	for _, p := range parts {
@@ -265,13 +263,14 @@ func (hs *Handles) writeAll(parts []*writePart) bool {
 	}
 	ctx, cancel := hs.bound(first.ctx, first)
 	defer cancel()
+	check := "SELECT " + hs.fn("usher_gate_check") + "()"
 	b := &pgx.Batch{}
 	for _, p := range parts {
 		for _, st := range p.ws {
 			b.Queue(st.GetSql(), wire.FromValues(st.GetArgs())...)
+			b.Queue(check)
 		}
 	}
-	b.Queue("SELECT " + hs.fn("usher_gate_check") + "()")
 	conn := first.tx.Conn()
 	br := conn.SendBatch(ctx, b)
 	var last *writePart
@@ -287,18 +286,16 @@ results:
 				p.err = p.h.noteDenied(sqlStatus(werr))
 			case transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK"):
 				p.err = p.h.breach("a statement controlled the host's transaction (%s)", tag.String())
+			default:
+				if _, cerr := br.Exec(); cerr != nil {
+					p.err = p.h.breach("a statement ended the host's transaction (%v); the job is aborted", cerr)
+				}
 			}
 			if p.err != nil {
 				ok = false
 				break results
 			}
 			p.rows = append(p.rows, tag.RowsAffected())
-		}
-	}
-	if ok {
-		if _, cerr := br.Exec(); cerr != nil {
-			last.err = last.h.breach("a statement ended the host's transaction (%v); the job is aborted", cerr)
-			ok = false
 		}
 	}
 	if cerr := br.Close(); ok && cerr != nil {

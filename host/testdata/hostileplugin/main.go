@@ -168,16 +168,20 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			// checks as those sent through Exec.
 			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
 				{Mode: plain, Sql: effect(job)}, {Mode: plain, Sql: "COMMIT"}, {Mode: plain, Sql: effect(job) + "-- after commit"}}}
-		case "returned-rollback", "returned-abort":
-			// In one round trip the writes after a ROLLBACK run in a
-			// transaction of the server's, until the Sync: the host's
-			// check after the writes fails in it and rolls them back.
+		case "returned-rollback", "returned-abort", "returned-rollback-commit":
+			// In one round trip the writes after a ROLLBACK would run
+			// in a transaction of their own, and a COMMIT after them
+			// would keep them: the host's check after each write
+			// stops them.
 			end := "ROLLBACK"
 			if a.Case == "returned-abort" {
 				end = "ABORT"
 			}
-			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
-				{Mode: plain, Sql: effect(job)}, {Mode: plain, Sql: end}, {Mode: plain, Sql: effect(job) + "-- after rollback"}}}
+			ws := []*usherv1.Statement{{Mode: plain, Sql: effect(job)}, {Mode: plain, Sql: end}, {Mode: plain, Sql: effect(job) + "-- after rollback"}}
+			if a.Case == "returned-rollback-commit" {
+				ws = append(ws, &usherv1.Statement{Mode: plain, Sql: "COMMIT"})
+			}
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: ws}
 		case "returned-savepoint":
 			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
 				{Mode: plain, Sql: "SAVEPOINT hostile"}, {Mode: plain, Sql: effect(job)}}}
