@@ -3,14 +3,11 @@ package main
 import (
 	"context"
 	"io"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/usherhq/usher/host/hosttest"
 )
 
 // A malformed --grant or --migrations is refused with what is wrong, and
@@ -18,10 +15,7 @@ import (
 func TestManifestRefusesBadGrantsAndMigrations(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "counters")
-	b, err := os.ReadFile(hosttest.Build(t, "./plugins/counters"))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(bin, b, 0o755))
+	bin := countersCopy(t, dir)
 	elsewhere := t.TempDir()
 	for _, c := range []struct {
 		flags []string

@@ -224,10 +224,7 @@ func TestPluginsRollbackCommand(t *testing.T) {
 func TestManifestChecksTheBinary(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "counters")
-	b, err := os.ReadFile(hosttest.Build(t, "./plugins/counters"))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(bin, b, 0o755))
+	bin := countersCopy(t, dir)
 	run := func(args ...string) error {
 		cl := &cli{stdout: io.Discard, stderr: io.Discard, now: time.Now}
 		return cl.run(context.Background(), append([]string{"plugins", "manifest", bin}, args...))
@@ -245,6 +242,17 @@ func TestManifestChecksTheBinary(t *testing.T) {
 		require.ErrorContains(t, err, c.want, "%q", c.args)
 	}
 	require.NoError(t, run("--name", "counters", "--version", "1.0.0", "--kind", "update_sales_counter", "--write"))
-	_, err = os.Stat(filepath.Join(dir, "counters.plugin.json"))
+	_, err := os.Stat(filepath.Join(dir, "counters.plugin.json"))
 	require.NoError(t, err)
+}
+
+// countersCopy copies the counters plugin's binary into dir as
+// dir/counters, a file of the test's own that a manifest can name.
+func countersCopy(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "counters")
+	b, err := os.ReadFile(hosttest.Build(t, "./plugins/counters"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bin, b, 0o755))
+	return bin
 }
