@@ -3,6 +3,7 @@ package host
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // metrics are the host's Prometheus series, on a registry of its own so
@@ -82,4 +83,29 @@ func (m *metrics) entryBytes(held func() int64) {
 		Name: "usher_entry_bytes_held",
 		Help: "Bytes of stream entries this host holds: room reserved for reads in progress plus the entries running.",
 	}, func() float64 { return float64(held()) }))
+}
+
+// Verdicts is usher_jobs_total summed over kinds: how many of this host's
+// job runs ended in each verdict (applied, absorbed, retry, permanent,
+// abandoned, dead_letter). It reads the counters in memory, so a caller
+// may poll it often (cmd/bench waits on it) without a query.
+func (h *Host) Verdicts() map[string]int64 {
+	ch := make(chan prometheus.Metric, 16)
+	go func() {
+		h.metrics.jobs.Collect(ch)
+		close(ch)
+	}()
+	out := map[string]int64{}
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			continue
+		}
+		for _, l := range pb.GetLabel() {
+			if l.GetName() == "verdict" {
+				out[l.GetValue()] += int64(pb.GetCounter().GetValue())
+			}
+		}
+	}
+	return out
 }

@@ -103,6 +103,12 @@ func TestREADMEQuickRun(t *testing.T) {
 	require.Contains(t, string(out), "bench: inflight 4: throughput") // the progress lines
 
 	checkResults(t, filepath.Join(dir, "bench-results"), 4)
+	// --cpu-profile: one profile per throughput window, plugin and in-process.
+	for _, name := range []string{"host-inflight-4.pprof", "host-inflight-4-in-process.pprof"} {
+		fi, err := os.Stat(filepath.Join(dir, "bench-results", "profiles", name))
+		require.NoError(t, err)
+		require.Greater(t, fi.Size(), int64(0), name)
+	}
 }
 
 // checkResults reads dir's bench.json: nothing lost or doubled, a

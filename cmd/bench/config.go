@@ -68,6 +68,10 @@ type config struct {
 	Log string
 	// Timeout bounds the whole command. Default 15m.
 	Timeout time.Duration
+	// CPUProfile is a directory for a CPU profile of the host (this
+	// process) over each throughput window, host-inflight-N.pprof (and
+	// host-inflight-N-in-process.pprof), for go tool pprof. Default none.
+	CPUProfile string
 }
 
 func parseConfig(args []string, stderr io.Writer) (config, error) {
@@ -94,6 +98,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.Plots, "plots", "bench-results", "directory for the PNG plots")
 	fs.StringVar(&cfg.Log, "log", "", "the host's log file, level warn (default <plots>/host.log)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 15*time.Minute, "hard bound on the whole command")
+	fs.StringVar(&cfg.CPUProfile, "cpu-profile", "", "directory for a CPU profile of the host over each throughput window (host-inflight-N.pprof)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -141,9 +146,9 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 
 // String prints the config with the URLs' passwords masked.
 func (c config) String() string {
-	return fmt.Sprintf("admin-url=%s redis-url=%s owner=%s plugin-dir=%s jobs=%d events=%d warmup=%d inflight=%v host-pool-size=%d rate=%d rate-seconds=%d mix=%d mailprovider=%s in-process=%t peers=%t bench-dir=%s json=%q plots=%s log=%s timeout=%s",
+	return fmt.Sprintf("admin-url=%s redis-url=%s owner=%s plugin-dir=%s jobs=%d events=%d warmup=%d inflight=%v host-pool-size=%d rate=%d rate-seconds=%d mix=%d mailprovider=%s in-process=%t peers=%t bench-dir=%s json=%q plots=%s log=%s timeout=%s cpu-profile=%q",
 		host.MaskURL(c.AdminURL), host.MaskURL(c.RedisURL), c.Owner, c.PluginDir, c.Jobs, c.Events, c.Warmup, c.Inflight, c.HostPoolSize,
-		c.Rate, c.RateSeconds, c.Mix, c.MailProvider, c.InProcess, c.Peers, c.BenchDir, c.JSON, c.Plots, c.Log, c.Timeout)
+		c.Rate, c.RateSeconds, c.Mix, c.MailProvider, c.InProcess, c.Peers, c.BenchDir, c.JSON, c.Plots, c.Log, c.Timeout, c.CPUProfile)
 }
 
 // largest is the level the latency run uses.

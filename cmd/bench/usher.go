@@ -7,14 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/usherhq/usher/plugins/counters/counter"
-	"github.com/usherhq/usher/sdk"
-	"github.com/usherhq/usher/sdk/inprocess"
 	"io"
 	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -29,8 +27,11 @@ import (
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/migrations"
+	"github.com/usherhq/usher/plugins/counters/counter"
 	"github.com/usherhq/usher/plugins/stagedoor/appdb"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
+	"github.com/usherhq/usher/sdk"
+	"github.com/usherhq/usher/sdk/inprocess"
 )
 
 // group is the consumer group of every bench host (each on a stream of its own).
@@ -146,6 +147,7 @@ type runningHost struct {
 	h           *host.Host
 	stream      string
 	concurrency int
+	inProcess   bool
 	cancel      context.CancelFunc
 	done        chan error
 }
@@ -197,7 +199,7 @@ func startHost(ctx context.Context, cfg config, db *database, pluginDir string, 
 		return nil, fmt.Errorf("no plugin in %s serves update_sales_counter (run make plugins); refused: %+v", cfg.PluginDir, h.Refusals())
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	r := &runningHost{h: h, stream: stream, concurrency: inflight, cancel: cancel, done: make(chan error, 1)}
+	r := &runningHost{h: h, stream: stream, concurrency: inflight, inProcess: inProcess, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- h.Run(runCtx) }()
 	return r, nil
 }
@@ -253,31 +255,30 @@ func placeAll(ctx context.Context, pool *pgxpool.Pool, events []int64, n int, p 
 }
 
 // waiter tells when the jobs committed so far are all applied and acked.
+// It reads the host's own counters (Host.Verdicts), in memory, as the peers
+// count their applied jobs in their workers: a query every poll (a count
+// over processed_jobs, which grows through the run) would tax the very
+// database whose work is being timed. verify checks the effects after.
 type waiter struct {
-	pool   *pgxpool.Pool
+	h      *host.Host
 	rdb    redis.UniversalClient
 	stream string
 }
 
-// processed is the number of jobs recorded as done (guard 4's
-// processed_jobs: one row per job applied).
-func (w waiter) processed(ctx context.Context) (int64, error) {
-	var n int64
-	err := w.pool.QueryRow(ctx, `SELECT count(*) FROM processed_jobs`).Scan(&n)
-	return n, err
+// processed is the number of job runs this host has applied.
+func (w waiter) processed(context.Context) (int64, error) {
+	return w.h.Verdicts()["applied"], nil
 }
 
-// wait polls until processed_jobs holds want rows and the stream has no
+// wait polls until the host has applied want jobs and the stream has no
 // pending entry, and returns when it saw that. A dead letter ends it with
 // an error: that job will never be processed.
 func (w waiter) wait(ctx context.Context, want, base int64, p *progress) (time.Time, error) {
 	t := time.NewTicker(pollEvery)
 	defer t.Stop()
 	for {
-		n, err := w.processed(ctx)
-		if err != nil {
-			return time.Time{}, err
-		}
+		v := w.h.Verdicts()
+		n := v["applied"]
 		p.set(n - base)
 		if n >= want {
 			pend, err := w.rdb.XPending(ctx, w.stream, group).Result()
@@ -288,11 +289,7 @@ func (w waiter) wait(ctx context.Context, want, base int64, p *progress) (time.T
 				return time.Now(), nil
 			}
 		}
-		var dead int64
-		if err := w.pool.QueryRow(ctx, `SELECT count(*) FROM dead_letters`).Scan(&dead); err != nil {
-			return time.Time{}, err
-		}
-		if dead > 0 {
+		if dead := v["dead_letter"]; dead > 0 {
 			return time.Time{}, fmt.Errorf("%d jobs dead-lettered (see the host's log)", dead)
 		}
 		select {
@@ -306,7 +303,7 @@ func (w waiter) wait(ctx context.Context, want, base int64, p *progress) (time.T
 // throughput warms the host, then times cfg.Jobs jobs committed at once.
 func throughput(ctx context.Context, cfg config, db *database, rh *runningHost, rdb redis.UniversalClient, p *progress) (levelResult, error) {
 	res := levelResult{Inflight: rh.concurrency, Jobs: cfg.Jobs}
-	w := waiter{pool: db.pool, rdb: rdb, stream: rh.stream}
+	w := waiter{h: rh.h, rdb: rdb, stream: rh.stream}
 	evs, err := createEvents(ctx, db.pool, fmt.Sprintf("inflight %d", res.Inflight), cfg.Events)
 	if err != nil {
 		return res, err
@@ -330,9 +327,16 @@ func throughput(ctx context.Context, cfg config, db *database, rh *runningHost, 
 	if err := placeAll(ctx, db.pool, evs, cfg.Jobs, p, func() { before = takeSample(rh.h) }); err != nil {
 		return res, fmt.Errorf("commit the jobs: %w", err)
 	}
+	stopProfile, err := startProfile(cfg, rh)
+	if err != nil {
+		return res, err
+	}
 	start := time.Now()
 	p.phase(fmt.Sprintf("inflight %d: throughput", res.Inflight), int64(cfg.Jobs))
 	end, err := w.wait(ctx, base+int64(cfg.Jobs), base, p)
+	if perr := stopProfile(); err == nil {
+		err = perr
+	}
 	after := takeSample(rh.h)
 	if err != nil {
 		return res, err
@@ -344,12 +348,39 @@ func throughput(ctx context.Context, cfg config, db *database, rh *runningHost, 
 	return res, err
 }
 
+// startProfile starts a CPU profile of this process (the host) into
+// cfg.CPUProfile, when set, and returns what stops and writes it.
+func startProfile(cfg config, rh *runningHost) (stop func() error, err error) {
+	if cfg.CPUProfile == "" {
+		return func() error { return nil }, nil
+	}
+	if err := os.MkdirAll(cfg.CPUProfile, 0o755); err != nil {
+		return nil, err
+	}
+	name := fmt.Sprintf("host-inflight-%d.pprof", rh.concurrency)
+	if rh.inProcess {
+		name = fmt.Sprintf("host-inflight-%d-in-process.pprof", rh.concurrency)
+	}
+	f, err := os.Create(filepath.Join(cfg.CPUProfile, name))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
+}
+
 // latency offers cfg.Rate jobs/s for cfg.RateSeconds, one order and outbox
 // row per transaction, and reads each job's outbox commit → outcome time.
 func latency(ctx context.Context, cfg config, db *database, rh *runningHost, rdb redis.UniversalClient, p *progress) (latencyResult, []float64, error) {
 	total := cfg.Rate * cfg.RateSeconds
 	res := latencyResult{Inflight: rh.concurrency, Rate: cfg.Rate, Seconds: cfg.RateSeconds, Jobs: total}
-	w := waiter{pool: db.pool, rdb: rdb, stream: rh.stream}
+	w := waiter{h: rh.h, rdb: rdb, stream: rh.stream}
 	evs, err := createEvents(ctx, db.pool, "latency", cfg.Events)
 	if err != nil {
 		return res, nil, err
