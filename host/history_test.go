@@ -104,11 +104,15 @@ func TestJobHistoryOfAFlow(t *testing.T) {
 	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE verdict = 'applied' AND job_id = $1`, renderA))
 	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE kind = 'send_tickets'`))
 
-	// Order B's counter job fails for good: dead-lettered.
-	bo, err := orders.Place(ctx, b.pool, orders.Order{EventID: ev, Buyer: "Ada", Email: "ada@example.com", Seats: 1}, orders.Jobs{Counter: true})
+	// Order B's counter job fails for good: dead-lettered. The fault is
+	// armed before the order commits, or the job may apply first.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	bo, err := orders.PlaceTx(ctx, tx, orders.Order{EventID: ev, Buyer: "Ada", Email: "ada@example.com", Seats: 1}, orders.Jobs{Counter: true})
 	require.NoError(t, err)
 	counterB := fmt.Sprint(bo.OutboxIDs[0])
 	require.NoError(t, faults.Arm(b.faultDir, "counter.before_apply", faults.Spec{Action: "permanent", JobIDs: []string{counterB}}))
+	require.NoError(t, tx.Commit(ctx))
 	hosttest.Eventually(t, 30*time.Second, "order B's counter job dead-lettered", func() bool {
 		j, err := history.GetJob(ctx, b.pool, counterB)
 		return err == nil && j.State == history.DeadLetteredState

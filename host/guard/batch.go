@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -101,11 +102,7 @@ func (r *Runner) drain(b *batcher) {
 		}
 		done := make(chan struct{})
 		b.mu.Unlock()
-		// The last job's deadline is the batch's: it came last, so it is
-		// the latest (every job has the same timeout), and a batch that
-		// runs out of time has run out every job's own, which the host
-		// then reports as timed out, not as unfinished.
-		ctx, stop := context.WithCancelCause(batch[len(batch)-1].ctx)
+		ctx, stop, release := batchContext(batch)
 		next := make(chan struct{})
 		var once sync.Once
 		// The next batch starts when this one has sent its writes (its
@@ -118,6 +115,7 @@ func (r *Runner) drain(b *batcher) {
 			defer close(done)
 			defer r.over(b, batch)
 			defer free()
+			defer release()
 			defer stop(nil)
 			r.runBatch(ctx, batch, free)
 		}()
@@ -132,6 +130,40 @@ func (r *Runner) drain(b *batcher) {
 			}
 		}()
 		<-next
+	}
+}
+
+// batchContext is the context batch runs in. The last job's deadline is
+// the batch's: it came last, so it is the latest (every job has the same
+// timeout), and a batch that runs out of time has run out every job's own,
+// which the host then reports as timed out, not as unfinished. It is
+// cancelled when the contexts of all its jobs are (the host shutting
+// down), not when one of them is: a job absorbed at the record finishes
+// at once, and its context ends with it, while its batch-mates still run
+// (a batch that inherited its cancellation lost its commit's answer, and
+// ran its committed jobs again alone). release frees what watches them.
+func batchContext(batch []*batchReq) (ctx context.Context, stop context.CancelCauseFunc, release func()) {
+	last := batch[len(batch)-1].ctx
+	base, cancel := context.WithoutCancel(last), context.CancelFunc(func() {})
+	if dl, ok := last.Deadline(); ok {
+		base, cancel = context.WithDeadline(base, dl)
+	}
+	ctx, stop = context.WithCancelCause(base)
+	var left atomic.Int32
+	left.Store(int32(len(batch)))
+	unwatch := make([]func() bool, len(batch))
+	for i, q := range batch {
+		unwatch[i] = context.AfterFunc(q.ctx, func() {
+			if left.Add(-1) == 0 {
+				stop(context.Cause(q.ctx))
+			}
+		})
+	}
+	return ctx, stop, func() {
+		for _, u := range unwatch {
+			u()
+		}
+		cancel()
 	}
 }
 
