@@ -132,14 +132,19 @@ func (t *jobTx) Commit(ctx context.Context, last ...lastStatement) error {
 	}
 	p.SendQueryParams("COMMIT", nil, nil, nil, nil)
 	p.SendPipelineSync()
-	// Its own Sync: the reset is not part of the transaction.
+	// Its own Sync: the reset is not part of the transaction. Then the
+	// check of the session's prepared statements, with a Sync of its own
+	// so that its failure does not undo the reset.
 	for _, st := range sandbox.ResetSession {
 		p.SendQueryParams(st, nil, nil, nil, nil)
 	}
 	p.SendPipelineSync()
+	p.SendQueryParams(sandbox.StatementsCheck(t.conn.Conn()), nil, nil, nil, nil)
+	p.SendPipelineSync()
 	err := p.Flush()
 	// The results up to the first sync are last's and COMMIT's; after it,
-	// the reset's. After an error the server skips to the next sync.
+	// the reset's, then the check's. After an error the server skips to
+	// the next sync.
 	var commitErr, resetErr error
 	syncs, committed := 0, false
 	// note keeps the first error of the part it falls in.
@@ -147,12 +152,12 @@ func (t *jobTx) Commit(ctx context.Context, last ...lastStatement) error {
 		switch {
 		case syncs == 0 && commitErr == nil:
 			commitErr = e
-		case syncs == 1 && resetErr == nil:
+		case syncs >= 1 && resetErr == nil:
 			resetErr = e
 		}
 	}
 results:
-	for err == nil && syncs < 2 {
+	for err == nil && syncs < 3 {
 		var res any
 		res, err = p.GetResults()
 		var pgErr *pgconn.PgError
@@ -182,9 +187,10 @@ results:
 	}
 	switch {
 	case committed && (err != nil || resetErr != nil):
-		// Committed; only the reset or its reading failed: the
-		// connection is not marked reset, so its pool resets it again
-		// (or destroys it).
+		// Committed; only the reset, the check or their reading failed:
+		// the connection is not marked reset, so its pool resets it
+		// again (or destroys it), and deallocates statements that are
+		// not the host's.
 		return nil
 	case err != nil:
 		return fmt.Errorf("commit: %w", err)

@@ -45,10 +45,20 @@ func TestJobTx(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx, guard.Last("INSERT INTO jobtx VALUES ($1)", "2")))
 	require.EqualValues(t, 2, count())
 
+	// A statement the plugin prepared does not outlive the commit's
+	// reset either (its check fails, and the pool deallocates it).
+	tx = begin()
+	_, err = tx.Exec(ctx, `PREPARE left_behind AS SELECT 1`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
 	tx = begin()
 	var app string
 	require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('application_name')`).Scan(&app))
 	require.NotEqual(t, "left behind", app, "the commit's reset ran")
+	var prepared int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements`).Scan(&prepared))
+	require.Zero(t, prepared, "the statement the plugin prepared is gone")
 	_, err = tx.Exec(ctx, `INSERT INTO jobtx VALUES (3)`)
 	require.NoError(t, err)
 	err = tx.Commit(ctx, guard.Last("SELECT 1/0"))

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/usherhq/usher/host/sandbox"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 	"github.com/usherhq/usher/sdk/wire"
 )
@@ -264,14 +265,21 @@ func (hs *Handles) writeAll(parts []*writePart) bool {
 	ctx, cancel := hs.bound(first.ctx, first)
 	defer cancel()
 	check := "SELECT " + hs.fn("usher_gate_check") + "()"
+	conn := first.tx.Conn()
+	// A write this connection ran before goes by the name it was
+	// prepared under (sandbox.WriteName): parsed and planned once.
+	named := false
 	b := &pgx.Batch{}
 	for _, p := range parts {
 		for _, st := range p.ws {
-			b.Queue(st.GetSql(), wire.FromValues(st.GetArgs())...)
+			sql := st.GetSql()
+			if name, ok := sandbox.WriteName(conn, sql); ok {
+				sql, named = name, true
+			}
+			b.Queue(sql, wire.FromValues(st.GetArgs())...)
 			b.Queue(check)
 		}
 	}
-	conn := first.tx.Conn()
 	br := conn.SendBatch(ctx, b)
 	var last *writePart
 	ok := true
@@ -304,6 +312,18 @@ results:
 	if ts := conn.PgConn().TxStatus(); ts != 'T' && ts != 'E' {
 		last.err = last.h.breach("a statement ended the host's transaction (the connection reports status %q, not inside a transaction); the job is aborted", string(ts))
 		ok = false
+	}
+	switch {
+	case ok:
+		// Each write ran and parsed: prepared when the connection is
+		// next idle, if it is not already.
+		for _, p := range parts {
+			for _, st := range p.ws {
+				sandbox.NoteWrite(conn, st.GetSql())
+			}
+		}
+	case named:
+		sandbox.SpoilWrites(conn)
 	}
 	return ok
 }

@@ -13,8 +13,9 @@
 //     runtime's tables; Prepare pins its kinds and lets it call the
 //     runtime's SECURITY DEFINER functions.
 //   - Every connection is reset (ResetSession: DISCARD ALL but for its
-//     plans) before it goes back to its pool, and one that is still inside
-//     a transaction is destroyed.
+//     plans and the writes the host prepared, statements.go) before it
+//     goes back to its pool, and one that is still inside a transaction is
+//     destroyed.
 //
 // Setup, run once by an administrator, creates the owner and the plugins'
 // roles.
@@ -34,6 +35,7 @@ import (
 
 	"github.com/jackc/pgpassfile"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -338,15 +340,21 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	cfg.BeforeConnect, cfg.AfterConnect = nil, nil
 	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) { return true, nil }
 	logger := c.Logger
-	cfg.BeforeClose = func(conn *pgx.Conn) { reset.Delete(conn) }
+	cfg.BeforeClose = func(conn *pgx.Conn) {
+		reset.Delete(conn)
+		prepared.Delete(conn)
+	}
 	cfg.AfterRelease = func(conn *pgx.Conn) bool {
-		if _, done := reset.LoadAndDelete(conn); done {
-			return true
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := conn.PgConn().Exec(ctx, strings.Join(ResetSession, "; ")).Close(); err != nil {
-			logger.Warn("reset of a plugin connection failed; it is closed", "role", c.Role, "err", err)
+		if _, done := reset.LoadAndDelete(conn); !done {
+			if err := resetSession(ctx, conn); err != nil {
+				logger.Warn("reset of a plugin connection failed; it is closed", "role", c.Role, "err", err)
+				return false
+			}
+		}
+		if err := prepareNoted(ctx, conn); err != nil {
+			logger.Warn("preparing a plugin's writes failed; the connection is closed", "role", c.Role, "err", err)
 			return false
 		}
 		return true
@@ -385,14 +393,33 @@ func passfilePassword(host string, port uint16, database, role string) string {
 
 // ResetSession is what a plugin's session is reset with before its
 // connection is used again: DISCARD ALL's statements (PostgreSQL's manual
-// lists them) but DISCARD PLANS. A plugin's settings, role, cursors,
-// prepared statements, LISTENs, advisory locks, temporary tables and
-// sequence state do not outlive its call; the plans the server cached for
-// the runtime's own functions do, so the next job's calls do not plan them
-// again. A cached plan holds no privilege: the executor checks each
-// statement's permissions every time it runs it.
-var ResetSession = []string{"CLOSE ALL", "SET SESSION AUTHORIZATION DEFAULT", "RESET ALL", "DEALLOCATE ALL",
+// lists them) but DISCARD PLANS and DEALLOCATE ALL, then StatementsCheck.
+// A plugin's settings, role, cursors, prepared statements, LISTENs,
+// advisory locks, temporary tables and sequence state do not outlive its
+// call; the plans the server cached for the runtime's own functions do, so
+// the next job's calls do not plan them again, and so do the writes the
+// host prepared (see statements.go), which are the plugin's own SQL. A
+// cached plan holds no privilege: the executor checks each statement's
+// permissions every time it runs it.
+var ResetSession = []string{"CLOSE ALL", "SET SESSION AUTHORIZATION DEFAULT", "RESET ALL",
 	"UNLISTEN *", "SELECT pg_advisory_unlock_all()", "DISCARD TEMP", "DISCARD SEQUENCES"}
+
+// resetSession resets conn (ResetSession) and checks its prepared
+// statements; when they are not the host's, it deallocates them all, and
+// the writes are prepared again as they run.
+func resetSession(ctx context.Context, conn *pgx.Conn) error {
+	if err := conn.PgConn().Exec(ctx, strings.Join(ResetSession, "; ")).Close(); err != nil {
+		return err
+	}
+	if err := conn.PgConn().Exec(ctx, StatementsCheck(conn)).Close(); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || conn.PgConn().TxStatus() != 'I' {
+			return err
+		}
+		return forgetWrites(ctx, conn)
+	}
+	return nil
+}
 
 // reset holds the connections whose session was reset in the same round
 // trip as their transaction's commit (MarkReset): going back to their

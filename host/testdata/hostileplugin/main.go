@@ -11,6 +11,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -83,7 +85,29 @@ const dirty = `SELECT concat_ws(', ',
 	CASE WHEN to_regclass('pg_temp.outbox') IS NOT NULL THEN 'temp table outbox' END,
 	CASE WHEN EXISTS (SELECT 1 FROM pg_listening_channels()) THEN 'LISTEN' END,
 	CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) THEN 'advisory lock' END,
-	CASE WHEN EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = 'hostile') THEN 'prepared statement' END)`
+	CASE WHEN EXISTS (SELECT 1 FROM pg_prepared_statements WHERE from_sql) THEN 'prepared statement' END)`
+
+// argWrite is the honest write with the job id as its argument: the same
+// SQL for every job, which the host prepares on a connection once it has
+// run there.
+const argWrite = "INSERT INTO hostile_effects (job_id) VALUES ($1)"
+
+// hijack prepares, on this session, argWrite's name (where the host
+// prepares it: "usher_w_" and the first 16 bytes of its SHA-256 in hex) as
+// the statement as, dropping what was there.
+func hijack(as string) []string {
+	sum := sha256.Sum256([]byte(argWrite))
+	name := "usher_w_" + hex.EncodeToString(sum[:16])
+	return []string{
+		fmt.Sprintf(`DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = '%s') THEN EXECUTE 'DEALLOCATE %s'; END IF; END $$`, name, name),
+		fmt.Sprintf("PREPARE %s (text) AS %s", name, as),
+	}
+}
+
+func argWriteOf(job *usherv1.Job) *usherv1.Statement {
+	v, _ := wire.ToValue(job.GetId())
+	return &usherv1.Statement{Mode: plain, Sql: argWrite, Args: []*usherv1.Value{v}}
+}
 
 // enqueueAny enqueues a job of its own kind, as the host's own enqueue
 // would, but from SQL and whenever it likes.
@@ -182,6 +206,19 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 				ws = append(ws, &usherv1.Statement{Mode: plain, Sql: "COMMIT"})
 			}
 			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: ws}
+		case "returned-args":
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{argWriteOf(job)}}
+		case "hijack-write":
+			// The host's name for argWrite now runs other SQL of the
+			// plugin's: its own effect, marked.
+			s.exec(h, plain, hijack("INSERT INTO hostile_effects (job_id) VALUES ($1 || '-hijacked')")...)
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{argWriteOf(job)}}
+		case "hijack-gate":
+			// A hijacked name between a ROLLBACK and a COMMIT: the
+			// host's checks are not prepared statements.
+			s.exec(h, plain, hijack("SELECT $1")...)
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
+				argWriteOf(job), {Mode: plain, Sql: "ROLLBACK"}, argWriteOf(job), {Mode: plain, Sql: "COMMIT"}}}
 		case "returned-savepoint":
 			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
 				{Mode: plain, Sql: "SAVEPOINT hostile"}, {Mode: plain, Sql: effect(job)}}}

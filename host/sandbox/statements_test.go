@@ -1,0 +1,143 @@
+package sandbox_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/sandbox"
+)
+
+// A plugin's write that ran on a connection is prepared there while the
+// connection is idle, and runs by name after; whatever the plugin does to
+// the session's prepared statements (its own PREPARE, a name of the
+// host's taken over or dropped) is undone at the reset, with the host's
+// own, before the connection is used again.
+func TestPreparedWrites(t *testing.T) {
+	t.Parallel()
+	owner, _ := hosttest.DB(t)
+	ctx := context.Background()
+	_, err := owner.Exec(ctx, `CREATE TABLE prepared_writes (n int); GRANT SELECT, INSERT ON prepared_writes TO usher_plugin_raw`)
+	require.NoError(t, err)
+	require.NoError(t, sandbox.Prepare(ctx, owner, "raw", "usher_plugin_raw", []string{"raw_job"}, nil))
+	// One connection: every step below gets the connection the step
+	// before gave back, after its pool's reset.
+	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: owner.Config(), Role: "usher_plugin_raw", Size: 1})
+	require.NoError(t, err)
+	defer pool.Close()
+
+	const write = "INSERT INTO prepared_writes VALUES ($1)"
+	// use runs fn on the pool's connection in a transaction (committed)
+	// and gives the connection back to its pool.
+	use := func(fn func(conn *pgx.Conn)) {
+		t.Helper()
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer c.Release()
+		_, err = c.Exec(ctx, "BEGIN")
+		require.NoError(t, err)
+		fn(c.Conn())
+		_, err = c.Exec(ctx, "COMMIT")
+		require.NoError(t, err)
+	}
+	// run runs write as writeAll does: by name when it is prepared, and
+	// noted when it ran unnamed.
+	run := func(conn *pgx.Conn, n int) (named bool) {
+		t.Helper()
+		sql := write
+		if name, ok := sandbox.WriteName(conn, write); ok {
+			sql, named = name, true
+		}
+		_, err := conn.Exec(ctx, sql, n)
+		require.NoError(t, err)
+		if !named {
+			sandbox.NoteWrite(conn, write)
+		}
+		return named
+	}
+	statements := func(conn *pgx.Conn) (host, plugin int64) {
+		t.Helper()
+		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE NOT from_sql), count(*) FILTER (WHERE from_sql)
+			FROM pg_prepared_statements`).Scan(&host, &plugin))
+		return host, plugin
+	}
+	sum := func() int64 { return hosttest.Count(t, owner, `SELECT coalesce(sum(n), 0) FROM prepared_writes`) }
+
+	use(func(conn *pgx.Conn) { require.False(t, run(conn, 1), "the first run is unnamed") })
+	use(func(conn *pgx.Conn) {
+		require.True(t, run(conn, 2), "prepared while the connection was idle")
+		host, plugin := statements(conn)
+		require.EqualValues(t, 1, host)
+		require.Zero(t, plugin)
+	})
+	require.EqualValues(t, 3, sum())
+
+	// The plugin takes the name over for SQL of its own: it runs so in
+	// this transaction, and not after the reset.
+	use(func(conn *pgx.Conn) {
+		name, ok := sandbox.WriteName(conn, write)
+		require.True(t, ok)
+		_, err := conn.Exec(ctx, "DEALLOCATE "+name)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, fmt.Sprintf("PREPARE %s (int) AS INSERT INTO prepared_writes VALUES ($1 * 100)", name))
+		require.NoError(t, err)
+		require.True(t, run(conn, 4))
+	})
+	require.EqualValues(t, 403, sum(), "the taken-over name ran the plugin's SQL")
+	use(func(conn *pgx.Conn) {
+		host, plugin := statements(conn)
+		require.Zero(t, host, "the reset deallocated every statement")
+		require.Zero(t, plugin)
+		require.False(t, run(conn, 5), "forgotten: unnamed again")
+	})
+	use(func(conn *pgx.Conn) { require.True(t, run(conn, 6)) })
+	require.EqualValues(t, 414, sum())
+
+	// A name of the host's dropped: the reset finds one statement short.
+	use(func(conn *pgx.Conn) {
+		name, _ := sandbox.WriteName(conn, write)
+		_, err := conn.Exec(ctx, "DEALLOCATE "+name)
+		require.NoError(t, err)
+	})
+	use(func(conn *pgx.Conn) {
+		host, _ := statements(conn)
+		require.Zero(t, host)
+		require.False(t, run(conn, 7), "a dropped name is forgotten, not run")
+	})
+	// A statement of the plugin's own does not outlive its call.
+	use(func(conn *pgx.Conn) {
+		_, err := conn.Exec(ctx, "PREPARE mine AS SELECT 1")
+		require.NoError(t, err)
+	})
+	use(func(conn *pgx.Conn) {
+		_, plugin := statements(conn)
+		require.Zero(t, plugin)
+	})
+	// A batch that failed with named writes spoils them.
+	use(func(conn *pgx.Conn) { run(conn, 8) })
+	use(func(conn *pgx.Conn) {
+		require.True(t, run(conn, 9))
+		sandbox.SpoilWrites(conn)
+	})
+	use(func(conn *pgx.Conn) { require.False(t, run(conn, 10), "spoiled: deallocated") })
+	require.EqualValues(t, 448, sum())
+
+	// At most MaxPreparedWrites a connection.
+	use(func(conn *pgx.Conn) {
+		for i := range sandbox.MaxPreparedWrites + 5 {
+			sql := fmt.Sprintf("INSERT INTO prepared_writes VALUES ($1) -- %d", i)
+			_, err := conn.Exec(ctx, sql, 0)
+			require.NoError(t, err)
+			sandbox.NoteWrite(conn, sql)
+		}
+	})
+	use(func(conn *pgx.Conn) {
+		host, _ := statements(conn)
+		require.LessOrEqual(t, host, int64(sandbox.MaxPreparedWrites))
+		require.Greater(t, host, int64(1))
+	})
+}
