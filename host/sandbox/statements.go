@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Prepared writes.
@@ -36,13 +38,17 @@ import (
 // host prepared and none from SQL PREPARE, or the pool deallocates them all
 // (and forgets them) before the connection is used again.
 //
-// A write resolves names with the session's search path as it was when it
-// was prepared (the one the host sets at login), not one the plugin set in
-// its transaction.
+// What a connection keeps is bounded, since it outlives the call: at most
+// MaxPreparedWrites statements of at most MaxPreparedWriteBytes of SQL
+// each (a plan of a long statement can hold many times its size in server
+// memory); a longer write always runs unnamed.
 
 // MaxPreparedWrites bounds the writes one connection keeps prepared (a
 // plugin that returns distinct SQL every time holds no more than this).
 const MaxPreparedWrites = 64
+
+// MaxPreparedWriteBytes bounds the SQL of a write that is prepared.
+const MaxPreparedWriteBytes = 8 << 10
 
 // writes is what the host prepared on one connection.
 type writes struct {
@@ -84,6 +90,9 @@ func NoteWrite(conn *pgx.Conn, sql string) {
 	w := writesOf(conn)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if len(sql) > MaxPreparedWriteBytes {
+		return
+	}
 	if _, ok := w.names[sql]; !ok && len(w.names)+len(w.noted) < MaxPreparedWrites {
 		w.noted[sql] = true
 	}
@@ -128,8 +137,10 @@ func forgetWrites(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // prepareNoted prepares the writes noted on conn, which is idle. A write
-// that does not prepare (its table gone since, say) is dropped: it runs
-// unnamed, and is noted again if it runs.
+// the server refuses to prepare (its table gone since, say) is dropped: it
+// runs unnamed, and is noted again if it runs. Any other failure (the
+// time ran out and the connection was closed, say) is returned: the
+// connection is not fit to go back to its pool.
 func prepareNoted(ctx context.Context, conn *pgx.Conn) error {
 	w := writesOf(conn)
 	w.mu.Lock()
@@ -139,7 +150,8 @@ func prepareNoted(ctx context.Context, conn *pgx.Conn) error {
 	for sql := range noted {
 		name := writeName(sql)
 		if _, err := conn.Prepare(ctx, name, sql); err != nil {
-			if conn.PgConn().TxStatus() != 'I' {
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || conn.IsClosed() || conn.PgConn().TxStatus() != 'I' {
 				return fmt.Errorf("prepare a write: %w", err)
 			}
 			continue

@@ -3,7 +3,9 @@ package sandbox_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -140,4 +142,54 @@ func TestPreparedWrites(t *testing.T) {
 		require.LessOrEqual(t, host, int64(sandbox.MaxPreparedWrites))
 		require.Greater(t, host, int64(1))
 	})
+	// Nor a long one: its plan could hold many times its size.
+	long := fmt.Sprintf("INSERT INTO prepared_writes SELECT $1::int WHERE %strue", strings.Repeat("true AND ", sandbox.MaxPreparedWriteBytes/9))
+	use(func(conn *pgx.Conn) { require.False(t, run2(t, conn, long, 0)) })
+	use(func(conn *pgx.Conn) { require.False(t, run2(t, conn, long, 0), "a long write is never prepared") })
+
+	// A preparation that cannot finish in the release's time (its table
+	// locked by another session) is given up: the connection handed out
+	// next is usable (the same one, its statement cancelled, or a new one
+	// when the old was closed; never a closed one).
+	locked := make(chan struct{})
+	hold := make(chan error, 1)
+	use(func(conn *pgx.Conn) {
+		run2(t, conn, write+" -- locked", 11)
+		go func() {
+			hold <- pgx.BeginFunc(ctx, owner, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `LOCK TABLE prepared_writes IN ACCESS EXCLUSIVE MODE`); err != nil {
+					return err
+				}
+				close(locked)
+				_, err := tx.Exec(ctx, `SELECT pg_sleep(6)`)
+				return err
+			})
+		}()
+		hosttest.Eventually(t, 10*time.Second, "the lock queued behind this transaction", func() bool {
+			return hosttest.Count(t, owner, `SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+				WHERE c.relname = 'prepared_writes' AND NOT l.granted`) > 0
+		})
+	})
+	<-locked
+	use(func(conn *pgx.Conn) {
+		require.False(t, conn.IsClosed())
+		run(conn, 12)
+	})
+	require.NoError(t, <-hold)
+	require.EqualValues(t, 471, sum())
+}
+
+// run2 runs sql as writeAll does (by name when prepared, noted when not).
+func run2(t *testing.T, conn *pgx.Conn, sql string, n int) (named bool) {
+	t.Helper()
+	q := sql
+	if name, ok := sandbox.WriteName(conn, sql); ok {
+		q, named = name, true
+	}
+	_, err := conn.Exec(context.Background(), q, n)
+	require.NoError(t, err)
+	if !named {
+		sandbox.NoteWrite(conn, sql)
+	}
+	return named
 }
