@@ -2,12 +2,15 @@ package host_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"regexp"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/hosttest"
@@ -176,4 +179,49 @@ func TestBatchHoldsTwoEntriesOfOneJob(t *testing.T) {
 			`SELECT coalesce(sum(count), 0)::bigint FROM absorbed_duplicates WHERE guard = 'job_id' AND kind = 'update_sales_counter'`) >= 200
 	})
 	require.EqualValues(t, 200, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`), "still one apply per order")
+}
+
+// Record-the-job-id jobs that enqueue from Apply, in batches: the SDK runs
+// a batch's calls at once, so their Enqueue callbacks reach the host
+// together, on the batch's one transaction, which the host gives them one
+// at a time. Each of 200 parents writes its row and enqueues its child
+// once, and each child writes its row once.
+func TestBatchedEnqueues(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `CREATE TABLE fanout_rows (kind text NOT NULL, n bigint NOT NULL);
+		GRANT INSERT ON fanout_rows TO usher_plugin_fanout`)
+	require.NoError(t, err)
+	var msgs []outbox.Message
+	for n := 1; n <= 200; n++ {
+		msgs = append(msgs, outbox.Message{Kind: "fanout_parent", Payload: json.RawMessage(fmt.Sprintf(`{"n": %d}`, n))})
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := outbox.Add(ctx, tx, msgs...)
+		return err
+	}))
+
+	cfg := b.config()
+	cfg.Plugins = append(cfg.Plugins, hosttest.Build(t, "./host/testdata/fanout"))
+	cfg.AdminAddr = "127.0.0.1:0"
+	h := hosttest.Start(t, cfg)
+	hosttest.Eventually(t, 60*time.Second, "every parent and child applied", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE kind = 'fanout_child'`) == 200 &&
+			hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE done_at IS NULL`) == 0 &&
+			hosttest.Pending(t, b.rdb, b.stream, "usher") == 0
+	})
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`))
+	for _, kind := range []string{"parent", "child"} {
+		require.EqualValues(t, 200, hosttest.Count(t, b.pool, `SELECT count(*) FROM fanout_rows WHERE kind = $1`, kind), kind)
+		require.EqualValues(t, 200, hosttest.Count(t, b.pool, `SELECT count(DISTINCT n) FROM fanout_rows WHERE kind = $1`, kind), kind)
+	}
+	require.EqualValues(t, 200, hosttest.Count(t, b.pool, `SELECT count(DISTINCT payload->>'n') FROM outbox WHERE kind = 'fanout_child'`))
+	m := metricsText(t, h)
+	re := regexp.MustCompile(`usher_job_batch_size_count\{result="committed",role="usher_plugin_fanout"\} (\S+)`)
+	mm := re.FindStringSubmatch(m)
+	require.NotNil(t, mm, "no batch of the fanout plugin committed:\n%s", m)
+	n, _ := strconv.ParseFloat(mm[1], 64)
+	require.Positive(t, n, "no batch of the fanout plugin committed")
+	t.Logf("%.0f batches of the fanout plugin committed", n)
 }
