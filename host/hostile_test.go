@@ -49,6 +49,7 @@ var hostileCases = []hostileCase{
 	{"hostile_apply", "pin-kind", "permission denied for table plugin_kinds", false},
 	{"hostile_apply", "alter-role", "must be superuser to alter superuser roles", false},
 	{"hostile_apply", "create-table", "permission denied for schema public", false},
+	{"hostile_apply", "swallow-error", "a statement failed and the plugin answered OK: division by zero", false},
 	// The transaction is the host's.
 	{"hostile_apply", "commit", "ended the host's transaction", false},
 	{"hostile_apply", "commit-chain", "ended the host's transaction", false},

@@ -79,6 +79,10 @@ type handle struct {
 	// (SQLSTATE 42501): the job fails permanently with it, whatever the
 	// plugin answers.
 	denied error
+	// failed is the first of the plugin's statements after which the
+	// database reported its transaction failed: the transaction is lost
+	// with it, so the job cannot apply, whatever the plugin answers.
+	failed error
 	// broken is set when the plugin stepped outside its phase in a way the
 	// database reported (it ended the host's transaction, wrote in a
 	// read-only phase or before its conditional write won): the handle
@@ -342,6 +346,14 @@ func (h *handle) noteDenied(err error) error {
 	return err
 }
 
+// noteFailed records the first statement after which the job's
+// transaction was reported failed.
+func (h *handle) noteFailed(err error) {
+	if h.failed == nil {
+		h.failed = err
+	}
+}
+
 // execReadOnly runs a read-only batch in a transaction of its own on the
 // plugin's pool. The transaction is READ ONLY, and is always rolled back;
 // should a statement lift that (SET TRANSACTION READ WRITE), the database's
@@ -460,6 +472,8 @@ func (hs *Handles) run(ctx context.Context, h *handle, tx txConn, st *usherv1.St
 	}
 	res, tag, err := runStatement(ctx, tx, st)
 	switch ts := tx.Conn().PgConn().TxStatus(); {
+	case ts == 'E' && err != nil:
+		h.noteFailed(err)
 	case ts != 'T' && ts != 'E':
 		return nil, tag, h.breach("a statement ended the host's transaction (the connection reports status %q, not inside a transaction); the job is aborted", string(ts))
 	case err == nil && (transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK")):
@@ -575,7 +589,11 @@ func (hs *Handles) Enqueue(ctx context.Context, req *usherv1.EnqueueRequest) (*u
 		err := h.tx.QueryRow(ctx, "SELECT "+hs.fn("usher_enqueue")+"($1, $2, $3, $4, $5, $6)",
 			h.job.GetKind(), m.GetKind(), string(m.GetPayload()), h.job.GetRequestId(), h.job.GetTrace(), h.job.GetId()).Scan(&id)
 		if err != nil {
-			return nil, h.noteDenied(sqlStatus(err))
+			err = h.noteDenied(sqlStatus(err))
+			if h.tx.Conn().PgConn().TxStatus() == 'E' {
+				h.noteFailed(err)
+			}
+			return nil, err
 		}
 		out.OutboxIds = append(out.OutboxIds, id)
 	}

@@ -363,6 +363,18 @@ func (r *Runner) written(job *usherv1.Job, p *writePart) (Outcome, bool) {
 	if out, bad := refused(job, p.h); bad {
 		return out, false
 	}
+	if failed := p.h.failed; failed != nil {
+		// The plugin answered OK after one of its statements failed
+		// (a plugin that ignores errors): its transaction is lost. It
+		// fails with that statement's error, for good when the
+		// statement was wrong, for a retry otherwise.
+		err := fmt.Errorf("%s job %s: a statement failed and the plugin answered OK: %s", job.GetKind(), job.GetId(), status.Convert(failed).Message())
+		switch status.Code(failed) {
+		case codes.InvalidArgument, codes.PermissionDenied:
+			return permanent(err), false
+		}
+		return Outcome{Verdict: Retry, RetryAfter: r.backoff(job.GetAttempt()), Err: err, Reason: err.Error()}, false
+	}
 	// Each write's rows in order, up to the one that failed.
 	for i, n := range p.rows {
 		if st := p.ws[i]; n < st.GetMinRows() {

@@ -149,6 +149,8 @@ var attacks = map[string][]string{
 	"pin-kind":     {"INSERT INTO plugin_kinds (kind, plugin, db_role) VALUES ('stolen', 'hostile', 'usher_plugin_hostile')"},
 	"alter-role":   {"ALTER ROLE usher_plugin_hostile SUPERUSER"},
 	"create-table": {"CREATE TABLE public.processed_jobs_shadow (job_id text)"},
+	// An error it ignores: its transaction is lost with it.
+	"swallow-error": {"SELECT 1/0"},
 }
 
 type args struct {
