@@ -265,10 +265,8 @@ type waiter struct {
 	stream string
 }
 
-// processed is the number of job runs this host has applied.
-func (w waiter) processed(context.Context) (int64, error) {
-	return w.h.Verdicts()["applied"], nil
-}
+// applied is the number of job runs this host has applied.
+func (w waiter) applied() int64 { return w.h.Verdicts()["applied"] }
 
 // wait polls until the host has applied want jobs and the stream has no
 // pending entry, and returns when it saw that. A dead letter ends it with
@@ -308,10 +306,7 @@ func throughput(ctx context.Context, cfg config, db *database, rh *runningHost, 
 	if err != nil {
 		return res, err
 	}
-	base, err := w.processed(ctx)
-	if err != nil {
-		return res, err
-	}
+	base := w.applied()
 	if cfg.Warmup > 0 {
 		p.phase(fmt.Sprintf("inflight %d: warm-up", res.Inflight), int64(cfg.Warmup))
 		if err := placeAll(ctx, db.pool, evs, cfg.Warmup, p, nil); err != nil {
@@ -385,10 +380,7 @@ func latency(ctx context.Context, cfg config, db *database, rh *runningHost, rdb
 	if err != nil {
 		return res, nil, err
 	}
-	base, err := w.processed(ctx)
-	if err != nil {
-		return res, nil, err
-	}
+	base := w.applied()
 	// Producers enough to keep up with the rate when an order's
 	// transaction takes up to ~20ms on the shared cores, few enough to
 	// leave the server's connection slots to the host (its plugin pool may

@@ -11,7 +11,6 @@ import (
 
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/hosttest"
-	"github.com/usherhq/usher/host/sandbox"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 	"github.com/usherhq/usher/sdk/wire"
 )
@@ -64,10 +63,7 @@ func TestAbsorbedLastJobDoesNotEndItsBatch(t *testing.T) {
 		INSERT INTO gcount (id) VALUES (0); GRANT SELECT, UPDATE ON gcount TO usher_plugin_raw;
 		INSERT INTO processed_jobs (job_id, kind) VALUES ('absorbed', 'raw_job')`)
 	require.NoError(t, err)
-	require.NoError(t, sandbox.Prepare(ctx, owner, "raw", "usher_plugin_raw", []string{"raw_job"}, nil))
-	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: owner.Config(), Role: "usher_plugin_raw", Size: 4})
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := hosttest.RawPool(t, owner, 4)
 	runner, err := guard.NewRunner(guard.Config{Handles: guard.NewHandles("public", nil), BatchMax: 32})
 	require.NoError(t, err)
 	db := guard.DB{Pool: pool, Role: "usher_plugin_raw"}

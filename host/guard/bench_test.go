@@ -83,14 +83,7 @@ func BenchmarkJobIDBatch(b *testing.B) {
 				INSERT INTO bcount (id) SELECT generate_series(0, 99); GRANT SELECT, UPDATE ON bcount TO usher_plugin_raw`); err != nil {
 				b.Fatal(err)
 			}
-			if err := sandbox.Prepare(ctx, owner, "raw", "usher_plugin_raw", []string{"raw_job"}, nil); err != nil {
-				b.Fatal(err)
-			}
-			pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: owner.Config(), Role: "usher_plugin_raw", Size: 32})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer pool.Close()
+			pool := hosttest.RawPool(b, owner, 32)
 			runner, err := guard.NewRunner(guard.Config{Handles: guard.NewHandles("public", nil), BatchMax: max})
 			if err != nil {
 				b.Fatal(err)

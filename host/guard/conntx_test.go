@@ -9,7 +9,6 @@ import (
 
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/hosttest"
-	"github.com/usherhq/usher/host/sandbox"
 )
 
 // A job's transaction begins with its first statement and commits with its
@@ -22,10 +21,7 @@ func TestJobTx(t *testing.T) {
 	ctx := context.Background()
 	_, err := owner.Exec(ctx, `CREATE TABLE jobtx (n int); GRANT SELECT, INSERT ON jobtx TO usher_plugin_raw`)
 	require.NoError(t, err)
-	require.NoError(t, sandbox.Prepare(ctx, owner, "raw", "usher_plugin_raw", []string{"raw_job"}, nil))
-	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: owner.Config(), Role: "usher_plugin_raw", Size: 1})
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := hosttest.RawPool(t, owner, 1)
 
 	begin := func() *guard.JobTx {
 		var one int

@@ -346,10 +346,10 @@ func (h *handle) noteDenied(err error) error {
 	return err
 }
 
-// noteFailed records the first statement after which the job's
-// transaction was reported failed.
-func (h *handle) noteFailed(err error) {
-	if h.failed == nil {
+// noteFailed records err, a statement's error, when it is the first after
+// which the database reports tx failed.
+func (h *handle) noteFailed(tx txConn, err error) {
+	if err != nil && h.failed == nil && tx.Conn().PgConn().TxStatus() == 'E' {
 		h.failed = err
 	}
 }
@@ -471,9 +471,8 @@ func (hs *Handles) run(ctx context.Context, h *handle, tx txConn, st *usherv1.St
 		return nil, pgconn.CommandTag{}, h.breach("the host's transaction had ended before this statement; it is not run")
 	}
 	res, tag, err := runStatement(ctx, tx, st)
+	h.noteFailed(tx, err)
 	switch ts := tx.Conn().PgConn().TxStatus(); {
-	case ts == 'E' && err != nil:
-		h.noteFailed(err)
 	case ts != 'T' && ts != 'E':
 		return nil, tag, h.breach("a statement ended the host's transaction (the connection reports status %q, not inside a transaction); the job is aborted", string(ts))
 	case err == nil && (transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK")):
@@ -590,9 +589,7 @@ func (hs *Handles) Enqueue(ctx context.Context, req *usherv1.EnqueueRequest) (*u
 			h.job.GetKind(), m.GetKind(), string(m.GetPayload()), h.job.GetRequestId(), h.job.GetTrace(), h.job.GetId()).Scan(&id)
 		if err != nil {
 			err = h.noteDenied(sqlStatus(err))
-			if h.tx.Conn().PgConn().TxStatus() == 'E' {
-				h.noteFailed(err)
-			}
+			h.noteFailed(h.tx, err)
 			return nil, err
 		}
 		out.OutboxIds = append(out.OutboxIds, id)

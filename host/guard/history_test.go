@@ -12,7 +12,6 @@ import (
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
-	"github.com/usherhq/usher/host/sandbox"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
@@ -25,10 +24,7 @@ func TestAppliedRecordCommitsWithTheJob(t *testing.T) {
 	ctx := context.Background()
 	_, err := owner.Exec(ctx, `CREATE TABLE histtx (n int); GRANT INSERT ON histtx TO usher_plugin_raw`)
 	require.NoError(t, err)
-	require.NoError(t, sandbox.Prepare(ctx, owner, "raw", "usher_plugin_raw", []string{"raw_job"}, nil))
-	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: owner.Config(), Role: "usher_plugin_raw", Size: 1})
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := hosttest.RawPool(t, owner, 1)
 	runner, err := guard.NewRunner(guard.Config{Handles: guard.NewHandles("public", nil)})
 	require.NoError(t, err)
 	ids, err := outbox.Add(ctx, owner, outbox.Message{Kind: "raw_job", Payload: []byte(`{}`), RequestID: "req-h"})

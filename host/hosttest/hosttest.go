@@ -467,3 +467,21 @@ func MailProvider(tb testing.TB) string {
 	}
 	return strings.TrimSpace(strings.TrimPrefix(line, "mailprovider listening on "))
 }
+
+// RawPool serves kind raw_job to the raw plugin's role in owner's database
+// (sandbox.Prepare) and opens that role's pool as the host would
+// (sandbox.OpenPluginPool), size connections, closed when tb ends: the
+// plugin side of the runtime, with no plugin process.
+func RawPool(tb testing.TB, owner *pgxpool.Pool, size int32) *pgxpool.Pool {
+	tb.Helper()
+	ctx := context.Background()
+	if err := sandbox.Prepare(ctx, owner, "raw", "usher_plugin_raw", []string{"raw_job"}, nil); err != nil {
+		tb.Fatalf("hosttest: serve raw_job to usher_plugin_raw: %v", err)
+	}
+	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: owner.Config(), Role: "usher_plugin_raw", Size: size})
+	if err != nil {
+		tb.Fatalf("hosttest: usher_plugin_raw's pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}

@@ -25,12 +25,9 @@ func TestPreparedWrites(t *testing.T) {
 	ctx := context.Background()
 	_, err := owner.Exec(ctx, `CREATE TABLE prepared_writes (n int); GRANT SELECT, INSERT ON prepared_writes TO usher_plugin_raw`)
 	require.NoError(t, err)
-	require.NoError(t, sandbox.Prepare(ctx, owner, "raw", "usher_plugin_raw", []string{"raw_job"}, nil))
 	// One connection: every step below gets the connection the step
 	// before gave back, after its pool's reset.
-	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: owner.Config(), Role: "usher_plugin_raw", Size: 1})
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := hosttest.RawPool(t, owner, 1)
 
 	const write = "INSERT INTO prepared_writes VALUES ($1)"
 	// use runs fn on the pool's connection in a transaction (committed)
@@ -46,21 +43,7 @@ func TestPreparedWrites(t *testing.T) {
 		_, err = c.Exec(ctx, "COMMIT")
 		require.NoError(t, err)
 	}
-	// run runs write as writeAll does: by name when it is prepared, and
-	// noted when it ran unnamed.
-	run := func(conn *pgx.Conn, n int) (named bool) {
-		t.Helper()
-		sql := write
-		if name, ok := sandbox.WriteName(conn, write); ok {
-			sql, named = name, true
-		}
-		_, err := conn.Exec(ctx, sql, n)
-		require.NoError(t, err)
-		if !named {
-			sandbox.NoteWrite(conn, write)
-		}
-		return named
-	}
+	run := func(conn *pgx.Conn, n int) (named bool) { return run2(t, conn, write, n) }
 	statements := func(conn *pgx.Conn) (host, plugin int64) {
 		t.Helper()
 		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE NOT from_sql), count(*) FILTER (WHERE from_sql)
@@ -179,7 +162,8 @@ func TestPreparedWrites(t *testing.T) {
 	require.EqualValues(t, 471, sum())
 }
 
-// run2 runs sql as writeAll does (by name when prepared, noted when not).
+// run2 runs sql as writeAll does: by name when it is prepared on conn,
+// and noted when it ran unnamed.
 func run2(t *testing.T, conn *pgx.Conn, sql string, n int) (named bool) {
 	t.Helper()
 	q := sql
