@@ -37,8 +37,9 @@ type jobTx struct {
 	conn *pgxpool.Conn
 	done bool
 	// gate is the schema-qualified usher_gate_close and key the secret
-	// that closes this transaction's commit gate (see beginWith).
-	gate, key string
+	// that closes this transaction's commit gate (see beginWith); schema
+	// is the runtime's.
+	gate, key, schema string
 }
 
 // opening is a statement sent with a transaction's BEGIN; scan receives
@@ -83,7 +84,7 @@ func beginWith(ctx context.Context, pool *pgxpool.Pool, schema string, first ...
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	tx := &jobTx{conn: conn, gate: pgx.Identifier{schema, "usher_gate_close"}.Sanitize(), key: key}
+	tx := &jobTx{conn: conn, gate: pgx.Identifier{schema, "usher_gate_close"}.Sanitize(), key: key, schema: schema}
 	if err != nil {
 		tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
@@ -139,7 +140,7 @@ func (t *jobTx) Commit(ctx context.Context, last ...lastStatement) error {
 		p.SendQueryParams(st, nil, nil, nil, nil)
 	}
 	p.SendPipelineSync()
-	p.SendQueryParams(sandbox.StatementsCheck(t.conn.Conn()), nil, nil, nil, nil)
+	p.SendQueryParams(sandbox.StatementsCheck(t.conn.Conn(), t.schema), nil, nil, nil, nil)
 	p.SendPipelineSync()
 	err := p.Flush()
 	// The results up to the first sync are last's and COMMIT's; after it,

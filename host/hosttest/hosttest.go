@@ -90,6 +90,37 @@ func EnsureRoles(tb testing.TB, plugins ...string) {
 // host's login; it owns every table) and the database's URL for Owner.
 func DB(tb testing.TB) (*pgxpool.Pool, string) {
 	tb.Helper()
+	pool, dbURL := EmptyDB(tb)
+	ctx := context.Background()
+	if err := migrations.Up(ctx, pool); err != nil {
+		tb.Fatalf("hosttest: migrate: %v", err)
+	}
+	// The application's tables, then the shipped plugins' schemas and
+	// grants, as `host migrate --stagedoor` and `host plugins install`
+	// make them: tests that load a plugin by path (no manifest) find
+	// them in place, and those that load from a manifest written with
+	// AddShipped install the same, a no-op.
+	if err := appdb.Migrate(ctx, pool); err != nil {
+		tb.Fatalf("hosttest: stagedoor: %v", err)
+	}
+	for _, name := range Shipped {
+		if _, err := plugindb.Install(ctx, pool, ShippedSpec(tb, name)); err != nil {
+			tb.Fatalf("hosttest: %v", err)
+		}
+	}
+	// The raw test plugin's default commit writes the events counter.
+	for _, p := range []string{"raw", "flaky"} {
+		if _, err := pool.Exec(ctx, `GRANT SELECT (id, seats_sold), UPDATE (seats_sold) ON events TO `+sandbox.PluginRole(p)); err != nil {
+			tb.Fatalf("hosttest: grant: %v", err)
+		}
+	}
+	return pool, dbURL
+}
+
+// EmptyDB creates a fresh database owned by Owner, with nothing in it, for
+// the test and drops it when the test ends; it returns what DB does.
+func EmptyDB(tb testing.TB) (*pgxpool.Pool, string) {
+	tb.Helper()
 	rolesOnce.Do(func() { EnsureRoles(tb, PluginNames...) })
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, DatabaseURL())
@@ -125,28 +156,6 @@ func DB(tb testing.TB) (*pgxpool.Pool, string) {
 		defer c.Close(context.Background())
 		_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 	})
-	if err := migrations.Up(ctx, pool); err != nil {
-		tb.Fatalf("hosttest: migrate: %v", err)
-	}
-	// The application's tables, then the shipped plugins' schemas and
-	// grants, as `host migrate --stagedoor` and `host plugins install`
-	// make them: tests that load a plugin by path (no manifest) find
-	// them in place, and those that load from a manifest written with
-	// AddShipped install the same, a no-op.
-	if err := appdb.Migrate(ctx, pool); err != nil {
-		tb.Fatalf("hosttest: stagedoor: %v", err)
-	}
-	for _, name := range Shipped {
-		if _, err := plugindb.Install(ctx, pool, ShippedSpec(tb, name)); err != nil {
-			tb.Fatalf("hosttest: %v", err)
-		}
-	}
-	// The raw test plugin's default commit writes the events counter.
-	for _, p := range []string{"raw", "flaky"} {
-		if _, err := pool.Exec(ctx, `GRANT SELECT (id, seats_sold), UPDATE (seats_sold) ON events TO `+sandbox.PluginRole(p)); err != nil {
-			tb.Fatalf("hosttest: grant: %v", err)
-		}
-	}
 	return pool, u.String()
 }
 

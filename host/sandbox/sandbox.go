@@ -108,7 +108,8 @@ var functions = []string{"usher_check_serves(text)", "usher_applied(bigint, text
 	"usher_enqueue(text, text, jsonb, text, text)", "usher_enqueue(text, text, jsonb, text, text, text)",
 	"usher_applied_logged(bigint, text, text, integer, integer, text, text, text, text, text, text, timestamptz)",
 	"usher_check_serves_all(text[])", "usher_record_jobs(text[], text[])",
-	"usher_applied_batch(bigint[], text[], text[], integer[], integer[], text[], text[], text, text, text, text, timestamptz[])"}
+	"usher_applied_batch(bigint[], text[], text[], integer[], integer[], text[], text[], text, text, text, text, timestamptz[])",
+	"usher_statements_check(integer)"}
 
 // CheckHostLogin refuses a host whose database login is a superuser, unless
 // allowSuperuser: a superuser host means one escape from a plugin's role is
@@ -348,7 +349,7 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if _, done := reset.LoadAndDelete(conn); !done {
-			if err := resetSession(ctx, conn); err != nil {
+			if err := resetSession(ctx, conn, c.Schema); err != nil {
 				logger.Warn("reset of a plugin connection failed; it is closed", "role", c.Role, "err", err)
 				return false
 			}
@@ -407,11 +408,11 @@ var ResetSession = []string{"CLOSE ALL", "SET SESSION AUTHORIZATION DEFAULT", "R
 // resetSession resets conn (ResetSession) and checks its prepared
 // statements; when they are not the host's, it deallocates them all, and
 // the writes are prepared again as they run.
-func resetSession(ctx context.Context, conn *pgx.Conn) error {
+func resetSession(ctx context.Context, conn *pgx.Conn, schema string) error {
 	if err := conn.PgConn().Exec(ctx, strings.Join(ResetSession, "; ")).Close(); err != nil {
 		return err
 	}
-	if err := conn.PgConn().Exec(ctx, StatementsCheck(conn)).Close(); err != nil {
+	if err := conn.PgConn().Exec(ctx, StatementsCheck(conn, schema)).Close(); err != nil {
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || conn.PgConn().TxStatus() != 'I' {
 			return err
