@@ -72,6 +72,8 @@ var hostileCases = []hostileCase{
 	{"hostile_apply", "returned-args", "", false},
 	{"hostile_apply", "hijack-gate", "controlled the host's transaction (ROLLBACK)", false},
 	{"hostile_apply", "returned-args", "", false},
+	{"hostile_apply", "hijack-commit", `syntax error at or near "COMMIT"`, false},
+	{"hostile_apply", "returned-args", "", false},
 	// Capabilities, decided by what the database reports.
 	{"hostile_state", "readonly-write", "a read-only phase wrote", false},
 	{"hostile_state", "write-before-win", "wrote before its conditional write won", false},

@@ -232,14 +232,20 @@ type writePart struct {
 }
 
 // writeAll runs parts' writes, in order, in their transaction (one
-// transaction for all of them) in one round trip, each followed by
-// usher_gate_check: a write that ended the host's transaction fails the
-// check after it, and the server skips the writes after that instead of
-// running them in a transaction of their own. (One check after all the
-// writes is not enough: after a ROLLBACK, a write and a COMMIT would
-// commit that write for good before the check ran.) It stops at the first
-// write that fails, whose part gets the error, and reports whether every
-// write ran.
+// transaction for all of them) in one round trip, each write sent by its
+// SQL followed by usher_gate_check: a write that ended the host's
+// transaction fails the check after it, and the server skips the writes
+// after that instead of running them in a transaction of their own. (One
+// check after all the writes is not enough: after a ROLLBACK, a write and
+// a COMMIT would commit that write for good before the check ran.) A write
+// sent by the name it was prepared under needs no check: the host prepares
+// only SQL that ran here as a write and was answered with the tag of one
+// (never transaction control, see transactionControl), the same text
+// always parses to the same command, and a plugin that prepares the name
+// over with SQL PREPARE can put there only a SELECT, INSERT, UPDATE,
+// DELETE, MERGE or VALUES, none of which ends a transaction. It stops at
+// the first write that fails, whose part gets the error, and reports
+// whether every write ran.
 func (hs *Handles) writeAll(parts []*writePart) bool {
 	n := 0
 	for _, p := range parts {
@@ -273,15 +279,20 @@ func (hs *Handles) writeAll(parts []*writePart) bool {
 	// A write this connection ran before goes by the name it was
 	// prepared under (sandbox.WriteName): parsed and planned once.
 	named := false
+	checked := make([]bool, 0, n)
 	b := &pgx.Batch{}
 	for _, p := range parts {
 		for _, st := range p.ws {
 			sql := st.GetSql()
-			if name, ok := sandbox.WriteName(conn, sql); ok {
+			name, prepared := sandbox.WriteName(conn, sql)
+			if prepared {
 				sql, named = name, true
 			}
 			b.Queue(sql, wire.FromValues(st.GetArgs())...)
-			b.Queue(check)
+			if !prepared {
+				b.Queue(check)
+			}
+			checked = append(checked, !prepared)
 		}
 	}
 	br := conn.SendBatch(ctx, b)
@@ -293,12 +304,14 @@ results:
 		p.rows = make([]int64, 0, len(p.ws))
 		for range p.ws {
 			tag, werr := br.Exec()
+			wasChecked := checked[0]
+			checked = checked[1:]
 			switch {
 			case werr != nil:
 				p.err = p.h.noteDenied(sqlStatus(werr))
 			case transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK"):
 				p.err = p.h.breach("a statement controlled the host's transaction (%s)", tag.String())
-			default:
+			case wasChecked:
 				if _, cerr := br.Exec(); cerr != nil {
 					p.err = p.h.breach("a statement ended the host's transaction (%v); the job is aborted", cerr)
 				}

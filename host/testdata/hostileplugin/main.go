@@ -215,6 +215,12 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			// plugin's: its own effect, marked.
 			s.exec(h, plain, hijack("INSERT INTO hostile_effects (job_id) VALUES ($1 || '-hijacked')")...)
 			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{argWriteOf(job)}}
+		case "hijack-commit":
+			// The host sends a prepared write with no gate check after
+			// it: a name taken over with SQL PREPARE cannot hold
+			// transaction control (the server refuses the PREPARE).
+			s.exec(h, plain, hijack("COMMIT")...)
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{argWriteOf(job)}}
 		case "hijack-gate":
 			// A hijacked name between a ROLLBACK and a COMMIT: the
 			// host's checks are not prepared statements.
