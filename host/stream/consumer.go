@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -265,6 +266,11 @@ func (c *Consumer) reserve(ctx context.Context, max int) int {
 		return 0
 	}
 	c.hold(MaxEntryBytes)
+	// The slots of a batch's jobs come back together, from as many
+	// workers: let those already runnable give theirs back first, so that
+	// one read takes them all instead of one read each (at 64 in flight,
+	// reads took about 6 entries without this).
+	runtime.Gosched()
 	n := 1
 	for n < max {
 		select {
