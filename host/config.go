@@ -71,6 +71,10 @@ type Config struct {
 	// PluginPollInterval is how often PluginDir is compared with what was
 	// last seen, besides fsnotify's events. Default 2s.
 	PluginPollInterval time.Duration
+	// PluginRetryInterval is how often a manifest refused for a reason
+	// that was not the plugin's (the database unreachable or restarting
+	// while it loaded) is tried again. Default 5s.
+	PluginRetryInterval time.Duration
 	// Plugins lists plugin binaries to start besides PluginDir's, with no
 	// manifest: no checksum is verified, nothing is installed (their
 	// schema and grants must be in place) and Reload does not touch them
@@ -379,6 +383,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.PluginPollInterval <= 0 {
 		c.PluginPollInterval = 2 * time.Second
+	}
+	if c.PluginRetryInterval <= 0 {
+		c.PluginRetryInterval = 5 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))

@@ -10,16 +10,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
@@ -270,7 +273,7 @@ func (h *Host) loadPlugins(ctx context.Context) error {
 			if h.refusedManifests == nil {
 				h.refusedManifests = map[string]refusedManifest{}
 			}
-			h.refusedManifests[p.Manifest.Name] = refusedManifest{p: p, reason: err.Error()}
+			h.refusedManifests[p.Manifest.Name] = refusedManifest{p: p, reason: err.Error(), transient: transientLoad(err)}
 			h.mu.Unlock()
 		}
 	}
@@ -309,7 +312,9 @@ func (h *Host) refusePlugin(source string, err error) {
 }
 
 // Refusals lists the plugins that could not load when the host started,
-// with why. A refused plugin never stops the host: the others serve.
+// with why, and have not loaded since (a refusal that was not the
+// plugin's doing is tried again: retryRefused). A refused plugin never
+// stops the host: the others serve.
 func (h *Host) Refusals() []Refusal {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
@@ -707,6 +712,9 @@ type ReloadResult struct {
 	Error     string        `json:"error,omitempty"`
 	// Again: refused before for the same manifest, and not tried again.
 	Again bool `json:"again,omitempty"`
+	// transient: refused for a reason that was not the plugin's
+	// (transientLoad).
+	transient bool
 }
 
 // Reload re-reads PluginDir's manifests (only the one naming plugin name,
@@ -736,6 +744,80 @@ func (h *Host) onPluginDirChange(ctx context.Context) {
 	if _, err := h.reload(ctx, "", false); err != nil {
 		h.log.Error("plugin reload failed", "dir", h.cfg.PluginDir, "err", err)
 	}
+}
+
+// retryRefused loads again, every PluginRetryInterval, each manifest
+// refused for a reason that was not the plugin's: the database could not
+// be reached or was restarting (transientLoad). A host started while
+// Postgres restarts serves its plugins once Postgres is back, not only
+// after an operator's reload; a manifest refused for what it is (a wrong
+// checksum, a role without its grants) is not tried again.
+func (h *Host) retryRefused(ctx context.Context) error {
+	return periodic.Run(ctx, h.cfg.PluginRetryInterval, h.log, "retrying refused plugins failed", func(ctx context.Context) error {
+		h.mu.RLock()
+		var names []string
+		for name, r := range h.refusedManifests {
+			if r.transient {
+				names = append(names, name)
+			}
+		}
+		h.mu.RUnlock()
+		if len(names) == 0 {
+			return nil
+		}
+		h.reloadMu.Lock()
+		defer h.reloadMu.Unlock()
+		for _, name := range names {
+			h.mu.Lock()
+			r, ok := h.refusedManifests[name]
+			if ok && r.transient {
+				delete(h.refusedManifests, name)
+			}
+			h.mu.Unlock()
+			if !ok || !r.transient {
+				continue
+			}
+			res, err := h.reload(ctx, name, false)
+			if err != nil {
+				return err
+			}
+			for _, x := range res {
+				if x.Action == "loaded" || x.Action == "swapped" {
+					h.log.Info("plugin loaded on a retry", "plugin", x.Plugin, "version", x.To, "refused_for", r.reason)
+					h.forgetRefusal(r.p.ManifestPath)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// forgetRefusal drops the start's refusal of the manifest at source: it
+// has loaded since.
+func (h *Host) forgetRefusal(source string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refusals = slices.DeleteFunc(h.refusals, func(r Refusal) bool { return r.Source == source })
+}
+
+// transientLoad reports whether a plugin's load failed for a reason that
+// is not the plugin's and may pass: the database could not be reached,
+// was shutting down or starting up, or had no connection to spare.
+func transientLoad(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
+			strings.HasPrefix(pgErr.Code, "53"), // insufficient resources (too many connections)
+			strings.HasPrefix(pgErr.Code, "57"): // operator intervention (shutdown, starting up)
+			return true
+		}
+		return false
+	}
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
 }
 
 func (h *Host) reload(ctx context.Context, name string, force bool) ([]ReloadResult, error) {
@@ -780,9 +862,12 @@ func problemList(ps []error) string {
 }
 
 // refusedManifest is a manifest a load or swap refused, and why.
+// transient: the refusal was not the plugin's doing (see transientLoad),
+// and retryRefused tries it again.
 type refusedManifest struct {
-	p      pluginhost.DirPlugin
-	reason string
+	p         pluginhost.DirPlugin
+	reason    string
+	transient bool
 }
 
 // reconcile makes the running plugin match its manifest p. A manifest
@@ -809,7 +894,7 @@ func (h *Host) reconcile(ctx context.Context, p pluginhost.DirPlugin, force bool
 	}
 	if res.Action == "refused" {
 		if r, ok := h.refusedManifests[res.Plugin]; !ok || !r.p.Same(p) || force {
-			h.refusedManifests[res.Plugin] = refusedManifest{p: p, reason: res.Error}
+			h.refusedManifests[res.Plugin] = refusedManifest{p: p, reason: res.Error, transient: res.transient}
 		}
 	} else {
 		delete(h.refusedManifests, res.Plugin)
@@ -838,7 +923,7 @@ func (h *Host) reconcileOnce(ctx context.Context, p pluginhost.DirPlugin, force 
 	h.mu.RUnlock()
 	if l == nil {
 		if err := h.loadManifest(ctx, p); err != nil {
-			res.Action, res.Error = "refused", err.Error()
+			res.Action, res.Error, res.transient = "refused", err.Error(), transientLoad(err)
 			return res
 		}
 		res.Action = "loaded"
@@ -856,7 +941,7 @@ func (h *Host) reconcileOnce(ctx context.Context, p pluginhost.DirPlugin, force 
 	}
 	sw, err := h.swap(ctx, name, pcfg, &p)
 	if err != nil {
-		res.Action, res.Error = "refused", fmt.Sprintf("manifest %s: %v", p.ManifestPath, err)
+		res.Action, res.Error, res.transient = "refused", fmt.Sprintf("manifest %s: %v", p.ManifestPath, err), transientLoad(err)
 		return res
 	}
 	res.Action, res.StartTime, res.Drained, res.DrainTime = "swapped", sw.StartTime, sw.Drained, sw.DrainTime
@@ -951,6 +1036,9 @@ func (h *Host) Run(ctx context.Context) error {
 	loops["retention"] = ret.Run
 	if h.watcher != nil {
 		loops["plugin-watch"] = h.watcher.Run
+	}
+	if h.cfg.PluginDir != "" {
+		loops["plugin-retry"] = h.retryRefused
 	}
 	pluginCtx, stopPlugins := context.WithCancel(context.WithoutCancel(ctx))
 	var pwg sync.WaitGroup
