@@ -127,6 +127,9 @@ type Host struct {
 	// refused and why: the watcher does not try it again until it
 	// changes (an operator's Reload does).
 	refusedManifests map[string]refusedManifest
+	// retryPaths are the binaries of Config.Plugins refused for a reason
+	// that was not theirs, which retryRefused loads again.
+	retryPaths []string
 	// dirProblems are the plugin directory's problems last logged.
 	dirProblems map[string]bool
 
@@ -244,6 +247,7 @@ func (h *Host) loadPlugins(ctx context.Context) error {
 	for _, p := range h.cfg.Plugins {
 		if err := h.LoadPlugin(ctx, p); err != nil {
 			h.refusePlugin(p, err)
+			h.retryLater(p, err)
 		}
 	}
 	if h.cfg.PluginDir == "" {
@@ -746,27 +750,27 @@ func (h *Host) onPluginDirChange(ctx context.Context) {
 	}
 }
 
-// retryRefused loads again, every PluginRetryInterval, each manifest
-// refused for a reason that was not the plugin's: the database could not
-// be reached or was restarting (transientLoad). A host started while
-// Postgres restarts serves its plugins once Postgres is back, not only
-// after an operator's reload; a manifest refused for what it is (a wrong
-// checksum, a role without its grants) is not tried again.
+// retryRefused loads again, every PluginRetryInterval, each plugin (a
+// manifest of PluginDir, or a binary of Config.Plugins) refused for a
+// reason that was not the plugin's: the database could not be reached or
+// was restarting (transientLoad). A host started while Postgres restarts
+// serves its plugins once Postgres is back, not only after an operator's
+// reload; a plugin refused for what it is (a wrong checksum, a role
+// without its grants) is not tried again.
 func (h *Host) retryRefused(ctx context.Context) error {
 	return periodic.Run(ctx, h.cfg.PluginRetryInterval, h.log, "retrying refused plugins failed", func(ctx context.Context) error {
-		h.mu.RLock()
+		h.reloadMu.Lock()
+		defer h.reloadMu.Unlock()
+		h.mu.Lock()
 		var names []string
 		for name, r := range h.refusedManifests {
 			if r.transient {
 				names = append(names, name)
 			}
 		}
-		h.mu.RUnlock()
-		if len(names) == 0 {
-			return nil
-		}
-		h.reloadMu.Lock()
-		defer h.reloadMu.Unlock()
+		paths := h.retryPaths
+		h.retryPaths = nil
+		h.mu.Unlock()
 		for _, name := range names {
 			h.mu.Lock()
 			r, ok := h.refusedManifests[name]
@@ -779,7 +783,8 @@ func (h *Host) retryRefused(ctx context.Context) error {
 			}
 			res, err := h.reload(ctx, name, false)
 			if err != nil {
-				return err
+				h.log.Warn("retrying a refused plugin failed", "plugin", name, "err", err)
+				continue
 			}
 			for _, x := range res {
 				if x.Action == "loaded" || x.Action == "swapped" {
@@ -788,8 +793,28 @@ func (h *Host) retryRefused(ctx context.Context) error {
 				}
 			}
 		}
+		for _, path := range paths {
+			if err := h.LoadPlugin(ctx, path); err != nil {
+				h.log.Warn("plugin refused again", "source", path, "err", err, "retried", transientLoad(err))
+				h.retryLater(path, err)
+				continue
+			}
+			h.log.Info("plugin loaded on a retry", "source", path)
+			h.forgetRefusal(path)
+		}
 		return nil
 	})
+}
+
+// retryLater puts the binary at path (Config.Plugins), refused with err,
+// on retryRefused's list when err was not the plugin's doing.
+func (h *Host) retryLater(path string, err error) {
+	if !transientLoad(err) {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.retryPaths = append(h.retryPaths, path)
 }
 
 // forgetRefusal drops the start's refusal of the manifest at source: it
@@ -1037,7 +1062,7 @@ func (h *Host) Run(ctx context.Context) error {
 	if h.watcher != nil {
 		loops["plugin-watch"] = h.watcher.Run
 	}
-	if h.cfg.PluginDir != "" {
+	if h.cfg.PluginDir != "" || len(h.cfg.Plugins) > 0 {
 		loops["plugin-retry"] = h.retryRefused
 	}
 	pluginCtx, stopPlugins := context.WithCancel(context.WithoutCancel(ctx))
