@@ -106,8 +106,8 @@ func (s *pluginServer) Manifest(context.Context, *usherv1.ManifestRequest) (*ush
 	return s.p.manifest(), nil
 }
 
-// Invoke runs the batch's calls concurrently; each result lands at its call's
-// index.
+// Invoke runs the batch's calls concurrently (calls: each on a goroutine of
+// its own for the call's length); each result lands at its call's index.
 func (s *pluginServer) Invoke(ctx context.Context, req *usherv1.InvokeRequest) (*usherv1.InvokeResponse, error) {
 	host, err := s.host(req.GetHostBrokerId())
 	if err != nil {
@@ -127,10 +127,10 @@ func (s *pluginServer) Invoke(ctx context.Context, req *usherv1.InvokeRequest) (
 			continue
 		}
 		wg.Add(1)
-		go func() {
+		calls.run(func() {
 			defer wg.Done()
 			results[i] = safely(kind, func() *usherv1.Result { return h.invoke(ctx, env, call) })
-		}()
+		})
 	}
 	wg.Wait()
 	return &usherv1.InvokeResponse{Results: results, Logs: logs.take()}, nil
