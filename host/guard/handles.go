@@ -239,11 +239,14 @@ type writePart struct {
 // check after all the writes is not enough: after a ROLLBACK, a write and
 // a COMMIT would commit that write for good before the check ran.) A write
 // sent by the name it was prepared under needs no check: the host prepares
-// only SQL that ran here as a write and was answered with the tag of one
-// (never transaction control, see transactionControl), the same text
-// always parses to the same command, and a plugin that prepares the name
-// over with SQL PREPARE can put there only a SELECT, INSERT, UPDATE,
-// DELETE, MERGE or VALUES, none of which ends a transaction. It stops at
+// only SQL that ran here as a write answered with the tag of a SELECT,
+// INSERT, UPDATE, DELETE or MERGE (notable), the same text always parses
+// to the same command, and a plugin that prepares the name over with SQL
+// PREPARE can put there only a SELECT, INSERT, UPDATE, DELETE, MERGE or
+// VALUES; none of these ends a transaction (a function, trigger or rule
+// they run cannot commit inside one). The writes are sent only inside a
+// transaction: in none, a prepared write would run in the server's
+// implicit one. It stops at
 // the first write that fails, whose part gets the error, and reports
 // whether every write ran.
 func (hs *Handles) writeAll(parts []*writePart) bool {
@@ -276,10 +279,22 @@ func (hs *Handles) writeAll(parts []*writePart) bool {
 	defer cancel()
 	check := "SELECT " + hs.fn("usher_gate_check") + "()"
 	conn := first.tx.Conn()
+	if ts := conn.PgConn().TxStatus(); ts == 'I' {
+		// Not inside a transaction (the check after each plugin
+		// statement says so already; this does not rest on it):
+		// prepared writes, which have no check after them, would run
+		// in the server's implicit transaction. (In a failed one, 'E',
+		// the server refuses every write.)
+		parts[0].err = first.breach("the host's transaction was no longer open before its writes; the job is aborted")
+		return false
+	}
 	// A write this connection ran before goes by the name it was
 	// prepared under (sandbox.WriteName): parsed and planned once.
 	named := false
 	checked := make([]bool, 0, n)
+	// noted: the writes the host may prepare, those answered with the
+	// tag of a plain statement (notable).
+	noted := make([]bool, 0, n)
 	b := &pgx.Batch{}
 	for _, p := range parts {
 		for _, st := range p.ws {
@@ -320,6 +335,7 @@ results:
 				ok = false
 				break results
 			}
+			noted = append(noted, notable(tag))
 			p.rows = append(p.rows, tag.RowsAffected())
 		}
 	}
@@ -334,9 +350,13 @@ results:
 	case ok:
 		// Each write ran and parsed: prepared when the connection is
 		// next idle, if it is not already.
+		i := 0
 		for _, p := range parts {
 			for _, st := range p.ws {
-				sandbox.NoteWrite(conn, st.GetSql())
+				if noted[i] {
+					sandbox.NoteWrite(conn, st.GetSql())
+				}
+				i++
 			}
 		}
 	case named:
@@ -473,6 +493,15 @@ func (hs *Handles) runPlugin(ctx context.Context, h *handle, tx txConn, st *ushe
 
 // transactionControl are the command tags of statements that end or carve
 // up the host's transaction: a plugin may send none of them.
+// notable reports whether a write answered with tag may be prepared (and
+// then run without a gate check after it): a SELECT, INSERT, UPDATE,
+// DELETE or MERGE, none of which can end a transaction. Anything else a
+// write may be (CALL, DO, SET, PREPARE, DECLARE, COPY ...) always runs by
+// its text, with the check after it.
+func notable(tag pgconn.CommandTag) bool {
+	return tag.Select() || tag.Insert() || tag.Update() || tag.Delete() || strings.HasPrefix(tag.String(), "MERGE ")
+}
+
 var transactionControl = map[string]bool{"BEGIN": true, "START TRANSACTION": true, "COMMIT": true, "ROLLBACK": true,
 	"SAVEPOINT": true, "RELEASE": true, "PREPARE TRANSACTION": true, "COMMIT PREPARED": true, "ROLLBACK PREPARED": true}
 

@@ -84,8 +84,8 @@ func WriteName(conn *pgx.Conn, sql string) (name string, ok bool) {
 	return name, ok
 }
 
-// NoteWrite records that sql ran unnamed on conn as a write (answered
-// with the tag of one, never of transaction control: the host runs a
+// NoteWrite records that sql ran unnamed on conn as a write answered with
+// the tag of a SELECT, INSERT, UPDATE, DELETE or MERGE (the host runs a
 // prepared write without a gate check after it, see guard's writeAll): it
 // is prepared when conn is next idle in its pool, if there is room.
 func NoteWrite(conn *pgx.Conn, sql string) {
