@@ -161,8 +161,9 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		}
 	}
 	h := &Host{adminToken: adminToken, cfg: cfg, log: cfg.Logger, pool: cfg.Pool, rdb: cfg.Redis, metrics: newMetrics(),
-		tracer: otel.Tracer("github.com/usherhq/usher/host"),
-		routes: map[string]route{}, plugins: map[string]*loaded{}}
+		refusedManifests: map[string]refusedManifest{},
+		tracer:           otel.Tracer("github.com/usherhq/usher/host"),
+		routes:           map[string]route{}, plugins: map[string]*loaded{}}
 	h.metrics.entryBytes(func() int64 { held, _ := h.EntryBytes(); return held })
 	h.metrics.kindWait(h)
 	if h.pool == nil {
@@ -274,9 +275,6 @@ func (h *Host) loadPlugins(ctx context.Context) error {
 		if err := h.loadManifest(ctx, p); err != nil {
 			h.refusePlugin(p.ManifestPath, err)
 			h.mu.Lock()
-			if h.refusedManifests == nil {
-				h.refusedManifests = map[string]refusedManifest{}
-			}
 			h.refusedManifests[p.Manifest.Name] = refusedManifest{p: p, reason: err.Error(), transient: transientLoad(err)}
 			h.mu.Unlock()
 		}
@@ -914,9 +912,6 @@ func (h *Host) reconcile(ctx context.Context, p pluginhost.DirPlugin, force bool
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.refusedManifests == nil {
-		h.refusedManifests = map[string]refusedManifest{}
-	}
 	if res.Action == "refused" {
 		if r, ok := h.refusedManifests[res.Plugin]; !ok || !r.p.Same(p) || force {
 			h.refusedManifests[res.Plugin] = refusedManifest{p: p, reason: res.Error, transient: res.transient}

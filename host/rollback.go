@@ -173,9 +173,6 @@ func (h *Host) rollback(ctx context.Context, name string, p *probation, cause, r
 	h.mu.Lock()
 	l.lastRollback = st
 	if from != nil {
-		if h.refusedManifests == nil {
-			h.refusedManifests = map[string]refusedManifest{}
-		}
 		h.refusedManifests[name] = refusedManifest{p: *from, reason: fmt.Sprintf("rolled back from %s to %s (%s): %s", st.From, st.To, cause, reason)}
 	}
 	h.mu.Unlock()

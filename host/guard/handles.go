@@ -246,9 +246,8 @@ type writePart struct {
 // VALUES; none of these ends a transaction (a function, trigger or rule
 // they run cannot commit inside one). The writes are sent only inside a
 // transaction: in none, a prepared write would run in the server's
-// implicit one. It stops at
-// the first write that fails, whose part gets the error, and reports
-// whether every write ran.
+// implicit one. It stops at the first write that fails, whose part gets
+// the error, and reports whether every write ran.
 func (hs *Handles) writeAll(parts []*writePart) bool {
 	n := 0
 	for _, p := range parts {
@@ -291,10 +290,9 @@ func (hs *Handles) writeAll(parts []*writePart) bool {
 	// A write this connection ran before goes by the name it was
 	// prepared under (sandbox.WriteName): parsed and planned once.
 	named := false
-	checked := make([]bool, 0, n)
-	// noted: the writes the host may prepare, those answered with the
-	// tag of a plain statement (notable).
-	noted := make([]bool, 0, n)
+	// checked[i]: write i has a gate check after it (it went unnamed);
+	// noted[i]: it may be prepared (notable).
+	checked, noted := make([]bool, 0, n), make([]bool, n)
 	b := &pgx.Batch{}
 	for _, p := range parts {
 		for _, st := range p.ws {
@@ -313,20 +311,19 @@ func (hs *Handles) writeAll(parts []*writePart) bool {
 	br := conn.SendBatch(ctx, b)
 	var last *writePart
 	ok := true
+	i := 0
 results:
 	for _, p := range parts {
 		last = p
 		p.rows = make([]int64, 0, len(p.ws))
 		for range p.ws {
 			tag, werr := br.Exec()
-			wasChecked := checked[0]
-			checked = checked[1:]
 			switch {
 			case werr != nil:
 				p.err = p.h.noteDenied(sqlStatus(werr))
 			case transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK"):
 				p.err = p.h.breach("a statement controlled the host's transaction (%s)", tag.String())
-			case wasChecked:
+			case checked[i]:
 				if _, cerr := br.Exec(); cerr != nil {
 					p.err = p.h.breach("a statement ended the host's transaction (%v); the job is aborted", cerr)
 				}
@@ -335,7 +332,8 @@ results:
 				ok = false
 				break results
 			}
-			noted = append(noted, notable(tag))
+			noted[i] = notable(tag)
+			i++
 			p.rows = append(p.rows, tag.RowsAffected())
 		}
 	}
@@ -350,7 +348,7 @@ results:
 	case ok:
 		// Each write ran and parsed: prepared when the connection is
 		// next idle, if it is not already.
-		i := 0
+		i = 0
 		for _, p := range parts {
 			for _, st := range p.ws {
 				if noted[i] {
@@ -491,8 +489,6 @@ func (hs *Handles) runPlugin(ctx context.Context, h *handle, tx txConn, st *ushe
 	return res, err
 }
 
-// transactionControl are the command tags of statements that end or carve
-// up the host's transaction: a plugin may send none of them.
 // notable reports whether a write answered with tag may be prepared (and
 // then run without a gate check after it): a SELECT, INSERT, UPDATE,
 // DELETE or MERGE, none of which can end a transaction. Anything else a
@@ -502,6 +498,8 @@ func notable(tag pgconn.CommandTag) bool {
 	return tag.Select() || tag.Insert() || tag.Update() || tag.Delete() || strings.HasPrefix(tag.String(), "MERGE ")
 }
 
+// transactionControl are the command tags of statements that end or carve
+// up the host's transaction: a plugin may send none of them.
 var transactionControl = map[string]bool{"BEGIN": true, "START TRANSACTION": true, "COMMIT": true, "ROLLBACK": true,
 	"SAVEPOINT": true, "RELEASE": true, "PREPARE TRANSACTION": true, "COMMIT PREPARED": true, "ROLLBACK PREPARED": true}
 
