@@ -216,7 +216,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	runner, err := guard.NewRunner(guard.Config{
 		Handles: h.handles, StatementTimeout: cfg.StatementTimeout,
 		TransientBackoff: cfg.RetryBackoff, OnAbsorbed: h.recordAbsorbed, Logger: h.log,
-		BatchMax: cfg.BatchMax, Solo: pluginhost.IsAlone, StalledAfter: cfg.StalledAfter,
+		BatchMax: cfg.BatchMax, Solo: pluginhost.IsAlone, StalledAfter: cfg.StalledAfter, Arriving: h.arriving,
 		OnBatch: func(role string, jobs int, committed bool) {
 			result := "committed"
 			if !committed {
@@ -979,6 +979,18 @@ func (h *Host) EntryBytes() (held, peak int64) {
 		return 0, 0
 	}
 	return c.BytesHeld(), c.PeakBytesHeld()
+}
+
+// arriving is how many entries the stream consumer has read, or is
+// reading, and not yet dispatched; 0 before Run.
+func (h *Host) arriving() int {
+	h.mu.RLock()
+	c := h.consumer
+	h.mu.RUnlock()
+	if c == nil {
+		return 0
+	}
+	return c.Arriving()
 }
 
 // Pool returns the host's Postgres pool.

@@ -101,6 +101,13 @@ type Config struct {
 	// StalledAfter is how long a batch may run before the next one of its
 	// plugin starts without waiting for it. Default 2s.
 	StalledAfter time.Duration
+	// Arriving, when set, reports how many jobs are on their way to the
+	// runner: read from the stream, or being read, and not yet dispatched
+	// (stream.Consumer.Arriving). A batch about to start waits for them,
+	// for at most GatherWait (see gather).
+	Arriving func() int
+	// GatherWait bounds that wait. Default 2ms.
+	GatherWait time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -144,6 +151,9 @@ func NewRunner(cfg Config) (*Runner, error) {
 	}
 	if cfg.StalledAfter <= 0 {
 		cfg.StalledAfter = 2 * time.Second
+	}
+	if cfg.GatherWait <= 0 {
+		cfg.GatherWait = 2 * time.Millisecond
 	}
 	cfg.Handles.statementTimeout = cfg.StatementTimeout
 	return &Runner{cfg: cfg}, nil

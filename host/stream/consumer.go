@@ -83,7 +83,10 @@ type Consumer struct {
 	// and at most so far.
 	budget     *semaphore.Weighted
 	held, peak atomic.Int64
-	wg         sync.WaitGroup
+	// arriving counts the entries being read (the room reserved for a
+	// read in progress) and those read and not yet handed to Dispatch.
+	arriving atomic.Int64
+	wg       sync.WaitGroup
 	// workCtx outlives the read loop's ctx by ShutdownGrace, so in-flight
 	// handlers can commit and ack during shutdown.
 	workCtx    context.Context
@@ -238,6 +241,7 @@ func (c *Consumer) Take(ctx context.Context, max int, read func(ctx context.Cont
 	if n == 0 {
 		return 0, ctx.Err()
 	}
+	c.arriving.Add(int64(n))
 	entries, err := read(ctx, n)
 	if len(entries) > n {
 		// A reader that ignored n: run what there is room for and
@@ -245,6 +249,7 @@ func (c *Consumer) Take(ctx context.Context, max int, read func(ctx context.Cont
 		c.cfg.Logger.Error("stream: reader returned more entries than asked for", "asked", n, "got", len(entries))
 		entries = entries[:n]
 	}
+	c.arriving.Add(int64(len(entries) - n))
 	for _, e := range entries {
 		c.release(0, MaxEntryBytes-min(e.Held, MaxEntryBytes))
 		c.start(e)
@@ -309,6 +314,12 @@ func (c *Consumer) release(slots int, bytes int64) {
 	}
 }
 
+// Arriving is how many entries are on their way to Dispatch: being read
+// now (counted as the room the read reserved until it returns) or read
+// and not yet handed to Dispatch. A batch about to start can wait for
+// them (guard.Config.Arriving) instead of leaving them to the next one.
+func (c *Consumer) Arriving() int { return int(c.arriving.Load()) }
+
 // BytesHeld is what the consumer holds of its byte budget now: the room
 // reserved for reads in progress plus what the entries running cost.
 func (c *Consumer) BytesHeld() int64 { return c.held.Load() }
@@ -324,6 +335,7 @@ func (c *Consumer) start(e Entry) {
 	c.mu.Lock()
 	if c.running[e.StreamID] != nil {
 		c.mu.Unlock()
+		c.arriving.Add(-1)
 		c.release(1, held)
 		return
 	}
@@ -372,6 +384,7 @@ func (c *Consumer) finish(e Entry) (detached bool) {
 		}
 		c.release(slots, min(e.Held, MaxEntryBytes))
 	}()
+	c.arriving.Add(-1)
 	if !c.cfg.Dispatch(c.workCtx, e) {
 		return false
 	}
