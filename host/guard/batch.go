@@ -64,6 +64,10 @@ type batcher struct {
 	// started and not over: another entry of the same job waits in the
 	// queue until they are, then meets their record.
 	inflight map[[2]string]int
+	// lastOver is when the last batch was over, and lastSize its jobs:
+	// their successors are being read (gather).
+	lastOver time.Time
+	lastSize int
 }
 
 // jobIDBatched runs job in the next batch of its pool and returns its
@@ -134,39 +138,46 @@ func (r *Runner) drain(b *batcher) {
 	}
 }
 
-// gather waits, for at most GatherWait, while jobs read from the stream
-// are still on their way to the runner (Config.Arriving) and b's next
-// batch has room for them. The slots of a batch's jobs come back
-// together, and the entries read for them arrive over a read or two: the
-// first to arrive started a batch of its own, and the others waited
-// behind it for the next. At 16 jobs in flight the batches had settled
-// into a batch of 15 and a single job, one after the other, each in a
-// transaction of its own (bin/bench, a histogram of batch sizes); with
-// the wait, nearly all hold 16. A wait that sees no job arriving costs
-// nothing, so a lone job on an idle host starts at once.
+// gather waits, briefly, for the jobs that will join the batch about to
+// start. The slots of a batch's jobs come back together, and the entries
+// read for them arrive over a read or two: the first to arrive started a
+// batch of its own, and the others waited behind it for the next. At 16
+// jobs in flight the batches had settled into a batch of 15 and a single
+// job, one after the other, each in a transaction of its own (bin/bench,
+// a histogram of batch sizes). So it waits while jobs read from the
+// stream are still on their way to the runner (Config.Arriving), for
+// GatherWait at most, and, for GatherWait after a batch was over, until
+// as many jobs as it had are queued; never for more than BatchMax. A lone
+// job on an idle host starts at once.
 func (r *Runner) gather(b *batcher) {
 	if r.cfg.Arriving == nil {
 		return
 	}
 	var deadline time.Time
-	for r.cfg.Arriving() > 0 {
+	for {
 		b.mu.Lock()
-		n := len(b.queue)
+		n, want := len(b.queue), 0
+		if time.Since(b.lastOver) < r.cfg.GatherWait {
+			want = b.lastSize
+		}
 		b.mu.Unlock()
+		arriving := r.cfg.Arriving() > 0
 		now := time.Now()
 		switch {
 		case n >= r.cfg.BatchMax:
+			return
+		case !arriving && n >= want:
+			if !deadline.IsZero() {
+				// The last ones were handed to dispatch: let them
+				// reach the queue.
+				time.Sleep(gatherPoll)
+			}
 			return
 		case deadline.IsZero():
 			deadline = now.Add(r.cfg.GatherWait)
 		case !now.Before(deadline):
 			return
 		}
-		time.Sleep(gatherPoll)
-	}
-	if !deadline.IsZero() {
-		// The last ones were handed to dispatch: let them reach the
-		// queue.
 		time.Sleep(gatherPoll)
 	}
 }
@@ -238,6 +249,7 @@ func (r *Runner) take(b *batcher) []*batchReq {
 func (r *Runner) over(b *batcher, batch []*batchReq) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.lastOver, b.lastSize = time.Now(), len(batch)
 	for _, q := range batch {
 		k := jobKey(q)
 		if b.inflight[k]--; b.inflight[k] <= 0 {

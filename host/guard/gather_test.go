@@ -15,9 +15,10 @@ import (
 )
 
 // A batch about to start waits for the jobs on their way to the runner
-// (Config.Arriving): the first job to arrive does not run alone while
-// the others queue behind it, and a count that never falls holds a batch
-// for GatherWait at most.
+// (Config.Arriving) and, after a batch is over, for as many jobs as it
+// had: the first job to arrive does not run alone while the others queue
+// behind it. A count that never falls holds a batch for GatherWait at
+// most.
 func TestBatchGathersArrivingJobs(t *testing.T) {
 	t.Parallel()
 	owner, _ := hosttest.DB(t)
@@ -79,6 +80,22 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 		}
 		require.Equal(t, []int{4}, *sizes, "one batch of the four")
 		require.EqualValues(t, 4, hosttest.Count(t, owner, `SELECT n FROM gcount WHERE id = 0`))
+
+		// A batch of four is over: the next job waits for as many to
+		// join it (their slots came back together), none arriving yet.
+		run(wg, runner, inv, "e", outs, mu)
+		time.Sleep(100 * time.Millisecond)
+		inv.mu.Lock()
+		require.Zero(t, inv.calls["e"], "e started before the jobs of the batch's slots came")
+		inv.mu.Unlock()
+		for _, id := range []string{"f", "g", "h"} {
+			run(wg, runner, inv, id, outs, mu)
+		}
+		wg.Wait()
+		for _, id := range []string{"e", "f", "g", "h"} {
+			require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %+v", id, outs[id])
+		}
+		require.Equal(t, []int{4, 4}, *sizes, "a second batch of four")
 	})
 
 	t.Run("waits no longer than GatherWait", func(t *testing.T) {
