@@ -17,8 +17,8 @@ import (
 //
 // The jobs of one plugin's pool that record their id (guard 4) wait for a
 // batch instead of opening a transaction each: one goroutine per pool takes
-// whatever jobs are waiting (at most BatchMax; it waits only for jobs
-// already read from the stream and on their way, see gather) and runs them in one transaction with one Invoke, in three round trips
+// whatever jobs are waiting (at most BatchMax, after a wait of about 2ms
+// at most for the jobs that will join it, see gather) and runs them in one transaction with one Invoke, in three round trips
 // whatever their number: BEGIN with every job's record, the writes the
 // applies returned, and the outcomes with the COMMIT. A job whose id was
 // recorded before is absorbed at the first. Anything else that is not a
@@ -147,8 +147,12 @@ func (r *Runner) drain(b *batcher) {
 // a histogram of batch sizes). So it waits while jobs read from the
 // stream are still on their way to the runner (Config.Arriving), for
 // GatherWait at most, and, for GatherWait after a batch was over, until
-// as many jobs as it had are queued; never for more than BatchMax. A lone
-// job on an idle host starts at once.
+// as many jobs as it had are queued; never for more than BatchMax. It
+// looks again every gatherPoll, a timer that an otherwise idle process
+// can fire up to a millisecond late, so a wait can overrun GatherWait by
+// that much. A job that finds nothing read and no batch just over, as
+// on an idle host, starts at once; one that comes just after a batch of
+// several jobs is over waits for its batch-mates, or GatherWait in vain.
 func (r *Runner) gather(b *batcher) {
 	if r.cfg.Arriving == nil {
 		return

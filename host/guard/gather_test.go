@@ -38,7 +38,9 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 			OnBatch: func(_ string, jobs int, committed bool) {
 				mu.Lock()
 				defer mu.Unlock()
-				require.True(t, committed)
+				if !committed {
+					jobs = -jobs // a split batch: fails the comparisons below
+				}
 				sizes = append(sizes, jobs)
 			}})
 		require.NoError(t, err)
@@ -83,6 +85,8 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 
 		// A batch of four is over: the next job waits for as many to
 		// join it (their slots came back together), none arriving yet.
+		// (The batch is over a moment after its jobs are finished.)
+		time.Sleep(100 * time.Millisecond)
 		run(wg, runner, inv, "e", outs, mu)
 		time.Sleep(100 * time.Millisecond)
 		inv.mu.Lock()
