@@ -150,9 +150,11 @@ func (r *Runner) drain(b *batcher) {
 // as many jobs as it had are queued; never for more than BatchMax. It
 // looks again every gatherPoll, a timer that an otherwise idle process
 // can fire up to a millisecond late, so a wait can overrun GatherWait by
-// that much. A job that finds nothing read and no batch just over, as
-// on an idle host, starts at once; one that comes just after a batch of
-// several jobs is over waits for its batch-mates, or GatherWait in vain.
+// that much. A job that finds no read in progress and no batch just
+// over starts at once; one that comes during a read waits for it (one
+// round trip to Redis, even when it finds nothing), and one that comes
+// just after a batch of several jobs is over waits for its batch-mates,
+// or GatherWait in vain.
 func (r *Runner) gather(b *batcher) {
 	if r.cfg.Arriving == nil {
 		return

@@ -102,8 +102,8 @@ type Config struct {
 	// plugin starts without waiting for it. Default 2s.
 	StalledAfter time.Duration
 	// Arriving, when set, reports how many jobs are on their way to the
-	// runner: read from the stream and not yet dispatched
-	// (stream.Consumer.Arriving), of any kind. When it is set, a batch
+	// runner: read from the stream, or being read, and not yet
+	// dispatched (stream.Consumer.Arriving), of any kind. When it is set, a batch
 	// about to start waits for them, and after a batch is over for as
 	// many jobs as it had, for at most GatherWait (see gather).
 	Arriving func() int

@@ -83,7 +83,8 @@ type Consumer struct {
 	// and at most so far.
 	budget     *semaphore.Weighted
 	held, peak atomic.Int64
-	// arriving counts the entries read and not yet handed to Dispatch.
+	// arriving counts the entries being read (the room reserved for a
+	// read in progress) and those read and not yet handed to Dispatch.
 	arriving atomic.Int64
 	wg       sync.WaitGroup
 	// workCtx outlives the read loop's ctx by ShutdownGrace, so in-flight
@@ -240,6 +241,7 @@ func (c *Consumer) Take(ctx context.Context, max int, read func(ctx context.Cont
 	if n == 0 {
 		return 0, ctx.Err()
 	}
+	c.arriving.Add(int64(n))
 	entries, err := read(ctx, n)
 	if len(entries) > n {
 		// A reader that ignored n: run what there is room for and
@@ -247,7 +249,7 @@ func (c *Consumer) Take(ctx context.Context, max int, read func(ctx context.Cont
 		c.cfg.Logger.Error("stream: reader returned more entries than asked for", "asked", n, "got", len(entries))
 		entries = entries[:n]
 	}
-	c.arriving.Add(int64(len(entries)))
+	c.arriving.Add(int64(len(entries) - n))
 	for _, e := range entries {
 		c.release(0, MaxEntryBytes-min(e.Held, MaxEntryBytes))
 		c.start(e)
@@ -312,12 +314,14 @@ func (c *Consumer) release(slots int, bytes int64) {
 	}
 }
 
-// Arriving is how many entries are on their way to Dispatch: read (by
-// any Take: the read loop, the reclaimer, a redispatch) and not yet
-// handed to it. A read in progress is not counted: most find little or
-// nothing, and a batch that waited for each would wait on every idle
-// poll. A batch about to start can wait for them (guard.Config.Arriving)
-// instead of leaving them to the next one.
+// Arriving is how many entries are on their way to Dispatch: being read
+// by any Take (the read loop, the reclaimer, a redispatch; counted as the
+// room the read reserved, until it returns) or read and not yet handed to
+// Dispatch. A batch about to start can wait for them
+// (guard.Config.Arriving) instead of leaving them to the next one. The
+// read loop reads again at once after a read that found entries, so a job
+// dispatched then waits for that read's round trip even when it finds
+// nothing.
 func (c *Consumer) Arriving() int { return int(c.arriving.Load()) }
 
 // BytesHeld is what the consumer holds of its byte budget now: the room
