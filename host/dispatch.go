@@ -125,10 +125,7 @@ func (h *Host) run(ctx context.Context, e stream.Entry, d *delivery) (outcome st
 				rt.l.stalled.Add(1)
 				// Its slot goes to the next entry: a plugin that
 				// hangs does not hold the host's slots.
-				h.mu.RLock()
-				c := h.consumer
-				h.mu.RUnlock()
-				if c != nil {
+				if c := h.liveConsumer(); c != nil {
 					c.Detach(e.StreamID)
 				}
 			}

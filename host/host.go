@@ -972,9 +972,7 @@ func (h *Host) reconcileOnce(ctx context.Context, p pluginhost.DirPlugin, force 
 // (Config.MaxEntryBytesHeld) now, and the most it has held; zeros before
 // Run.
 func (h *Host) EntryBytes() (held, peak int64) {
-	h.mu.RLock()
-	c := h.consumer
-	h.mu.RUnlock()
+	c := h.liveConsumer()
 	if c == nil {
 		return 0, 0
 	}
@@ -984,13 +982,18 @@ func (h *Host) EntryBytes() (held, peak int64) {
 // arriving is how many entries the stream consumer has read, or is
 // reading, and not yet dispatched; 0 before Run.
 func (h *Host) arriving() int {
-	h.mu.RLock()
-	c := h.consumer
-	h.mu.RUnlock()
+	c := h.liveConsumer()
 	if c == nil {
 		return 0
 	}
 	return c.Arriving()
+}
+
+// liveConsumer is the stream consumer Run made; nil before Run.
+func (h *Host) liveConsumer() *stream.Consumer {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.consumer
 }
 
 // Pool returns the host's Postgres pool.

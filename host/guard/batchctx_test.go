@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/guard"
@@ -50,6 +51,18 @@ func (g *gatedInvoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*us
 	return res, nil
 }
 
+// gcountDB is a database whose gcount row 0 gatedInvoker's writes count
+// up, and a pool of the raw plugin role (usher_plugin_raw) on it; sql runs
+// after the table is made.
+func gcountDB(t *testing.T, sql string) (owner *pgxpool.Pool, db guard.DB) {
+	t.Helper()
+	owner, _ = hosttest.DB(t)
+	_, err := owner.Exec(context.Background(), `CREATE TABLE gcount (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0);
+		INSERT INTO gcount (id) VALUES (0); GRANT SELECT, UPDATE ON gcount TO usher_plugin_raw;`+sql)
+	require.NoError(t, err)
+	return owner, guard.DB{Pool: hosttest.RawPool(t, owner, 4), Role: "usher_plugin_raw"}
+}
+
 // A job absorbed at its batch's record finishes at once, and the host ends
 // its context when it does (as dispatch does). When it came last, its
 // batch-mates must still apply in their batch, once: the batch's context
@@ -57,16 +70,10 @@ func (g *gatedInvoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*us
 // answer and ran its committed jobs again alone.)
 func TestAbsorbedLastJobDoesNotEndItsBatch(t *testing.T) {
 	t.Parallel()
-	owner, _ := hosttest.DB(t)
+	owner, db := gcountDB(t, `INSERT INTO processed_jobs (job_id, kind) VALUES ('absorbed', 'raw_job')`)
 	ctx := context.Background()
-	_, err := owner.Exec(ctx, `CREATE TABLE gcount (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0);
-		INSERT INTO gcount (id) VALUES (0); GRANT SELECT, UPDATE ON gcount TO usher_plugin_raw;
-		INSERT INTO processed_jobs (job_id, kind) VALUES ('absorbed', 'raw_job')`)
-	require.NoError(t, err)
-	pool := hosttest.RawPool(t, owner, 4)
 	runner, err := guard.NewRunner(guard.Config{Handles: guard.NewHandles("public", nil), BatchMax: 32})
 	require.NoError(t, err)
-	db := guard.DB{Pool: pool, Role: "usher_plugin_raw"}
 
 	// The blocker holds the pool's batches in its Invoke while the three
 	// others queue, in order, for the next batch; the absorbed one last.

@@ -21,13 +21,8 @@ import (
 // most.
 func TestBatchGathersArrivingJobs(t *testing.T) {
 	t.Parallel()
-	owner, _ := hosttest.DB(t)
+	owner, db := gcountDB(t, "")
 	ctx := context.Background()
-	_, err := owner.Exec(ctx, `CREATE TABLE gcount (id bigint PRIMARY KEY, n bigint NOT NULL DEFAULT 0);
-		INSERT INTO gcount (id) VALUES (0); GRANT SELECT, UPDATE ON gcount TO usher_plugin_raw`)
-	require.NoError(t, err)
-	pool := hosttest.RawPool(t, owner, 4)
-	db := guard.DB{Pool: pool, Role: "usher_plugin_raw"}
 
 	newRunner := func(arriving *atomic.Int64, wait time.Duration) (*guard.Runner, *[]int) {
 		var mu sync.Mutex
