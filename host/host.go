@@ -979,12 +979,12 @@ func (h *Host) EntryBytes() (held, peak int64) {
 	return c.BytesHeld(), c.PeakBytesHeld()
 }
 
-// arriving is how many entries the stream consumer has read, or is
-// reading, and not yet dispatched; 0 before Run.
-func (h *Host) arriving() int {
+// arriving is stream.Consumer.Arriving of the consumer Run made; 0 before
+// Run.
+func (h *Host) arriving() (int, <-chan struct{}) {
 	c := h.liveConsumer()
 	if c == nil {
-		return 0
+		return 0, nil
 	}
 	return c.Arriving()
 }

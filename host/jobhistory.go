@@ -19,11 +19,14 @@ import (
 type delivery struct {
 	rec     history.Record
 	written bool
+	// arrived is the entry's Arrived (stream.Entry).
+	arrived func()
 }
 
 func (h *Host) newDelivery(e stream.Entry) *delivery {
 	return &delivery{rec: history.Record{JobID: e.JobID, Kind: e.Kind, OutboxID: e.OutboxID, RequestID: e.RequestID,
-		Attempt: e.Attempt, Deliveries: int(e.Deliveries), StreamID: e.StreamID, Consumer: h.cfg.Consumer, StartedAt: time.Now()}}
+		Attempt: e.Attempt, Deliveries: int(e.Deliveries), StreamID: e.StreamID, Consumer: h.cfg.Consumer, StartedAt: time.Now()},
+		arrived: e.Arrived}
 }
 
 // served notes the plugin and guard that run the delivery.
@@ -39,7 +42,8 @@ func (d *delivery) served(rt route) {
 // in the job's own transaction.
 func (d *delivery) guardDelivery() guard.Delivery {
 	return guard.Delivery{OutboxID: d.rec.OutboxID, StreamID: d.rec.StreamID, Deliveries: int64(d.rec.Deliveries),
-		Consumer: d.rec.Consumer, Plugin: d.rec.Plugin, Version: d.rec.PluginVersion, Guard: d.rec.Guard, Started: d.rec.StartedAt}
+		Consumer: d.rec.Consumer, Plugin: d.rec.Plugin, Version: d.rec.PluginVersion, Guard: d.rec.Guard, Started: d.rec.StartedAt,
+		Arrived: d.arrived}
 }
 
 func (d *delivery) verdict(v, reason, err string) {

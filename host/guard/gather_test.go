@@ -2,8 +2,8 @@ package guard_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +11,7 @@ import (
 
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/pluginhost"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
@@ -24,11 +25,11 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 	owner, db := gcountDB(t, "")
 	ctx := context.Background()
 
-	newRunner := func(arriving *atomic.Int64, wait time.Duration) (*guard.Runner, *[]int) {
+	newRunner := func(arriving *arrivals, wait time.Duration) (*guard.Runner, *[]int) {
 		var mu sync.Mutex
 		var sizes []int
 		runner, err := guard.NewRunner(guard.Config{Handles: guard.NewHandles("public", nil), BatchMax: 32,
-			Arriving:   func() int { return int(arriving.Load()) },
+			Arriving: arriving.get, Solo: pluginhost.IsAlone,
 			GatherWait: wait,
 			OnBatch: func(_ string, jobs int, committed bool) {
 				mu.Lock()
@@ -55,9 +56,9 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 	}
 
 	t.Run("waits for the jobs on their way", func(t *testing.T) {
-		var arriving atomic.Int64
-		arriving.Store(3) // b, c and d: read, not yet dispatched
-		runner, sizes := newRunner(&arriving, time.Minute)
+		arriving := &arrivals{}
+		arriving.set(3) // b, c and d: read, not yet queued
+		runner, sizes := newRunner(arriving, time.Minute)
 		inv := &gatedInvoker{calls: map[string]int{}, wait: map[string]chan struct{}{}}
 		outs, mu, wg := map[string]guard.Outcome{}, &sync.Mutex{}, &sync.WaitGroup{}
 		run(wg, runner, inv, "a", outs, mu)
@@ -69,8 +70,11 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 		inv.mu.Lock()
 		require.Empty(t, inv.calls, "a batch started while jobs were still arriving")
 		inv.mu.Unlock()
-		arriving.Store(0)
+		woke := time.Now()
+		arriving.set(0)
 		wg.Wait()
+		// GatherWait is a minute: the count falling woke the batch.
+		require.Less(t, time.Since(woke), 30*time.Second, "the batch waited out GatherWait")
 		for _, id := range []string{"a", "b", "c", "d"} {
 			require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %+v", id, outs[id])
 			require.Equal(t, 1, inv.calls[id], id)
@@ -87,20 +91,46 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 		inv.mu.Lock()
 		require.Zero(t, inv.calls["e"], "e started before the jobs of the batch's slots came")
 		inv.mu.Unlock()
+		woke = time.Now()
 		for _, id := range []string{"f", "g", "h"} {
 			run(wg, runner, inv, id, outs, mu)
 		}
 		wg.Wait()
+		require.Less(t, time.Since(woke), 30*time.Second, "the jobs queued did not wake the batch")
 		for _, id := range []string{"e", "f", "g", "h"} {
 			require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %+v", id, outs[id])
 		}
 		require.Equal(t, []int{4, 4}, *sizes, "a second batch of four")
 	})
 
+	t.Run("a job arrives when queued, or as it starts alone", func(t *testing.T) {
+		runner, _ := newRunner(&arrivals{}, time.Minute)
+		inv := &gatedInvoker{calls: map[string]int{}, wait: map[string]chan struct{}{}}
+		for _, solo := range []bool{false, true} {
+			id := fmt.Sprint("arrives-", solo)
+			var arrived, calledBefore int
+			d := guard.Delivery{Arrived: func() {
+				inv.mu.Lock()
+				defer inv.mu.Unlock()
+				arrived++
+				calledBefore = inv.calls[id]
+			}}
+			jobCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			if solo {
+				jobCtx = pluginhost.Alone(jobCtx)
+			}
+			out := runner.Run(jobCtx, inv, db, usherv1.Guard_GUARD_JOB_ID, &usherv1.Job{Id: id, Kind: "raw_job"}, d)
+			cancel()
+			require.Equal(t, guard.Applied, out.Verdict, "%+v", out)
+			require.Equal(t, 1, arrived, "solo %v: Arrived calls", solo)
+			require.Zero(t, calledBefore, "solo %v: arrived only after its call", solo)
+		}
+	})
+
 	t.Run("waits no longer than GatherWait", func(t *testing.T) {
-		var arriving atomic.Int64
-		arriving.Store(5) // never dispatched
-		runner, _ := newRunner(&arriving, 50*time.Millisecond)
+		arriving := &arrivals{}
+		arriving.set(5) // never queued
+		runner, _ := newRunner(arriving, 50*time.Millisecond)
 		inv := &gatedInvoker{calls: map[string]int{}, wait: map[string]chan struct{}{}}
 		outs, mu, wg := map[string]guard.Outcome{}, &sync.Mutex{}, &sync.WaitGroup{}
 		start := time.Now()
@@ -109,4 +139,35 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 		require.Equal(t, guard.Applied, outs["lone"].Verdict, "%+v", outs["lone"])
 		require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "it did not wait for the arriving jobs")
 	})
+}
+
+// arrivals is a count of jobs arriving as stream.Consumer.Arriving keeps
+// it: with a channel closed when it falls to 0.
+type arrivals struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{}
+}
+
+func (a *arrivals) get() (int, <-chan struct{}) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.zero == nil {
+		a.zero = make(chan struct{})
+	}
+	if a.n == 0 {
+		close(a.zero)
+		defer func() { a.zero = nil }()
+	}
+	return a.n, a.zero
+}
+
+func (a *arrivals) set(n int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.n = n
+	if n == 0 && a.zero != nil {
+		close(a.zero)
+		a.zero = nil
+	}
 }

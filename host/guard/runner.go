@@ -102,11 +102,13 @@ type Config struct {
 	// plugin starts without waiting for it. Default 2s.
 	StalledAfter time.Duration
 	// Arriving, when set, reports how many jobs are on their way to the
-	// runner: read from the stream, or being read, and not yet
-	// dispatched (stream.Consumer.Arriving), of any kind. When it is set, a batch
-	// about to start waits for them, and after a batch is over for as
-	// many jobs as it had, for at most GatherWait (see gather).
-	Arriving func() int
+	// runner, of any kind (stream.Consumer.Arriving: read from the
+	// stream, or being read, and not yet arrived, see Delivery.Arrived),
+	// and a channel closed when that count next falls to 0. When it is
+	// set, a batch about to start waits for them, and after a batch is
+	// over for as many jobs as it had, for at most GatherWait (see
+	// gather).
+	Arriving func() (int, <-chan struct{})
 	// GatherWait bounds that wait. Default 2ms.
 	GatherWait time.Duration
 	// Logger defaults to slog.Default().
@@ -127,6 +129,15 @@ type Delivery struct {
 	Version    string
 	Guard      string
 	Started    time.Time
+	// Arrived, when set, is called once the job is in its batch's queue,
+	// or as it starts when it joins no batch (Config.Arriving).
+	Arrived func()
+}
+
+func (d Delivery) arrive() {
+	if d.Arrived != nil {
+		d.Arrived()
+	}
 }
 
 // Runner executes guards.
@@ -166,6 +177,9 @@ func NewRunner(cfg Config) (*Runner, error) {
 // the outbox row the job came from: an applied run records its outcome and
 // its history record in the job's own transaction (Outcome.Recorded).
 func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, job *usherv1.Job, d Delivery) Outcome {
+	if g != usherv1.Guard_GUARD_JOB_ID || db.Pool == nil {
+		d.arrive() // joins no batch
+	}
 	var out Outcome
 	switch {
 	case db.Pool == nil:
@@ -316,6 +330,7 @@ func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 	if r.cfg.BatchMax > 1 && (r.cfg.Solo == nil || !r.cfg.Solo(ctx)) {
 		return r.jobIDBatched(ctx, inv, db, job, d)
 	}
+	d.arrive()
 	return r.jobIDOne(ctx, inv, db, job, d)
 }
 

@@ -84,8 +84,11 @@ type Consumer struct {
 	budget     *semaphore.Weighted
 	held, peak atomic.Int64
 	// arriving counts the entries being read (the room reserved for a
-	// read in progress) and those read and not yet handed to Dispatch.
+	// read in progress) and those read that have not arrived (Arriving);
+	// zero, when not nil, is closed when the count next falls to 0.
 	arriving atomic.Int64
+	zeroMu   sync.Mutex
+	zero     chan struct{}
 	wg       sync.WaitGroup
 	// workCtx outlives the read loop's ctx by ShutdownGrace, so in-flight
 	// handlers can commit and ack during shutdown.
@@ -241,7 +244,7 @@ func (c *Consumer) Take(ctx context.Context, max int, read func(ctx context.Cont
 	if n == 0 {
 		return 0, ctx.Err()
 	}
-	c.arriving.Add(int64(n))
+	c.addArriving(int64(n))
 	entries, err := read(ctx, n)
 	if len(entries) > n {
 		// A reader that ignored n: run what there is room for and
@@ -249,7 +252,7 @@ func (c *Consumer) Take(ctx context.Context, max int, read func(ctx context.Cont
 		c.cfg.Logger.Error("stream: reader returned more entries than asked for", "asked", n, "got", len(entries))
 		entries = entries[:n]
 	}
-	c.arriving.Add(int64(len(entries) - n))
+	c.addArriving(int64(len(entries) - n))
 	for _, e := range entries {
 		c.release(0, MaxEntryBytes-min(e.Held, MaxEntryBytes))
 		c.start(e)
@@ -314,15 +317,53 @@ func (c *Consumer) release(slots int, bytes int64) {
 	}
 }
 
-// Arriving is how many entries are on their way to Dispatch: being read
-// by any Take (the read loop, the reclaimer, a redispatch; counted as the
-// room the read reserved, until it returns) or read and not yet handed to
-// Dispatch. A batch about to start can wait for them
+// Arriving is how many entries are on their way to their runner's queue,
+// and a channel closed when that count next falls to 0 (closed already
+// when it is 0). An entry counts from the read that takes it (the room a
+// read reserves counts until it returns; the read loop, the reclaimer and
+// a redispatch all read through Take) until it has arrived: Dispatch
+// calls its Entry.Arrived when the job is queued for its batch, or when
+// it knows the job will not join one; else it counts until Dispatch
+// returns. A batch about to start waits for the entries arriving
 // (guard.Config.Arriving) instead of leaving them to the next one. The
 // read loop reads again at once after a read that found entries, so a job
-// dispatched then waits for that read's round trip even when it finds
+// queued then waits for that read's round trip even when it finds
 // nothing.
-func (c *Consumer) Arriving() int { return int(c.arriving.Load()) }
+func (c *Consumer) Arriving() (int, <-chan struct{}) {
+	c.zeroMu.Lock()
+	defer c.zeroMu.Unlock()
+	n := int(c.arriving.Load())
+	if n == 0 {
+		return 0, closed
+	}
+	if c.zero == nil {
+		c.zero = make(chan struct{})
+	}
+	return n, c.zero
+}
+
+// closed is a channel that is closed.
+var closed = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
+// addArriving adds d to the count of entries arriving, and wakes those
+// waiting for it to fall to 0 when it does.
+func (c *Consumer) addArriving(d int64) {
+	if c.arriving.Add(d) != 0 {
+		return
+	}
+	c.zeroMu.Lock()
+	// Still 0 under the lock: Arriving cannot have handed out a channel
+	// for a count above it meanwhile.
+	if c.zero != nil && c.arriving.Load() == 0 {
+		close(c.zero)
+		c.zero = nil
+	}
+	c.zeroMu.Unlock()
+}
 
 // BytesHeld is what the consumer holds of its byte budget now: the room
 // reserved for reads in progress plus what the entries running cost.
@@ -339,7 +380,7 @@ func (c *Consumer) start(e Entry) {
 	c.mu.Lock()
 	if c.running[e.StreamID] != nil {
 		c.mu.Unlock()
-		c.arriving.Add(-1)
+		c.addArriving(-1)
 		c.release(1, held)
 		return
 	}
@@ -388,8 +429,15 @@ func (c *Consumer) finish(e Entry) (detached bool) {
 		}
 		c.release(slots, min(e.Held, MaxEntryBytes))
 	}()
-	c.arriving.Add(-1)
-	if !c.cfg.Dispatch(c.workCtx, e) {
+	var arrived atomic.Bool
+	e.Arrived = func() {
+		if arrived.CompareAndSwap(false, true) {
+			c.addArriving(-1)
+		}
+	}
+	ok := c.cfg.Dispatch(c.workCtx, e)
+	e.Arrived()
+	if !ok {
 		return false
 	}
 	// The job's outcome is committed: its slot goes to the next entry

@@ -3,7 +3,6 @@ package stream_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,28 +12,27 @@ import (
 	"github.com/usherhq/usher/host/stream"
 )
 
-// Arriving counts an entry from the read that takes it until it is handed
-// to Dispatch, and never after: a batch waits on it (guard.Config.Arriving),
-// so a count that stayed up would hold every batch for its longest wait.
-func TestArrivingCountsEntriesUntilDispatch(t *testing.T) {
+// Arriving counts an entry from the read that takes it until it has
+// arrived (its Dispatch calls Entry.Arrived, once however often it calls
+// it) or its Dispatch returns, and never after: a batch waits on it
+// (guard.Config.Arriving), so a count that stayed up would hold every
+// batch for its longest wait. Its channel is closed when the count falls
+// to 0, which is what wakes a waiting batch.
+func TestArrivingCountsEntriesUntilTheyArrive(t *testing.T) {
 	t.Parallel()
 	rdb, key := hosttest.Redis(t)
 	ctx := context.Background()
-	release := make(chan struct{})
-	var (
-		mu      sync.Mutex
-		atStart []int
-		c       *stream.Consumer
-	)
+	release := map[string]chan struct{}{"1": make(chan struct{}), "2": make(chan struct{}), "3": make(chan struct{})}
 	started := make(chan struct{}, 4)
 	c, err := stream.NewConsumer(stream.ConsumerConfig{
 		Redis: rdb, Stream: key, Group: "g", Name: "c1", Concurrency: 4,
 		Dispatch: func(ctx context.Context, e stream.Entry) bool {
-			mu.Lock()
-			atStart = append(atStart, c.Arriving())
-			mu.Unlock()
+			if e.JobID == "1" {
+				e.Arrived()
+				e.Arrived()
+			}
 			started <- struct{}{}
-			<-release
+			<-release[e.JobID]
 			return false // left pending: nothing to ack
 		},
 	})
@@ -42,12 +40,17 @@ func TestArrivingCountsEntriesUntilDispatch(t *testing.T) {
 	entry := func(i int) stream.Entry {
 		return stream.Entry{StreamID: fmt.Sprintf("%d-0", i), JobID: fmt.Sprint(i), Kind: "k"}
 	}
-	require.Equal(t, 0, c.Arriving(), "nothing read yet")
+	n, zero := c.Arriving()
+	require.Equal(t, 0, n, "nothing read yet")
+	requireClosed(t, zero, "the count is 0")
 
 	// A read for the 4 free slots that finds 3 entries.
+	var during <-chan struct{}
 	got, err := c.Take(ctx, 4, func(ctx context.Context, n int) ([]stream.Entry, error) {
 		require.Equal(t, 4, n)
-		require.Equal(t, 4, c.Arriving(), "the read's room counts while it reads")
+		var a int
+		a, during = c.Arriving()
+		require.Equal(t, 4, a, "the read's room counts while it reads")
 		return []stream.Entry{entry(1), entry(2), entry(3)}, nil
 	})
 	require.NoError(t, err)
@@ -59,12 +62,10 @@ func TestArrivingCountsEntriesUntilDispatch(t *testing.T) {
 			t.Fatal("the entries were not all dispatched")
 		}
 	}
-	require.Equal(t, 0, c.Arriving(), "every entry read is in Dispatch")
-	mu.Lock()
-	for _, a := range atStart {
-		require.True(t, a >= 0 && a < 3, "an entry in Dispatch still counted as arriving: %v", atStart)
-	}
-	mu.Unlock()
+	n, zero = c.Arriving()
+	require.Equal(t, 2, n, "1 arrived (twice: counted once); 2 and 3 have not, and their Dispatch has not returned")
+	requireOpen(t, zero)
+	requireOpen(t, during)
 
 	// An entry already running here, read again, is not started twice
 	// and does not stay counted.
@@ -73,11 +74,41 @@ func TestArrivingCountsEntriesUntilDispatch(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Equal(t, 1, got)
-	require.Equal(t, 0, c.Arriving())
+	n, _ = c.Arriving()
+	require.Equal(t, 2, n)
 	select {
 	case <-started:
 		t.Fatal("the entry running here was started again")
 	case <-time.After(200 * time.Millisecond):
 	}
-	close(release)
+
+	// A Dispatch that returns without calling Arrived: the consumer does.
+	close(release["2"])
+	require.Eventually(t, func() bool { n, _ := c.Arriving(); return n == 1 }, 10*time.Second, time.Millisecond)
+	requireOpen(t, zero)
+	close(release["3"])
+	requireClosed(t, zero, "the count fell to 0")
+	requireClosed(t, during, "the count fell to 0")
+	close(release["1"])
+	n, zero = c.Arriving()
+	require.Equal(t, 0, n)
+	requireClosed(t, zero, "the count is 0")
+}
+
+func requireClosed(t *testing.T, ch <-chan struct{}, why string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the channel was not closed: %s", why)
+	}
+}
+
+func requireOpen(t *testing.T, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatal("the channel was closed while entries were arriving")
+	default:
+	}
 }

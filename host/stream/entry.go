@@ -50,6 +50,12 @@ type Entry struct {
 	// Held is what the entry's fields cost the host's memory, in bytes:
 	// what it holds of the byte budget while it runs.
 	Held int64
+	// Arrived, set by the consumer for Dispatch, takes the entry out of
+	// the consumer's count of entries arriving (Consumer.Arriving): the
+	// dispatcher calls it when the job is in its runner's queue, or when
+	// it knows the job joins no batch. The consumer calls it when Dispatch
+	// returns. Later calls do nothing.
+	Arrived func()
 }
 
 // Decode turns a stream message into an Entry. It never fails: a missing or
