@@ -104,7 +104,7 @@ func TestREADMEQuickRun(t *testing.T) {
 
 	checkResults(t, filepath.Join(dir, "bench-results"), 4)
 	// --cpu-profile: one profile per throughput window, plugin and in-process.
-	for _, name := range []string{"host-inflight-4.pprof", "host-inflight-4-in-process.pprof"} {
+	for _, name := range []string{"host-inflight-4.pprof", "host-inflight-4-in-process.pprof", "host-mix.pprof"} {
 		fi, err := os.Stat(filepath.Join(dir, "bench-results", "profiles", name))
 		require.NoError(t, err)
 		require.Greater(t, fi.Size(), int64(0), name)

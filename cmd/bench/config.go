@@ -70,7 +70,8 @@ type config struct {
 	Timeout time.Duration
 	// CPUProfile is a directory for a CPU profile of the host (this
 	// process) over each throughput window, host-inflight-N.pprof (and
-	// host-inflight-N-in-process.pprof), for go tool pprof. Default none.
+	// host-inflight-N-in-process.pprof), and over the mix, host-mix.pprof,
+	// for go tool pprof. Default none.
 	CPUProfile string
 }
 
@@ -98,7 +99,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.Plots, "plots", "bench-results", "directory for the PNG plots")
 	fs.StringVar(&cfg.Log, "log", "", "the host's log file, level warn (default <plots>/host.log)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 15*time.Minute, "hard bound on the whole command")
-	fs.StringVar(&cfg.CPUProfile, "cpu-profile", "", "directory for a CPU profile of the host over each throughput window (host-inflight-N.pprof)")
+	fs.StringVar(&cfg.CPUProfile, "cpu-profile", "", "directory for a CPU profile of the host over each throughput window (host-inflight-N.pprof) and over the mix (host-mix.pprof)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}

@@ -2,7 +2,8 @@
 // the numbers beside its peers' (bench/cmd/peers: River, asynq and bare
 // Postgres on the same workload).
 //
-// As the administrator (--admin-url) it creates a fresh database, runs
+// For each run it measures (each level in-process and through the plugin,
+// the mix), as the administrator (--admin-url) it creates a fresh database, runs
 // sandbox.Setup (the owner role, default usher, and the counters plugin's
 // role), and from then on works as the owner: the host refuses a superuser.
 // It starts one host in this process per --inflight level (host.New + Run,

@@ -112,6 +112,10 @@ func measureMix(ctx context.Context, cfg config, db *database, pluginDir string,
 		return nil, stream, errors.Join(err, stop())
 	}
 	start := time.Now()
+	stopProfile, err := startProfileAs(cfg, "host-mix.pprof")
+	if err != nil {
+		return nil, stream, errors.Join(err, stop())
+	}
 	p.phase(fmt.Sprintf("mix: %d orders (render, send, count)", cfg.Mix), int64(cfg.Mix))
 	for {
 		res.Sent = count(ctx, db.pool, `SELECT count(*) FROM plugin_tickets.email_sends WHERE sent_at IS NOT NULL AND order_id = ANY($1)`, ids)
@@ -122,12 +126,15 @@ func measureMix(ctx context.Context, cfg config, db *database, pluginDir string,
 		}
 		select {
 		case <-ctx.Done():
-			return nil, stream, errors.Join(fmt.Errorf("mix: %d sent, %d counted of %d: %w", res.Sent, res.Counted, cfg.Mix, context.Cause(ctx)), stop())
+			return nil, stream, errors.Join(fmt.Errorf("mix: %d sent, %d counted of %d: %w", res.Sent, res.Counted, cfg.Mix, context.Cause(ctx)), stopProfile(), stop())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	res.Seconds = time.Since(start).Seconds()
 	after, mailAfter := takeSample(h), cpuOrZero(mp.Pid())
+	if err := stopProfile(); err != nil {
+		return nil, stream, errors.Join(err, stop())
+	}
 	var lr levelResult
 	lr.usage(before, after)
 	res.CPUSeconds, res.Plugins = lr.CPUSeconds, lr.Plugins

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -80,9 +81,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return errors.Join(errs...)
 }
 
-// measureUsher runs the throughput levels and the latency run in a fresh
-// database and returns the latency run's per-job milliseconds. The database
-// and the stream keys are removed whatever happens.
+// measureUsher runs the throughput levels, the latency run (after the
+// largest level's throughput, on its warmed host) and the mix, each in a
+// fresh database, as the peers run each of theirs: a run does not inherit
+// the dead rows of the runs before it (this machine's Postgres runs with
+// autovacuum off). It returns the latency run's per-job milliseconds. The
+// databases and the stream keys are removed whatever happens.
 func measureUsher(ctx context.Context, cfg config, res *results, logger *slog.Logger, p *progress) (ms []float64, err error) {
 	opt, err := host.RedisOptions(cfg.RedisURL, "")
 	if err != nil {
@@ -98,63 +102,82 @@ func measureUsher(ctx context.Context, cfg config, res *results, logger *slog.Lo
 	if err := stagePlugin(cfg.PluginDir, pluginDir, "counters"); err != nil {
 		return nil, err
 	}
-	p.phase("database: create, setup, migrate", 0)
-	db, err := createDatabase(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
 	var streams []string
 	defer func() {
-		cleanup := context.WithoutCancel(ctx)
-		if e := deleteStreams(cleanup, rdb, streams); e != nil {
+		if e := deleteStreams(context.WithoutCancel(ctx), rdb, streams); e != nil {
 			err = errors.Join(err, fmt.Errorf("delete stream keys: %w", e))
 		}
-		if e := db.drop(cleanup); e != nil {
-			err = errors.Join(err, fmt.Errorf("drop database %s: %w", db.name, e))
-		}
 	}()
+	// fresh runs measure in a database of its own, then adds up the
+	// duplicates its guards absorbed and drops it.
+	fresh := func(what string, measure func(db *database) error) (err error) {
+		p.phase(what+": database: create, setup, migrate", 0)
+		db, err := createDatabase(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if e := db.drop(context.WithoutCancel(ctx)); e != nil {
+				err = errors.Join(err, fmt.Errorf("drop database %s: %w", db.name, e))
+			}
+		}()
+		if err := measure(db); err != nil {
+			return err
+		}
+		abs, err := absorbedDuplicates(ctx, db.pool)
+		res.Absorbed = addAbsorbed(res.Absorbed, abs)
+		return err
+	}
 	for _, level := range cfg.Inflight {
 		if cfg.InProcess {
 			// The same handler inside the host: what the boundary costs.
-			p.phase(fmt.Sprintf("inflight %d, in-process: starting the host", level), 0)
-			rh, err := startHost(ctx, cfg, db, pluginDir, level, true, logger)
+			what := fmt.Sprintf("inflight %d, in-process", level)
+			err := fresh(what, func(db *database) error {
+				p.phase(what+": starting the host", 0)
+				rh, err := startHost(ctx, cfg, db, pluginDir, level, true, logger)
+				if err != nil {
+					return err
+				}
+				streams = append(streams, rh.stream)
+				lr, err := throughput(ctx, cfg, db, rh, rdb, p)
+				if err == nil {
+					res.InProcess = append(res.InProcess, lr)
+				}
+				if stopErr := rh.stop(); stopErr != nil {
+					err = errors.Join(err, fmt.Errorf("in-process host (inflight %d): %w", level, stopErr))
+				}
+				return err
+			})
 			if err != nil {
-				return nil, err
+				return ms, fmt.Errorf("%s: %w", what, err)
+			}
+		}
+		what := fmt.Sprintf("inflight %d", level)
+		err := fresh(what, func(db *database) error {
+			p.phase(what+": starting the host", 0)
+			rh, err := startHost(ctx, cfg, db, pluginDir, level, false, logger)
+			if err != nil {
+				return err
 			}
 			streams = append(streams, rh.stream)
 			lr, err := throughput(ctx, cfg, db, rh, rdb, p)
 			if err == nil {
-				res.InProcess = append(res.InProcess, lr)
-			}
-			if stopErr := rh.stop(); stopErr != nil {
-				err = errors.Join(err, fmt.Errorf("in-process host (inflight %d): %w", level, stopErr))
-			}
-			if err != nil {
-				return ms, fmt.Errorf("inflight %d, in-process: %w", level, err)
-			}
-		}
-		p.phase(fmt.Sprintf("inflight %d: starting the host", level), 0)
-		rh, err := startHost(ctx, cfg, db, pluginDir, level, false, logger)
-		if err != nil {
-			return nil, err
-		}
-		streams = append(streams, rh.stream)
-		lr, err := throughput(ctx, cfg, db, rh, rdb, p)
-		if err == nil {
-			res.Usher = append(res.Usher, lr)
-			if level == cfg.largest() {
-				var lat latencyResult
-				lat, ms, err = latency(ctx, cfg, db, rh, rdb, p)
-				if err == nil {
-					res.Latency = &lat
+				res.Usher = append(res.Usher, lr)
+				if level == cfg.largest() {
+					var lat latencyResult
+					lat, ms, err = latency(ctx, cfg, db, rh, rdb, p)
+					if err == nil {
+						res.Latency = &lat
+					}
 				}
 			}
-		}
-		if stopErr := rh.stop(); stopErr != nil {
-			err = errors.Join(err, fmt.Errorf("host (inflight %d): %w", level, stopErr))
-		}
+			if stopErr := rh.stop(); stopErr != nil {
+				err = errors.Join(err, fmt.Errorf("host (inflight %d): %w", level, stopErr))
+			}
+			return err
+		})
 		if err != nil {
-			return ms, fmt.Errorf("inflight %d: %w", level, err)
+			return ms, fmt.Errorf("%s: %w", what, err)
 		}
 	}
 	if cfg.Mix > 0 {
@@ -168,15 +191,30 @@ func measureUsher(ctx context.Context, cfg config, res *results, logger *slog.Lo
 				return ms, err
 			}
 		}
-		mix, stream, err := measureMix(ctx, cfg, db, mixDir, logger, p)
-		if stream != "" {
-			streams = append(streams, stream)
-		}
+		err = fresh("mix", func(db *database) error {
+			mix, stream, err := measureMix(ctx, cfg, db, mixDir, logger, p)
+			if stream != "" {
+				streams = append(streams, stream)
+			}
+			res.Mix = mix
+			return err
+		})
 		if err != nil {
 			return ms, fmt.Errorf("mix: %w", err)
 		}
-		res.Mix = mix
 	}
-	res.Absorbed, err = absorbedDuplicates(ctx, db.pool)
-	return ms, err
+	return ms, nil
+}
+
+// addAbsorbed adds the counts of more to sum's, by guard, kind and reason.
+func addAbsorbed(sum, more []absorbed) []absorbed {
+	for _, m := range more {
+		i := slices.IndexFunc(sum, func(a absorbed) bool { return a.Guard == m.Guard && a.Kind == m.Kind && a.Reason == m.Reason })
+		if i < 0 {
+			sum = append(sum, m)
+			continue
+		}
+		sum[i].Count += m.Count
+	}
+	return sum
 }

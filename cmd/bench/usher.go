@@ -384,18 +384,25 @@ func throughput(ctx context.Context, cfg config, db *database, rh *runningHost, 
 	return res, err
 }
 
-// startProfile starts a CPU profile of this process (the host) into
-// cfg.CPUProfile, when set, and returns what stops and writes it.
+// startProfile starts a CPU profile of this process (the host) over a
+// throughput window into cfg.CPUProfile, when set, and returns what stops
+// and writes it.
 func startProfile(cfg config, rh *runningHost) (stop func() error, err error) {
+	name := fmt.Sprintf("host-inflight-%d.pprof", rh.concurrency)
+	if rh.inProcess {
+		name = fmt.Sprintf("host-inflight-%d-in-process.pprof", rh.concurrency)
+	}
+	return startProfileAs(cfg, name)
+}
+
+// startProfileAs starts a CPU profile of this process into the file name
+// of cfg.CPUProfile, when set, and returns what stops and writes it.
+func startProfileAs(cfg config, name string) (stop func() error, err error) {
 	if cfg.CPUProfile == "" {
 		return func() error { return nil }, nil
 	}
 	if err := os.MkdirAll(cfg.CPUProfile, 0o755); err != nil {
 		return nil, err
-	}
-	name := fmt.Sprintf("host-inflight-%d.pprof", rh.concurrency)
-	if rh.inProcess {
-		name = fmt.Sprintf("host-inflight-%d-in-process.pprof", rh.concurrency)
 	}
 	f, err := os.Create(filepath.Join(cfg.CPUProfile, name))
 	if err != nil {
