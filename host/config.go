@@ -148,10 +148,17 @@ type Config struct {
 	StalledAfter time.Duration
 	// BatchMax is the most jobs of one plugin whose guard records the job
 	// id that run in one transaction, with one call to the plugin: the
-	// jobs waiting when a batch starts, nothing waits for more. A batch
-	// that cannot apply whole runs each of its jobs again alone. Default
-	// 32; 1 runs every job in its own transaction.
+	// jobs waiting when a batch starts, after BatchWait at most for those
+	// on their way. A batch that cannot apply whole runs each of its jobs
+	// again alone. Default 32; 1 runs every job in its own transaction.
 	BatchMax int
+	// BatchWait bounds how long a batch about to start waits for the jobs
+	// on their way to it: read from the stream and not yet queued, and,
+	// after a batch is over, as many as it had (guard.Config.GatherWait).
+	// Default 2ms, a few of this machine's Redis round trips; a host far
+	// from its Redis wants more. Negative: no wait, a batch takes the jobs
+	// queued when it starts.
+	BatchWait time.Duration
 	// MaxEntryBytesHeld bounds the memory this host's stream entries take:
 	// room for an entry (1 MiB, the largest it runs) is reserved before
 	// it is read, and an entry holds its size until it is finished; the
@@ -317,6 +324,9 @@ func (c *Config) setDefaults() error {
 	if c.BatchMax == 0 {
 		c.BatchMax = 32
 	}
+	if c.BatchWait == 0 {
+		c.BatchWait = 2 * time.Millisecond
+	}
 	if c.MaxEntryBytesHeld <= 0 {
 		c.MaxEntryBytesHeld = 64 << 20
 	}
@@ -407,7 +417,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("concurrency", c.Concurrency), slog.Int64("max_entry_bytes_held", c.MaxEntryBytesHeld),
 		slog.Duration("reclaim_idle", c.ReclaimIdle), slog.Duration("history_retention", c.HistoryRetention),
 		slog.Duration("unknown_kind_wait", c.UnknownKindWait),
-		slog.Duration("job_timeout", c.JobTimeout), slog.Duration("stalled_after", c.StalledAfter), slog.Int("batch_max", c.BatchMax), slog.Int64("max_deliveries", c.MaxDeliveries),
+		slog.Duration("job_timeout", c.JobTimeout), slog.Duration("stalled_after", c.StalledAfter), slog.Int("batch_max", c.BatchMax), slog.Duration("batch_wait", c.BatchWait), slog.Int64("max_deliveries", c.MaxDeliveries),
 		slog.Int("max_attempts", c.MaxAttempts), slog.Int("poison_crashes", c.PoisonCrashes), slog.Bool("relay", !c.DisableRelay),
 		slog.Bool("scheduler", !c.DisableScheduler), slog.String("admin_addr", c.AdminAddr),
 		slog.String("admin_token", maskSecret(c.AdminToken)), slog.String("admin_token_file", c.AdminTokenFile),

@@ -216,7 +216,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	runner, err := guard.NewRunner(guard.Config{
 		Handles: h.handles, StatementTimeout: cfg.StatementTimeout,
 		TransientBackoff: cfg.RetryBackoff, OnAbsorbed: h.recordAbsorbed, Logger: h.log,
-		BatchMax: cfg.BatchMax, Solo: pluginhost.IsAlone, StalledAfter: cfg.StalledAfter, Arriving: h.arriving,
+		BatchMax: cfg.BatchMax, Solo: pluginhost.IsAlone, StalledAfter: cfg.StalledAfter, Arriving: h.arriving, GatherWait: cfg.BatchWait,
 		OnBatch: func(role string, jobs int, committed bool) {
 			result := "committed"
 			if !committed {

@@ -109,6 +109,9 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&cfg.BatchMax, "batch-max", 32,
 		"most jobs of one plugin that record their job id run in one transaction; 1: each in its own (USHER_BATCH_MAX)")
 	fromEnv(fs, "batch-max", "USHER_BATCH_MAX")
+	fs.DurationVar(&cfg.BatchWait, "batch-wait", 2*time.Millisecond,
+		"longest a batch waits for the jobs read for it and not yet queued; negative: none (USHER_BATCH_WAIT)")
+	fromEnv(fs, "batch-wait", "USHER_BATCH_WAIT")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", env("USHER_ADMIN_ADDR", "127.0.0.1:9464"), "admin/metrics listen address, empty to disable (USHER_ADMIN_ADDR)")
 	fs.Func("admin-allowed-hosts", "comma-separated names the admin API also answers to in Host/Origin, name or name:port (USHER_ADMIN_ALLOWED_HOSTS)",
 		func(v string) error { cfg.AdminAllowedHosts = splitList(v); return nil })

@@ -169,7 +169,7 @@ func (r *Runner) drain(b *batcher) {
 // just after a batch of several jobs is over waits for its batch-mates,
 // or GatherWait in vain.
 func (r *Runner) gather(b *batcher) {
-	if r.cfg.Arriving == nil {
+	if r.cfg.Arriving == nil || r.cfg.GatherWait < 0 {
 		return
 	}
 	var timeout <-chan time.Time

@@ -127,6 +127,17 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 		}
 	})
 
+	t.Run("a negative GatherWait does not wait", func(t *testing.T) {
+		arriving := &arrivals{}
+		arriving.set(5) // never queued
+		runner, _ := newRunner(arriving, -1)
+		inv := &gatedInvoker{calls: map[string]int{}, wait: map[string]chan struct{}{}}
+		outs, mu, wg := map[string]guard.Outcome{}, &sync.Mutex{}, &sync.WaitGroup{}
+		run(wg, runner, inv, "unwaited", outs, mu)
+		wg.Wait()
+		require.Equal(t, guard.Applied, outs["unwaited"].Verdict, "%+v", outs["unwaited"])
+	})
+
 	t.Run("waits no longer than GatherWait", func(t *testing.T) {
 		arriving := &arrivals{}
 		arriving.set(5) // never queued

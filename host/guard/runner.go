@@ -109,7 +109,7 @@ type Config struct {
 	// over for as many jobs as it had, for at most GatherWait (see
 	// gather).
 	Arriving func() (int, <-chan struct{})
-	// GatherWait bounds that wait. Default 2ms.
+	// GatherWait bounds that wait. Default 2ms; negative: no wait.
 	GatherWait time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -164,7 +164,7 @@ func NewRunner(cfg Config) (*Runner, error) {
 	if cfg.StalledAfter <= 0 {
 		cfg.StalledAfter = 2 * time.Second
 	}
-	if cfg.GatherWait <= 0 {
+	if cfg.GatherWait == 0 {
 		cfg.GatherWait = 2 * time.Millisecond
 	}
 	cfg.Handles.statementTimeout = cfg.StatementTimeout
