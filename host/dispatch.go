@@ -64,19 +64,27 @@ func (h *Host) run(ctx context.Context, e stream.Entry, d *delivery) (outcome st
 			outcome, ack = "", false
 		}
 	}()
-	if cause, reason := h.refuse(e); cause == causeForged {
-		return outcomeForged, h.deadLetter(ctx, e, d, cause, reason, "")
-	} else if cause == causeWaitForKind {
-		h.waitForKind(ctx, e)
-		return "", false
-	} else if cause != "" {
-		return "dead_letter", h.deadLetter(ctx, e, d, cause, reason, "")
+	// Every way out before the runner arrives the entry first
+	// (stream.Entry.Arrived): its job joins no batch, and no batch of
+	// another job is to wait for it while it is dead-lettered or parked.
+	if cause, reason := h.refuse(e); cause != "" {
+		d.arrive()
+		switch cause {
+		case causeForged:
+			return outcomeForged, h.deadLetter(ctx, e, d, cause, reason, "")
+		case causeWaitForKind:
+			h.waitForKind(ctx, e)
+			return "", false
+		default:
+			return "dead_letter", h.deadLetter(ctx, e, d, cause, reason, "")
+		}
 	}
 	h.mu.RLock()
 	rt := h.routes[e.Kind]
 	h.mu.RUnlock()
 	d.served(rt)
 	if !rt.plugin.Ready() {
+		d.arrive()
 		// Unhealthy (its kinds wait in the stream, not in dead letters,
 		// until the plugin is reloaded) or between a crash and its
 		// restart: park gives the delivery back so the wait does not
@@ -88,16 +96,19 @@ func (h *Host) run(ctx context.Context, e stream.Entry, d *delivery) (outcome st
 	if rt.l != nil && rt.l.stalled.Load() >= h.stalledCap() {
 		// The plugin's stalled jobs hold half the slots: the others'
 		// jobs keep the rest. This one runs when a stalled job ends.
+		d.arrive()
 		h.park(ctx, e, rt, "its plugin's stalled jobs hold their share of the slots")
 		h.redispatchWhenReady(e, rt)
 		return "", false
 	}
 	if e.Deliveries > h.cfg.MaxDeliveries {
+		d.arrive()
 		return "dead_letter", h.deadLetter(ctx, e, d, "max_deliveries",
 			fmt.Sprintf("delivered %d times (max %d) without finishing; the last runs crashed, hung or lost their host", e.Deliveries, h.cfg.MaxDeliveries), "")
 	}
 	crashes := h.crashes(ctx, e)
 	if crashes >= int64(h.cfg.PoisonCrashes) {
+		d.arrive()
 		return "dead_letter", h.poison(ctx, e, d, crashes, nil)
 	}
 	defer func() {

@@ -29,6 +29,13 @@ func (h *Host) newDelivery(e stream.Entry) *delivery {
 		arrived: e.Arrived}
 }
 
+// arrive calls the entry's Arrived, when it has one.
+func (d *delivery) arrive() {
+	if d.arrived != nil {
+		d.arrived()
+	}
+}
+
 // served notes the plugin and guard that run the delivery.
 func (d *delivery) served(rt route) {
 	if rt.plugin != nil {

@@ -17,19 +17,20 @@ import (
 //
 // The jobs of one plugin's pool that record their id (guard 4) wait for a
 // batch instead of opening a transaction each: one goroutine per pool takes
-// whatever jobs are waiting (at most BatchMax, after a wait of about 2ms
-// at most for the jobs that will join it, see gather) and runs them in one transaction with one Invoke, in three round trips
-// whatever their number: BEGIN with every job's record, the writes the
-// applies returned, and the outcomes with the COMMIT. A job whose id was
-// recorded before is absorbed at the first. Anything else that is not a
-// clean apply of every job (an answer other than OK, a write that fails or
-// affects too few rows, a refusal, a failed commit) rolls the batch back and
-// runs each of its jobs again by itself, where it gets its own outcome: a
-// batch never commits a job that would not have committed alone, and one
-// job's failure costs the others a second run, not a retry. A crash of the
-// plugin abandons every job of the batch, as it does the jobs in flight
-// beside a single one; those run again alone (Config.Solo) until they
-// apply, so a job that crashes its plugin is found by itself.
+// whatever jobs are waiting (at most BatchMax, after a wait of GatherWait
+// at most for the jobs that will join it, see gather) and runs them in one
+// transaction with one Invoke, in three round trips whatever their number:
+// BEGIN with every job's record, the writes the applies returned, and the
+// outcomes with the COMMIT. A job whose id was recorded before is absorbed
+// at the first. Anything else that is not a clean apply of every job (an
+// answer other than OK, a write that fails or affects too few rows, a
+// refusal, a failed commit) rolls the batch back and runs each of its jobs
+// again by itself, where it gets its own outcome: a batch never commits a
+// job that would not have committed alone, and one job's failure costs the
+// others a second run, not a retry. A crash of the plugin abandons every
+// job of the batch, as it does the jobs in flight beside a single one;
+// those run again alone (Config.Solo) until they apply, so a job that
+// crashes its plugin is found by itself.
 //
 // One batch at a time per pool sends its writes: a batch starts only when
 // the one before it has sent all of its own and waits for nothing but its

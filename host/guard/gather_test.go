@@ -123,7 +123,7 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 			cancel()
 			require.Equal(t, guard.Applied, out.Verdict, "%+v", out)
 			require.Equal(t, 1, arrived, "solo %v: Arrived calls", solo)
-			require.Zero(t, calledBefore, "solo %v: arrived only after its call", solo)
+			require.Zero(t, calledBefore, "solo %v: Arrived came after the plugin's call began", solo)
 		}
 	})
 
@@ -136,6 +136,7 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 		run(wg, runner, inv, "unwaited", outs, mu)
 		wg.Wait()
 		require.Equal(t, guard.Applied, outs["unwaited"].Verdict, "%+v", outs["unwaited"])
+		require.Zero(t, arriving.looked(), "the batch asked what was arriving: it meant to wait")
 	})
 
 	t.Run("waits no longer than GatherWait", func(t *testing.T) {
@@ -155,14 +156,16 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 // arrivals is a count of jobs arriving as stream.Consumer.Arriving keeps
 // it: with a channel closed when it falls to 0.
 type arrivals struct {
-	mu   sync.Mutex
-	n    int
-	zero chan struct{}
+	mu    sync.Mutex
+	n     int
+	zero  chan struct{}
+	calls int
 }
 
 func (a *arrivals) get() (int, <-chan struct{}) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.calls++
 	if a.zero == nil {
 		a.zero = make(chan struct{})
 	}
@@ -181,4 +184,11 @@ func (a *arrivals) set(n int) {
 		close(a.zero)
 		a.zero = nil
 	}
+}
+
+// looked is how many times the runner asked.
+func (a *arrivals) looked() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.calls
 }
