@@ -277,24 +277,36 @@ func (c *Consumer) reserve(ctx context.Context, max int) int {
 	// The slots of a batch's jobs come back together, from as many
 	// workers: let those already runnable give theirs back first, so that
 	// one read takes them all instead of one read each (at 64 in flight,
-	// reads took about 6 entries without this).
-	runtime.Gosched()
-	n := 1
+	// reads took about 6 entries without any yield). One yield left the
+	// rest of a batch of 16 to a second read about half the time; yielding
+	// again while each yield frees more (maxYields at most) ran 16 in
+	// flight ~20 % faster over seven interleaved pairs of bin/bench.
+	n, yields, took := 1, 0, false
 	for n < max {
 		select {
 		case c.slots <- struct{}{}:
 		default:
-			return n
+			// None free now: yield to the workers still giving theirs
+			// back, and again while each yield frees more.
+			if yields == maxYields || yields > 0 && !took {
+				return n
+			}
+			runtime.Gosched()
+			yields, took = yields+1, false
+			continue
 		}
 		if !c.budget.TryAcquire(MaxEntryBytes) {
 			<-c.slots
 			return n
 		}
 		c.hold(MaxEntryBytes)
-		n++
+		n, took = n+1, true
 	}
 	return n
 }
+
+// maxYields bounds the yields of one reserve.
+const maxYields = 4
 
 func (c *Consumer) hold(b int64) {
 	h := c.held.Add(b)
