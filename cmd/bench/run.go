@@ -128,40 +128,27 @@ func measureUsher(ctx context.Context, cfg config, res *results, logger *slog.Lo
 		res.Absorbed = addAbsorbed(res.Absorbed, abs)
 		return err
 	}
-	for _, level := range cfg.Inflight {
-		if cfg.InProcess {
-			// The same handler inside the host: what the boundary costs.
-			what := fmt.Sprintf("inflight %d, in-process", level)
-			err := fresh(what, func(db *database) error {
-				p.phase(what+": starting the host", 0)
-				rh, err := startHost(ctx, cfg, db, pluginDir, level, true, logger)
-				if err != nil {
-					return err
-				}
-				streams = append(streams, rh.stream)
-				lr, err := throughput(ctx, cfg, db, rh, rdb, p)
-				if err == nil {
-					res.InProcess = append(res.InProcess, lr)
-				}
-				if stopErr := rh.stop(); stopErr != nil {
-					err = errors.Join(err, fmt.Errorf("in-process host (inflight %d): %w", level, stopErr))
-				}
-				return err
-			})
-			if err != nil {
-				return ms, fmt.Errorf("%s: %w", what, err)
-			}
+	// level measures one level's throughput in a fresh database, with the
+	// handler in the host or in the plugin process; the plugin's run at
+	// the largest level is followed by the latency run on its host.
+	level := func(level int, inProcess bool) error {
+		what, role := fmt.Sprintf("inflight %d", level), "host"
+		if inProcess {
+			what, role = what+", in-process", "in-process host"
 		}
-		what := fmt.Sprintf("inflight %d", level)
 		err := fresh(what, func(db *database) error {
 			p.phase(what+": starting the host", 0)
-			rh, err := startHost(ctx, cfg, db, pluginDir, level, false, logger)
+			rh, err := startHost(ctx, cfg, db, pluginDir, level, inProcess, logger)
 			if err != nil {
 				return err
 			}
 			streams = append(streams, rh.stream)
 			lr, err := throughput(ctx, cfg, db, rh, rdb, p)
-			if err == nil {
+			switch {
+			case err != nil:
+			case inProcess:
+				res.InProcess = append(res.InProcess, lr)
+			default:
 				res.Usher = append(res.Usher, lr)
 				if level == cfg.largest() {
 					var lat latencyResult
@@ -172,12 +159,24 @@ func measureUsher(ctx context.Context, cfg config, res *results, logger *slog.Lo
 				}
 			}
 			if stopErr := rh.stop(); stopErr != nil {
-				err = errors.Join(err, fmt.Errorf("host (inflight %d): %w", level, stopErr))
+				err = errors.Join(err, fmt.Errorf("%s (inflight %d): %w", role, level, stopErr))
 			}
 			return err
 		})
 		if err != nil {
-			return ms, fmt.Errorf("%s: %w", what, err)
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}
+	for _, l := range cfg.Inflight {
+		if cfg.InProcess {
+			// The same handler inside the host: what the boundary costs.
+			if err := level(l, true); err != nil {
+				return ms, err
+			}
+		}
+		if err := level(l, false); err != nil {
+			return ms, err
 		}
 	}
 	if cfg.Mix > 0 {
