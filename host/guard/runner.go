@@ -177,8 +177,9 @@ func NewRunner(cfg Config) (*Runner, error) {
 // the outbox row the job came from: an applied run records its outcome and
 // its history record in the job's own transaction (Outcome.Recorded).
 func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, job *usherv1.Job, d Delivery) Outcome {
-	if g != usherv1.Guard_GUARD_JOB_ID || db.Pool == nil {
-		d.arrive() // joins no batch
+	batched := g == usherv1.Guard_GUARD_JOB_ID && db.Pool != nil && r.batches(ctx)
+	if !batched {
+		d.arrive() // joins no batch; a batched job arrives once queued
 	}
 	var out Outcome
 	switch {
@@ -189,7 +190,11 @@ func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, j
 	case g == usherv1.Guard_GUARD_CLAIM:
 		out = r.claim(ctx, inv, db, job, d)
 	case g == usherv1.Guard_GUARD_JOB_ID:
-		out = r.jobID(ctx, inv, db, job, d)
+		if batched {
+			out = r.jobIDBatched(ctx, inv, db, job, d)
+		} else {
+			out = r.jobIDOne(ctx, inv, db, job, d)
+		}
 	default:
 		out = permanent(fmt.Errorf("kind %s has no guard", job.GetKind()))
 	}
@@ -323,18 +328,15 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 	return Outcome{Verdict: Applied, Recorded: d.OutboxID != 0}
 }
 
-// jobID: record the identity and apply in one transaction. The identity
-// is recorded by usher_record_job, which runs as the runtime's owner and
-// checks that the plugin's role serves the kind.
-func (r *Runner) jobID(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, d Delivery) Outcome {
-	if r.cfg.BatchMax > 1 && (r.cfg.Solo == nil || !r.cfg.Solo(ctx)) {
-		return r.jobIDBatched(ctx, inv, db, job, d)
-	}
-	d.arrive()
-	return r.jobIDOne(ctx, inv, db, job, d)
+// batches reports whether a job that records its id runs in a batch: when
+// batching is on and the job is not to run alone (Config.Solo).
+func (r *Runner) batches(ctx context.Context) bool {
+	return r.cfg.BatchMax > 1 && (r.cfg.Solo == nil || !r.cfg.Solo(ctx))
 }
 
-// jobIDOne runs job in a transaction of its own.
+// jobIDOne records the identity and applies in one transaction of the
+// job's own. The identity is recorded by usher_record_job, which runs as
+// the runtime's owner and checks that the plugin's role serves the kind.
 func (r *Runner) jobIDOne(ctx context.Context, inv Invoker, db DB, job *usherv1.Job, d Delivery) Outcome {
 	// BEGIN and the identity's record in one round trip.
 	var recorded bool
