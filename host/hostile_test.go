@@ -76,6 +76,7 @@ var hostileCases = []hostileCase{
 	{"hostile_apply", "returned-args", "", false},
 	// Capabilities, decided by what the database reports.
 	{"hostile_state", "readonly-write", "a read-only phase wrote", false},
+	{"hostile_state", "readonly-commit", "controlled the host's transaction (COMMIT)", false},
 	{"hostile_state", "write-before-win", "wrote before its conditional write won", false},
 	{"hostile_state", "fake-returning", `the database ran "SELECT 1"`, false},
 	{"hostile_state", "returned-writes", "only an apply phase that succeeded may", false},

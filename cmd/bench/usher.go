@@ -519,10 +519,15 @@ pace:
 		return res, nil, err
 	}
 	type stamps struct {
-		ID              int64
-		Published, Done time.Time
+		ID                       int64
+		Published, Started, Done time.Time
 	}
-	rows, err := db.pool.Query(ctx, `SELECT id, published_at, done_at FROM outbox WHERE id = ANY($1) AND done_at IS NOT NULL`, ids)
+	// started is when the host took the applied delivery from the stream
+	// (its history row's started_at).
+	rows, err := db.pool.Query(ctx, `
+		SELECT x.id, x.published_at, h.started_at, x.done_at
+		FROM outbox x JOIN job_history h ON h.outbox_id = x.id AND h.verdict = 'applied'
+		WHERE x.id = ANY($1) AND x.done_at IS NOT NULL`, ids)
 	if err != nil {
 		return res, nil, err
 	}
@@ -537,19 +542,23 @@ pace:
 	// relay's pick-up (published_at, its transaction's start) can come
 	// before the producer hears its commit: that leg counts as 0.
 	msOf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	var ms, relay, run []float64
+	var ms, relay, stream, run []float64
 	first, last := lastEnd, time.Time{}
 	for _, x := range done {
 		c := commits[x.ID]
+		picked := maxTime(x.Published, c)
 		ms = append(ms, msOf(x.Done.Sub(c)))
 		relay = append(relay, max(0, msOf(x.Published.Sub(c))))
-		run = append(run, msOf(x.Done.Sub(maxTime(x.Published, c))))
+		stream = append(stream, max(0, msOf(x.Started.Sub(picked))))
+		run = append(run, msOf(x.Done.Sub(maxTime(x.Started, picked))))
 		first, last = minTime(first, c), maxTime(last, x.Done)
 	}
 	res.AppliedPerSec = float64(len(done)) / last.Sub(first).Seconds()
-	slices.Sort(relay)
-	slices.Sort(run)
+	for _, leg := range [][]float64{relay, stream, run} {
+		slices.Sort(leg)
+	}
 	res.RelayP50Ms, res.RelayP99Ms = quantile(relay, 0.50), quantile(relay, 0.99)
+	res.StreamP50Ms, res.StreamP99Ms = quantile(stream, 0.50), quantile(stream, 0.99)
 	res.RunP50Ms, res.RunP99Ms = quantile(run, 0.50), quantile(run, 0.99)
 	slices.Sort(ms)
 	res.P50Ms, res.P95Ms, res.P99Ms, res.MaxMs = quantile(ms, 0.50), quantile(ms, 0.95), quantile(ms, 0.99), ms[len(ms)-1]

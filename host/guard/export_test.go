@@ -43,3 +43,10 @@ func ClaimStatement(spec *usherv1.ClaimSpec) (string, []any, error) {
 func AppliedStatements(r *Runner, job *usherv1.Job, d Delivery) []lastStatement {
 	return r.outcome(job, d)
 }
+
+// IssueReadOnly issues a read-only handle for job on pool, as the check
+// phase of state first and the effect phase of a claim receive one, and
+// returns its id for Handles.Exec.
+func IssueReadOnly(hs *Handles, ctx context.Context, job *usherv1.Job, pool *pgxpool.Pool, role string) string {
+	return hs.issue(ctx, capReadOnly, job, pool, nil, role).id
+}

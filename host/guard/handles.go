@@ -396,6 +396,9 @@ func (hs *Handles) execReadOnly(ctx context.Context, h *handle, stmts []*usherv1
 				"%s job %s: only queries are allowed in a read-only phase; writes belong to the commit phase or to the host's mark", h.job.GetKind(), h.job.GetId())
 		}
 	}
+	if len(stmts) == 1 {
+		return hs.queryReadOnly(ctx, h, stmts[0])
+	}
 	tx, err := h.db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "begin read-only transaction: %v", err)
@@ -419,14 +422,83 @@ func (hs *Handles) execReadOnly(ctx context.Context, h *handle, stmts []*usherv1
 	return out, nil
 }
 
+// queryReadOnly runs a read-only batch of one statement in one round
+// trip: BEGIN READ ONLY, the statement, the check that nothing was
+// written, ROLLBACK, then the session's reset (sandbox.ResetSession and
+// its check), where execReadOnly's transaction and its connection's reset
+// take six. One statement cannot both end the transaction and do
+// something after it: when it ends it (its tag says so), it is refused as
+// in execReadOnly, and the statements after it in the round trip are the
+// host's own (the check, which writes nothing, and a ROLLBACK that finds
+// no transaction). When a statement fails, the server skips the rest:
+// the transaction is rolled back, and the pool resets the connection.
+func (hs *Handles) queryReadOnly(ctx context.Context, h *handle, st *usherv1.Statement) (*usherv1.ExecResponse, error) {
+	conn, err := h.db.Acquire(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "begin read-only transaction: %v", err)
+	}
+	defer conn.Release()
+	pc := conn.Conn().PgConn()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN READ ONLY")
+	b.Queue(st.GetSql(), wire.FromValues(st.GetArgs())...)
+	b.Queue(wroteSQL)
+	b.Queue("ROLLBACK")
+	for _, r := range sandbox.ResetSession {
+		b.Queue(r)
+	}
+	b.Queue(sandbox.StatementsCheck(conn.Conn(), hs.schema))
+	br := conn.SendBatch(ctx, b)
+	// ended: the round trip did not run to its end; the transaction, if
+	// still open, is rolled back below and the pool resets the session.
+	ended := func() {
+		_ = br.Close()
+		if pc.TxStatus() != 'I' {
+			_ = pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close()
+		}
+	}
+	if _, err := br.Exec(); err != nil {
+		ended()
+		return nil, status.Errorf(codes.Unavailable, "begin read-only transaction: %v", err)
+	}
+	res, tag, err := collect(br.Query())
+	if err != nil {
+		ended()
+		return nil, h.noteDenied(fmt.Errorf("statement 1: %w", err))
+	}
+	if transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK") {
+		ended()
+		return nil, h.breach("a statement controlled the host's transaction (%s)", tag.String())
+	}
+	var w bool
+	if err := br.QueryRow().Scan(&w); err != nil {
+		ended()
+		return nil, sqlStatus(err)
+	}
+	if w {
+		ended()
+		return nil, h.breach("a read-only phase wrote (the database assigned its transaction an id); the write was rolled back")
+	}
+	// The ROLLBACK, the reset and its check: should any of them fail,
+	// the pool resets the session again (or closes the connection).
+	if err := br.Close(); err == nil && pc.TxStatus() == 'I' {
+		sandbox.MarkReset(conn.Conn())
+	} else if pc.TxStatus() != 'I' {
+		_ = pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close()
+	}
+	return &usherv1.ExecResponse{Results: []*usherv1.StatementResult{res}}, nil
+}
+
 // wrote asks the database whether tx has written anything (or taken a row
 // lock): only then does it assign the transaction an id. For a read-only
 // phase, where nothing may even try.
 func wrote(ctx context.Context, tx txConn) (bool, error) {
 	var w bool
-	err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL`).Scan(&w)
+	err := tx.QueryRow(ctx, wroteSQL).Scan(&w)
 	return w, err
 }
+
+const wroteSQL = `SELECT pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL`
 
 // rowWrites is the database's count of rows this backend inserted, updated
 // or deleted and has not yet reported to the statistics collector. It only
@@ -526,7 +598,11 @@ type queryer interface {
 }
 
 func runStatement(ctx context.Context, q queryer, st *usherv1.Statement) (*usherv1.StatementResult, pgconn.CommandTag, error) {
-	rows, err := q.Query(ctx, st.GetSql(), wire.FromValues(st.GetArgs())...)
+	return collect(q.Query(ctx, st.GetSql(), wire.FromValues(st.GetArgs())...))
+}
+
+// collect reads a statement's rows into its result.
+func collect(rows pgx.Rows, err error) (*usherv1.StatementResult, pgconn.CommandTag, error) {
 	if err != nil {
 		return nil, pgconn.CommandTag{}, sqlStatus(err)
 	}

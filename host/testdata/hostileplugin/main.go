@@ -251,6 +251,13 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 		s.exec(h, plain, effect(job))
 		return ok
 	case usherv1.Phase_PHASE_CHECK:
+		if a.Case == "readonly-commit" {
+			// One statement a batch, each in a round trip of its own
+			// with the host's BEGIN and ROLLBACK: end the transaction,
+			// then write outside it.
+			s.exec(h, query, "COMMIT")
+			s.exec(h, query, effect(job))
+		}
 		if a.Case == "readonly-write" {
 			// One batch, one transaction: lift READ ONLY, then write.
 			_, _ = s.broker.Client().Exec(context.Background(), &usherv1.ExecRequest{Handle: h, Statements: []*usherv1.Statement{

@@ -1,0 +1,84 @@
+package guard_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/usherhq/usher/host/guard"
+	"github.com/usherhq/usher/host/hosttest"
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+)
+
+// A read-only batch of one statement runs in one round trip with its
+// transaction's BEGIN, the check that nothing was written, the ROLLBACK and
+// the session's reset. Each way a plugin could use that statement against
+// it is refused or undone, and the pool's one connection comes back clean
+// for the next handle after each.
+func TestReadOnlyOneStatement(t *testing.T) {
+	t.Parallel()
+	owner, _ := hosttest.DB(t)
+	ctx := context.Background()
+	_, err := owner.Exec(ctx, `CREATE TABLE ro_effects (n int); GRANT SELECT, INSERT ON ro_effects TO usher_plugin_raw`)
+	require.NoError(t, err)
+	pool := hosttest.RawPool(t, owner, 1)
+	hs := guard.NewHandles("public", nil)
+	job := &usherv1.Job{Kind: "raw_job", Id: "ro-1"}
+	exec := func(sql string) (*usherv1.ExecResponse, error) {
+		h := guard.IssueReadOnly(hs, ctx, job, pool, "usher_plugin_raw")
+		return hs.Exec(ctx, &usherv1.ExecRequest{Handle: h, Statements: []*usherv1.Statement{{Mode: usherv1.Mode_MODE_QUERY, Sql: sql}}})
+	}
+	one := func(sql string) *usherv1.StatementResult {
+		t.Helper()
+		res, err := exec(sql)
+		require.NoError(t, err, sql)
+		require.Len(t, res.GetResults(), 1)
+		return res.GetResults()[0]
+	}
+	// clean checks that the connection is out of any transaction, its
+	// settings and locks reset, and nothing was written.
+	clean := func() {
+		t.Helper()
+		r := one(`SELECT current_setting('application_name'), (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()),
+			(SELECT count(*) FROM ro_effects)`)
+		require.Len(t, r.GetRows(), 1)
+		vals := r.GetRows()[0].GetValues()
+		require.NotEqual(t, "left behind", vals[0].GetText(), "the setting was reset")
+		require.EqualValues(t, 0, vals[1].GetInt(), "the advisory lock was released")
+		require.EqualValues(t, 0, vals[2].GetInt(), "nothing was written")
+	}
+
+	r := one(`SELECT n FROM generate_series(1, 3) n`)
+	require.Equal(t, []string{"n"}, r.GetColumns())
+	require.Len(t, r.GetRows(), 3)
+
+	// Session state a query leaves behind is reset in its round trip.
+	one(`SELECT set_config('application_name', 'left behind', false), pg_advisory_lock(7)`)
+	clean()
+
+	for _, c := range []struct{ sql, want string }{
+		{`COMMIT`, "controlled the host's transaction (COMMIT)"},
+		{`ROLLBACK`, "controlled the host's transaction (ROLLBACK)"},
+		{`SAVEPOINT s`, "controlled the host's transaction (SAVEPOINT)"},
+		{`INSERT INTO ro_effects VALUES (1)`, "read-only transaction"},
+		// An id assigned is a write the database recorded.
+		{`SELECT pg_catalog.txid_current()`, "a read-only phase wrote"},
+		{`SELECT 1/0`, "division by zero"},
+	} {
+		_, err := exec(c.sql)
+		require.ErrorContains(t, err, c.want, c.sql)
+		require.Contains(t, []codes.Code{codes.PermissionDenied, codes.InvalidArgument, codes.Aborted}, status.Code(err), c.sql)
+		clean()
+	}
+
+	// A handle the plugin broke refuses its next statement.
+	h := guard.IssueReadOnly(hs, ctx, job, pool, "usher_plugin_raw")
+	commit := []*usherv1.Statement{{Mode: usherv1.Mode_MODE_QUERY, Sql: `COMMIT`}}
+	_, err = hs.Exec(ctx, &usherv1.ExecRequest{Handle: h, Statements: commit})
+	require.Error(t, err)
+	_, err = hs.Exec(ctx, &usherv1.ExecRequest{Handle: h, Statements: []*usherv1.Statement{{Mode: usherv1.Mode_MODE_QUERY, Sql: `SELECT 1`}}})
+	require.ErrorContains(t, err, "controlled the host's transaction")
+}
