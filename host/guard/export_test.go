@@ -50,3 +50,6 @@ func AppliedStatements(r *Runner, job *usherv1.Job, d Delivery) []lastStatement 
 func IssueReadOnly(hs *Handles, ctx context.Context, job *usherv1.Job, pool *pgxpool.Pool, role string) string {
 	return hs.issue(ctx, capReadOnly, job, pool, nil, role).id
 }
+
+// WithReset runs statements and the session's reset in one round trip.
+var WithReset = withReset

@@ -424,69 +424,82 @@ func (hs *Handles) execReadOnly(ctx context.Context, h *handle, stmts []*usherv1
 
 // queryReadOnly runs a read-only batch of one statement in one round
 // trip: BEGIN READ ONLY, the statement, the check that nothing was
-// written, ROLLBACK, then the session's reset (sandbox.ResetSession and
-// its check), where execReadOnly's transaction and its connection's reset
-// take six. One statement cannot both end the transaction and do
-// something after it: when it ends it (its tag says so), it is refused as
-// in execReadOnly, and the statements after it in the round trip are the
-// host's own (the check, which writes nothing, and a ROLLBACK that finds
-// no transaction). When a statement fails, the server skips the rest:
-// the transaction is rolled back, and the pool resets the connection.
+// written, ROLLBACK, then the session's reset (withReset), where
+// execReadOnly's transaction and its connection's reset take six. One
+// statement cannot both end the transaction and do something after it:
+// when it ends it (its tag says so), it is refused as in execReadOnly, and
+// the statements after it in the round trip are the host's own (the
+// check, which writes nothing, and a ROLLBACK that finds no transaction).
+// When a statement fails, the server skips the rest: the transaction is
+// rolled back, and the pool resets the connection.
 func (hs *Handles) queryReadOnly(ctx context.Context, h *handle, st *usherv1.Statement) (*usherv1.ExecResponse, error) {
-	conn, err := h.db.Acquire(ctx)
+	var res *usherv1.StatementResult
+	err := withReset(ctx, h.db, hs.schema, func(b *pgx.Batch) {
+		b.Queue("BEGIN READ ONLY")
+		b.Queue(st.GetSql(), wire.FromValues(st.GetArgs())...)
+		b.Queue(wroteSQL)
+		b.Queue("ROLLBACK")
+	}, func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return status.Errorf(codes.Unavailable, "begin read-only transaction: %v", err)
+		}
+		var tag pgconn.CommandTag
+		var err error
+		if res, tag, err = collect(br.Query()); err != nil {
+			return h.noteDenied(fmt.Errorf("statement 1: %w", err))
+		}
+		if transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK") {
+			return h.breach("a statement controlled the host's transaction (%s)", tag.String())
+		}
+		var w bool
+		if err := br.QueryRow().Scan(&w); err != nil {
+			return sqlStatus(err)
+		}
+		if w {
+			return h.breach("a read-only phase wrote (the database assigned its transaction an id); the write was rolled back")
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "begin read-only transaction: %v", err)
+		return nil, err
+	}
+	return &usherv1.ExecResponse{Results: []*usherv1.StatementResult{res}}, nil
+}
+
+// withReset runs the statements queue adds on a connection of pool, as its
+// role, in one round trip with the session's reset after them
+// (sandbox.ResetSession and its check of prepared statements), and gives
+// the connection back marked reset when all of it ran: the pool's own
+// reset, two round trips more, is then skipped. read reads the results of
+// queue's statements, every one of them, in order; its error is returned.
+// When a statement failed (the server skipped the rest), the reset failed
+// or the round trip did not finish, an open transaction is rolled back
+// and the pool resets the connection (or closes it). The statements must
+// end any transaction they begin: the reset is not part of it, but runs in
+// the implicit transaction after it, and its failure undoes nothing of
+// theirs.
+func withReset(ctx context.Context, pool *pgxpool.Pool, schema string, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "acquire a connection: %v", err)
 	}
 	defer conn.Release()
 	pc := conn.Conn().PgConn()
 	b := &pgx.Batch{}
-	b.Queue("BEGIN READ ONLY")
-	b.Queue(st.GetSql(), wire.FromValues(st.GetArgs())...)
-	b.Queue(wroteSQL)
-	b.Queue("ROLLBACK")
+	queue(b)
 	for _, r := range sandbox.ResetSession {
 		b.Queue(r)
 	}
-	b.Queue(sandbox.StatementsCheck(conn.Conn(), hs.schema))
+	b.Queue(sandbox.StatementsCheck(conn.Conn(), schema))
 	br := conn.SendBatch(ctx, b)
-	// ended: the round trip did not run to its end; the transaction, if
-	// still open, is rolled back below and the pool resets the session.
-	ended := func() {
-		_ = br.Close()
-		if pc.TxStatus() != 'I' {
-			_ = pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close()
-		}
-	}
-	if _, err := br.Exec(); err != nil {
-		ended()
-		return nil, status.Errorf(codes.Unavailable, "begin read-only transaction: %v", err)
-	}
-	res, tag, err := collect(br.Query())
-	if err != nil {
-		ended()
-		return nil, h.noteDenied(fmt.Errorf("statement 1: %w", err))
-	}
-	if transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK") {
-		ended()
-		return nil, h.breach("a statement controlled the host's transaction (%s)", tag.String())
-	}
-	var w bool
-	if err := br.QueryRow().Scan(&w); err != nil {
-		ended()
-		return nil, sqlStatus(err)
-	}
-	if w {
-		ended()
-		return nil, h.breach("a read-only phase wrote (the database assigned its transaction an id); the write was rolled back")
-	}
-	// The ROLLBACK, the reset and its check: should any of them fail,
-	// the pool resets the session again (or closes the connection).
-	if err := br.Close(); err == nil && pc.TxStatus() == 'I' {
-		sandbox.MarkReset(conn.Conn())
-	} else if pc.TxStatus() != 'I' {
+	err = read(br)
+	switch reset := br.Close() == nil; {
+	case pc.TxStatus() != 'I':
 		_ = pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close()
+	case reset:
+		sandbox.MarkReset(conn.Conn())
 	}
-	return &usherv1.ExecResponse{Results: []*usherv1.StatementResult{res}}, nil
+	return err
 }
 
 // wrote asks the database whether tx has written anything (or taken a row

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -81,4 +82,74 @@ func TestReadOnlyOneStatement(t *testing.T) {
 	require.Error(t, err)
 	_, err = hs.Exec(ctx, &usherv1.ExecRequest{Handle: h, Statements: []*usherv1.Statement{{Mode: usherv1.Mode_MODE_QUERY, Sql: `SELECT 1`}}})
 	require.ErrorContains(t, err, "controlled the host's transaction")
+}
+
+// The host's own statements on a plugin's pool (a claim, its mark) run in
+// one round trip with their transaction's BEGIN and COMMIT and the
+// session's reset. What the plugin's triggers leave on the session (a
+// setting, an advisory lock, a prepared statement) is reset before the
+// next use, and the reset failing (its check finds the prepared
+// statement) undoes nothing the transaction committed.
+func TestWithResetCommitsApartFromTheReset(t *testing.T) {
+	t.Parallel()
+	owner, _ := hosttest.DB(t)
+	ctx := context.Background()
+	_, err := owner.Exec(ctx, `
+		CREATE TABLE claimlike (k text PRIMARY KEY);
+		GRANT SELECT, INSERT ON claimlike TO usher_plugin_raw;
+		CREATE FUNCTION claimlike_leave() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			PERFORM set_config('application_name', 'left behind', false), pg_advisory_lock(9);
+			IF NEW.k = 'prepare' THEN
+				EXECUTE 'PREPARE left_behind AS SELECT 1';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER claimlike_leave BEFORE INSERT ON claimlike FOR EACH ROW EXECUTE FUNCTION claimlike_leave()`)
+	require.NoError(t, err)
+	pool := hosttest.RawPool(t, owner, 1)
+	insert := func(k string) error {
+		return guard.WithReset(ctx, pool, "public", func(b *pgx.Batch) {
+			b.Queue("BEGIN")
+			b.Queue("INSERT INTO claimlike VALUES ($1)", k)
+			b.Queue("COMMIT")
+		}, func(br pgx.BatchResults) error {
+			for range 3 {
+				if _, err := br.Exec(); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	session := func() (app string, locks, prepared int64) {
+		t.Helper()
+		require.NoError(t, guard.WithReset(ctx, pool, "public", func(b *pgx.Batch) {
+			b.Queue(`SELECT current_setting('application_name'),
+				(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()),
+				(SELECT count(*) FROM pg_prepared_statements WHERE from_sql)`)
+		}, func(br pgx.BatchResults) error {
+			return br.QueryRow().Scan(&app, &locks, &prepared)
+		}))
+		return app, locks, prepared
+	}
+	clean := func() {
+		t.Helper()
+		app, locks, prepared := session()
+		require.NotEqual(t, "left behind", app)
+		require.Zero(t, locks)
+		require.Zero(t, prepared)
+	}
+
+	require.NoError(t, insert("a"))
+	clean()
+	require.NoError(t, insert("prepare"), "the check's failure is the reset's, not the transaction's")
+	clean()
+	require.EqualValues(t, 2, hosttest.Count(t, owner, `SELECT count(*) FROM claimlike`))
+
+	// A statement that fails rolls its transaction back; the connection
+	// comes back out of it.
+	require.ErrorContains(t, insert("a"), "duplicate key")
+	clean()
+	require.EqualValues(t, 2, hosttest.Count(t, owner, `SELECT count(*) FROM claimlike`))
 }

@@ -253,11 +253,6 @@ func phaseName(p usherv1.Phase) string {
 	return strings.ToLower(strings.TrimPrefix(p.String(), "PHASE_"))
 }
 
-// inTx runs fn in a short transaction of its own on the plugin's pool.
-func inTx(ctx context.Context, db DB, fn func(pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, db.Pool, fn)
-}
-
 // refused turns a statement the plugin's role was refused during a phase
 // into a permanent failure, whatever the plugin answered: a plugin that
 // swallows the error must not commit a transaction the database has
@@ -619,14 +614,18 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 	// table the plugin was not granted is refused by the database.
 	leaseSecs := c.lease.Seconds()
 	var token time.Time
-	err = inTx(ctx, db, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, c.claim, append(append([]any{}, c.keys...), leaseSecs)...).Scan(&token)
+	err = r.inTxReset(ctx, db, func(b *pgx.Batch) {
+		b.Queue(c.claim, append(append([]any{}, c.keys...), leaseSecs)...)
+	}, func(br pgx.BatchResults) error {
+		return br.QueryRow().Scan(&token)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		var done bool
 		var remaining float64
-		err := inTx(ctx, db, func(tx pgx.Tx) error {
-			return tx.QueryRow(ctx, c.status, append(append([]any{}, c.keys...), leaseSecs)...).Scan(&done, &remaining)
+		err := r.inTxReset(ctx, db, func(b *pgx.Batch) {
+			b.Queue(c.status, append(append([]any{}, c.keys...), leaseSecs)...)
+		}, func(br pgx.BatchResults) error {
+			return br.QueryRow().Scan(&done, &remaining)
 		})
 		if err != nil {
 			return abandoned(fmt.Errorf("read claim: %w", err))
@@ -660,8 +659,10 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 			// retry need not wait out the lease. Should the effect have
 			// left anyway, the provider's key catches the resend.
 			relCtx := context.WithoutCancel(ctx)
-			if err := inTx(relCtx, db, func(tx pgx.Tx) error {
-				_, err := tx.Exec(relCtx, c.release, append(append([]any{}, c.keys...), token)...)
+			if err := r.inTxReset(relCtx, db, func(b *pgx.Batch) {
+				b.Queue(c.release, append(append([]any{}, c.keys...), token)...)
+			}, func(br pgx.BatchResults) error {
+				_, err := br.Exec()
 				return err
 			}); err != nil {
 				r.cfg.Logger.Warn("release claim failed; the retry waits out the lease", "job_id", job.GetId(), "err", err)
@@ -684,14 +685,16 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 		unkept = fmt.Errorf("%s job %s: the effect ran and is marked done, but its result was not kept: %d values for the claim's result columns %v",
 			job.GetKind(), job.GetId(), len(vals), c.results)
 	}
-	if err := inTx(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, mark, args...); err != nil {
-			return err
+	if err := r.inTxReset(ctx, db, func(b *pgx.Batch) {
+		b.Queue(mark, args...)
+		if d.OutboxID != 0 {
+			b.Queue(r.appliedSQL(), appliedArgs(job, d)...)
 		}
-		if d.OutboxID == 0 {
-			return nil
+	}, func(br pgx.BatchResults) error {
+		_, err := br.Exec()
+		if err == nil && d.OutboxID != 0 {
+			_, err = br.Exec()
 		}
-		_, err := tx.Exec(ctx, r.appliedSQL(), appliedArgs(job, d)...)
 		return err
 	}); err != nil {
 		if out := claimError(err); out != nil {
@@ -706,6 +709,32 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 		return permanent(unkept)
 	}
 	return Outcome{Verdict: Applied, Recorded: d.OutboxID != 0}
+}
+
+// inTxReset runs the statements queue adds in a transaction of their own
+// on db's pool, its BEGIN, its COMMIT and the session's reset in the same
+// round trip (withReset): one round trip where a transaction and the
+// pool's reset took five or more. read reads the statements' results, in
+// order; an error it returns (pgx.ErrNoRows from a claim lost, say) is
+// returned as it is.
+func (r *Runner) inTxReset(ctx context.Context, db DB, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+	return withReset(ctx, db.Pool, r.cfg.Handles.schema, func(b *pgx.Batch) {
+		b.Queue("BEGIN")
+		queue(b)
+		b.Queue("COMMIT")
+	}, func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		if err := read(br); err != nil {
+			return err
+		}
+		tag, err := br.Exec()
+		if err == nil && tag.String() != "COMMIT" {
+			err = errors.New("the transaction was rolled back")
+		}
+		return err
+	})
 }
 
 // claimError turns a claim statement that can never work (no such table or
