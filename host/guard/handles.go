@@ -536,18 +536,18 @@ func (hs *Handles) execInTx(ctx context.Context, h *handle, st *usherv1.Statemen
 	case usherv1.Mode_MODE_QUERY:
 		return hs.runPlugin(ctx, h, h.tx, st)
 	case usherv1.Mode_MODE_WRITE_IF:
+		// Nothing may be written before the conditional write wins: the
+		// database says whether something was, in the write's round
+		// trip, before the write runs. (When something was, the write
+		// has run too, in a transaction the breach rolls back.)
+		var before *int64
 		if h.cap == capCommit && !h.won {
-			// Nothing may be written before the conditional write wins:
-			// the database says whether something was.
-			n, err := rowWrites(ctx, h.tx)
-			if err != nil {
-				return nil, sqlStatus(err)
-			}
-			if n > h.baseline {
-				return nil, h.breach("the commit phase wrote before its conditional write won")
-			}
+			before = new(int64)
 		}
-		res, tag, err := hs.run(ctx, h, h.tx, st)
+		res, tag, err := hs.run(ctx, h, h.tx, st, before)
+		if before != nil && *before > h.baseline {
+			return nil, h.breach("the commit phase wrote before its conditional write won")
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -570,7 +570,7 @@ func (hs *Handles) execInTx(ctx context.Context, h *handle, st *usherv1.Statemen
 }
 
 func (hs *Handles) runPlugin(ctx context.Context, h *handle, tx txConn, st *usherv1.Statement) (*usherv1.StatementResult, error) {
-	res, _, err := hs.run(ctx, h, tx, st)
+	res, _, err := hs.run(ctx, h, tx, st, nil)
 	return res, err
 }
 
@@ -589,13 +589,22 @@ var transactionControl = map[string]bool{"BEGIN": true, "START TRANSACTION": tru
 	"SAVEPOINT": true, "RELEASE": true, "PREPARE TRANSACTION": true, "COMMIT PREPARED": true, "ROLLBACK PREPARED": true}
 
 // run runs one plugin statement in tx, then checks with the connection that
-// tx is still the transaction the host opened.
-func (hs *Handles) run(ctx context.Context, h *handle, tx txConn, st *usherv1.Statement) (*usherv1.StatementResult, pgconn.CommandTag, error) {
+// tx is still the transaction the host opened. When before is set, the
+// rows tx wrote so far (rowWrites) are read into it first, in the same
+// round trip.
+func (hs *Handles) run(ctx context.Context, h *handle, tx txConn, st *usherv1.Statement, before *int64) (*usherv1.StatementResult, pgconn.CommandTag, error) {
 	if tx.Conn().PgConn().TxStatus() == 'I' {
 		// Another handle's statement on a shared transaction ended it.
 		return nil, pgconn.CommandTag{}, h.breach("the host's transaction had ended before this statement; it is not run")
 	}
-	res, tag, err := runStatement(ctx, tx, st)
+	var res *usherv1.StatementResult
+	var tag pgconn.CommandTag
+	var err error
+	if before == nil {
+		res, tag, err = runStatement(ctx, tx, st)
+	} else {
+		res, tag, err = runCounted(ctx, tx.Conn(), st, before)
+	}
 	h.noteFailed(tx, err)
 	switch ts := tx.Conn().PgConn().TxStatus(); {
 	case ts != 'T' && ts != 'E':
@@ -612,6 +621,24 @@ type queryer interface {
 
 func runStatement(ctx context.Context, q queryer, st *usherv1.Statement) (*usherv1.StatementResult, pgconn.CommandTag, error) {
 	return collect(q.Query(ctx, st.GetSql(), wire.FromValues(st.GetArgs())...))
+}
+
+// runCounted runs st after the query of the rows its transaction wrote so
+// far (rowWrites), in one round trip, and reads that count into written.
+func runCounted(ctx context.Context, conn *pgx.Conn, st *usherv1.Statement, written *int64) (*usherv1.StatementResult, pgconn.CommandTag, error) {
+	b := &pgx.Batch{}
+	b.Queue(rowWritesSQL)
+	b.Queue(st.GetSql(), wire.FromValues(st.GetArgs())...)
+	br := conn.SendBatch(ctx, b)
+	if err := br.QueryRow().Scan(written); err != nil {
+		_ = br.Close()
+		return nil, pgconn.CommandTag{}, sqlStatus(err)
+	}
+	res, tag, err := collect(br.Query())
+	if cerr := br.Close(); err == nil && cerr != nil {
+		res, err = nil, sqlStatus(cerr)
+	}
+	return res, tag, err
 }
 
 // collect reads a statement's rows into its result.
