@@ -422,27 +422,27 @@ func (hs *Handles) execReadOnly(ctx context.Context, h *handle, stmts []*usherv1
 	return out, nil
 }
 
-// queryReadOnly runs a read-only batch of one statement in one round
-// trip: BEGIN READ ONLY, the statement, the check that nothing was
-// written, ROLLBACK, then the session's reset (withReset), where
-// execReadOnly's transaction and its connection's reset take six. One
-// statement cannot both end the transaction and do something after it:
-// when it ends it (its tag says so), it is refused as in execReadOnly, and
-// the statements after it in the round trip are the host's own (the
+// queryReadOnly runs a read-only batch of one statement in two round trips
+// where execReadOnly's transaction and its connection's reset take six:
+// BEGIN READ ONLY, then the statement, the check that nothing was written,
+// ROLLBACK and the session's reset (withReset). BEGIN goes first by
+// itself because the pool describes a statement it has not seen on the
+// connection before sending it, and parsing can run the plugin's code (a
+// domain's check on a cast the server folds): that must happen inside
+// the read-only transaction, not in one of the server's own that commits.
+// One statement cannot both end the transaction and do something after
+// it: when it ends it (its tag says so), it is refused as in
+// execReadOnly, and the statements after it are the host's own (the
 // check, which writes nothing, and a ROLLBACK that finds no transaction).
 // When a statement fails, the server skips the rest: the transaction is
 // rolled back, and the pool resets the connection.
 func (hs *Handles) queryReadOnly(ctx context.Context, h *handle, st *usherv1.Statement) (*usherv1.ExecResponse, error) {
 	var res *usherv1.StatementResult
-	err := withReset(ctx, h.db, hs.schema, func(b *pgx.Batch) {
-		b.Queue("BEGIN READ ONLY")
+	err := withReset(ctx, h.db, hs.schema, "BEGIN READ ONLY", func(b *pgx.Batch) {
 		b.Queue(st.GetSql(), wire.FromValues(st.GetArgs())...)
 		b.Queue(wroteSQL)
 		b.Queue("ROLLBACK")
 	}, func(br pgx.BatchResults) error {
-		if _, err := br.Exec(); err != nil {
-			return status.Errorf(codes.Unavailable, "begin read-only transaction: %v", err)
-		}
 		var tag pgconn.CommandTag
 		var err error
 		if res, tag, err = collect(br.Query()); err != nil {
@@ -477,14 +477,25 @@ func (hs *Handles) queryReadOnly(ctx context.Context, h *handle, st *usherv1.Sta
 // and the pool resets the connection (or closes it). The statements must
 // end any transaction they begin: the reset is not part of it, but runs in
 // the implicit transaction after it, and its failure undoes nothing of
-// theirs.
-func withReset(ctx context.Context, pool *pgxpool.Pool, schema string, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+// theirs. begin, when set, runs first in a round trip of its own: the
+// pool describes statements it has not seen on the connection before it
+// sends the batch (a parse, which can run the plugin's code), and begin
+// puts that inside the transaction.
+func withReset(ctx context.Context, pool *pgxpool.Pool, schema, begin string, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "acquire a connection: %v", err)
 	}
 	defer conn.Release()
 	pc := conn.Conn().PgConn()
+	if begin != "" {
+		if err := pc.Exec(ctx, begin).Close(); err != nil {
+			if pc.TxStatus() != 'I' {
+				_ = pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close()
+			}
+			return status.Errorf(codes.Unavailable, "%s: %v", begin, err)
+		}
+	}
 	b := &pgx.Batch{}
 	queue(b)
 	for _, r := range sandbox.ResetSession {

@@ -712,20 +712,19 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 }
 
 // inTxReset runs the statements queue adds in a transaction of their own
-// on db's pool, its BEGIN, its COMMIT and the session's reset in the same
-// round trip (withReset): one round trip where a transaction and the
-// pool's reset took five or more. read reads the statements' results, in
-// order; an error it returns (pgx.ErrNoRows from a claim lost, say) is
-// returned as it is.
+// on db's pool, their COMMIT and the session's reset in one round trip
+// after the BEGIN's (withReset): two round trips where a transaction and
+// the pool's reset took five or more. (BEGIN by itself first: a statement
+// the pool has not described on the connection is parsed before the
+// batch, and a cast in it can run the plugin's code, a domain's check on
+// a column of its table; that belongs inside the transaction.) read reads
+// the statements' results, in order; an error it returns (pgx.ErrNoRows
+// from a claim lost, say) is returned as it is.
 func (r *Runner) inTxReset(ctx context.Context, db DB, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
-	return withReset(ctx, db.Pool, r.cfg.Handles.schema, func(b *pgx.Batch) {
-		b.Queue("BEGIN")
+	return withReset(ctx, db.Pool, r.cfg.Handles.schema, "BEGIN", func(b *pgx.Batch) {
 		queue(b)
 		b.Queue("COMMIT")
 	}, func(br pgx.BatchResults) error {
-		if _, err := br.Exec(); err != nil {
-			return err
-		}
 		if err := read(br); err != nil {
 			return err
 		}

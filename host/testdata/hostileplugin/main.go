@@ -252,9 +252,10 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 		return ok
 	case usherv1.Phase_PHASE_CHECK:
 		if a.Case == "readonly-commit" {
-			// One statement a batch, each in a round trip of its own
-			// with the host's BEGIN and ROLLBACK: end the transaction,
-			// then write outside it.
+			// One statement a batch, sent with the host's write check,
+			// ROLLBACK and reset after it: end the transaction with it
+			// (refused), then try to write (the broken handle refuses
+			// it before it reaches the database).
 			s.exec(h, query, "COMMIT")
 			s.exec(h, query, effect(job))
 		}
