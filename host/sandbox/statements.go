@@ -141,25 +141,53 @@ func forgetWrites(ctx context.Context, conn *pgx.Conn) error {
 // the server refuses to prepare (its table gone since, say) is dropped: it
 // runs unnamed, and is noted again if it runs. Any other failure (the
 // time ran out and the connection was closed, say) is returned: the
-// connection is not fit to go back to its pool.
+// connection is not fit to go back to its pool. The writes are prepared
+// inside a READ ONLY transaction, rolled back (a prepared statement
+// outlives it): parsing can run the plugin's code (a domain's check on a
+// cast the server folds), and outside a job's transaction nothing of it
+// may be written.
 func prepareNoted(ctx context.Context, conn *pgx.Conn) error {
 	w := writesOf(conn)
 	w.mu.Lock()
 	noted := w.noted
 	w.noted = map[string]bool{}
 	w.mu.Unlock()
+	if len(noted) == 0 {
+		return nil
+	}
+	pc := conn.PgConn()
+	begin := func() error {
+		if err := pc.Exec(ctx, "BEGIN READ ONLY").Close(); err != nil {
+			return fmt.Errorf("prepare a write: %w", err)
+		}
+		return nil
+	}
+	if err := begin(); err != nil {
+		return err
+	}
 	for sql := range noted {
 		name := writeName(sql)
 		if _, err := conn.Prepare(ctx, name, sql); err != nil {
 			var pgErr *pgconn.PgError
-			if !errors.As(err, &pgErr) || conn.IsClosed() || conn.PgConn().TxStatus() != 'I' {
+			if !errors.As(err, &pgErr) || conn.IsClosed() || pc.TxStatus() == 'I' {
 				return fmt.Errorf("prepare a write: %w", err)
+			}
+			// The failure aborted the transaction: a new one for the
+			// writes left.
+			if err := pc.Exec(ctx, "ROLLBACK").Close(); err != nil {
+				return fmt.Errorf("prepare a write: %w", err)
+			}
+			if err := begin(); err != nil {
+				return err
 			}
 			continue
 		}
 		w.mu.Lock()
 		w.names[sql] = name
 		w.mu.Unlock()
+	}
+	if err := pc.Exec(ctx, "ROLLBACK").Close(); err != nil || pc.TxStatus() != 'I' {
+		return fmt.Errorf("prepare a write: end its transaction: %v", err)
 	}
 	return nil
 }

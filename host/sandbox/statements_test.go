@@ -111,6 +111,38 @@ func TestPreparedWrites(t *testing.T) {
 	use(func(conn *pgx.Conn) { require.False(t, run(conn, 10), "spoiled: deallocated") })
 	require.EqualValues(t, 448, sum())
 
+	// Preparing a write parses it again, outside any job's transaction:
+	// what its parse runs (a domain's check on a cast the server folds)
+	// writes nothing there. The write ran once, in its transaction.
+	_, err = owner.Exec(ctx, `
+		CREATE TABLE parse_effects (n int);
+		CREATE FUNCTION parse_sneak(n int) RETURNS boolean LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO parse_effects VALUES (n);
+			RETURN true;
+		END $$;
+		CREATE DOMAIN parse_dom AS int CHECK (parse_sneak(VALUE));
+		GRANT SELECT, INSERT ON parse_effects TO usher_plugin_raw;
+		GRANT USAGE ON DOMAIN parse_dom TO usher_plugin_raw`)
+	require.NoError(t, err)
+	const sneaky = "INSERT INTO prepared_writes SELECT $1::int WHERE '{1}'::parse_dom[] IS NOT NULL"
+	// inRuns counts what the runs' own transactions wrote.
+	var inRuns int64
+	counted := func(conn *pgx.Conn, fn func()) {
+		var before, after int64
+		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM parse_effects`).Scan(&before))
+		fn()
+		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM parse_effects`).Scan(&after))
+		inRuns += after - before
+	}
+	use(func(conn *pgx.Conn) { counted(conn, func() { require.False(t, run2(t, conn, sneaky, 0)) }) })
+	use(func(conn *pgx.Conn) {
+		counted(conn, func() { require.False(t, run2(t, conn, sneaky, 0), "its preparation failed: unnamed") })
+	})
+	require.Positive(t, inRuns)
+	require.Equal(t, inRuns, hosttest.Count(t, owner, `SELECT count(*) FROM parse_effects`),
+		"the preparation while the connection was idle wrote nothing")
+
 	// At most MaxPreparedWrites a connection.
 	use(func(conn *pgx.Conn) {
 		for i := range sandbox.MaxPreparedWrites + 5 {
