@@ -24,20 +24,12 @@ func TestReadOnlyOneStatement(t *testing.T) {
 	t.Parallel()
 	owner, _ := hosttest.DB(t)
 	ctx := context.Background()
+	_, err := owner.Exec(ctx, `CREATE TABLE ro_effects (n int); GRANT SELECT, INSERT ON ro_effects TO usher_plugin_raw`)
+	require.NoError(t, err)
 	// A domain whose check writes, run by a cast the server folds while
 	// it parses a statement: the parse must happen inside the read-only
 	// transaction too.
-	_, err := owner.Exec(ctx, `
-		CREATE TABLE ro_effects (n int);
-		CREATE FUNCTION ro_sneak(n int) RETURNS boolean LANGUAGE plpgsql AS $$
-		BEGIN
-			INSERT INTO ro_effects VALUES (n);
-			RETURN true;
-		END $$;
-		CREATE DOMAIN ro_dom AS int CHECK (ro_sneak(VALUE));
-		GRANT SELECT, INSERT ON ro_effects TO usher_plugin_raw;
-		GRANT USAGE ON DOMAIN ro_dom TO usher_plugin_raw`)
-	require.NoError(t, err)
+	hosttest.ParseWriter(t, owner, "parse", "usher_plugin_raw")
 	pool := hosttest.RawPool(t, owner, 1)
 	hs := guard.NewHandles("public", nil)
 	job := &usherv1.Job{Kind: "raw_job", Id: "ro-1"}
@@ -59,7 +51,8 @@ func TestReadOnlyOneStatement(t *testing.T) {
 	clean := func() {
 		t.Helper()
 		r := one(`SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()),
-			(SELECT count(*) FROM pg_prepared_statements WHERE from_sql), (SELECT count(*) FROM ro_effects)`)
+			(SELECT count(*) FROM pg_prepared_statements WHERE from_sql),
+			(SELECT count(*) FROM ro_effects) + (SELECT count(*) FROM parse_effects)`)
 		require.Len(t, r.GetRows(), 1)
 		vals := r.GetRows()[0].GetValues()
 		require.EqualValues(t, 0, vals[0].GetInt(), "the advisory lock was released")
@@ -87,7 +80,7 @@ func TestReadOnlyOneStatement(t *testing.T) {
 		{`ROLLBACK`, "controlled the host's transaction (ROLLBACK)"},
 		{`SAVEPOINT s`, "controlled the host's transaction (SAVEPOINT)"},
 		{`INSERT INTO ro_effects VALUES (1)`, "read-only transaction"},
-		{`SELECT '{1}'::ro_dom[]`, "read-only transaction"},
+		{`SELECT '{1}'::parse_dom[]`, "read-only transaction"},
 		// An id assigned is a write the database recorded.
 		{`SELECT pg_catalog.txid_current()`, "a read-only phase wrote"},
 		{`SELECT 1/0`, "division by zero"},

@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"net/url"
 	"os"
@@ -493,4 +494,29 @@ func RawPool(tb testing.TB, owner *pgxpool.Pool, size int32) *pgxpool.Pool {
 	}
 	tb.Cleanup(pool.Close)
 	return pool
+}
+
+// ParseWriter creates, in owner's database, a table <name>_effects and a
+// domain <name>_dom whose check inserts a row into it, both usable by
+// role: a cast of a literal to an array of the domain ('{1}'::<name>_dom[])
+// writes while the server parses the statement. For the tests that
+// plugin code run at parse time writes nothing outside a job's
+// transaction (or a read-only phase's).
+func ParseWriter(tb testing.TB, owner *pgxpool.Pool, name, role string) {
+	tb.Helper()
+	t, fn, dom := pgx.Identifier{name + "_effects"}.Sanitize(), pgx.Identifier{name + "_sneak"}.Sanitize(), pgx.Identifier{name + "_dom"}.Sanitize()
+	r := pgx.Identifier{role}.Sanitize()
+	_, err := owner.Exec(context.Background(), fmt.Sprintf(`
+		CREATE TABLE %[1]s (n int);
+		CREATE FUNCTION %[2]s(n int) RETURNS boolean LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO %[1]s VALUES (n);
+			RETURN true;
+		END $$;
+		CREATE DOMAIN %[3]s AS int CHECK (%[2]s(VALUE));
+		GRANT SELECT, INSERT ON %[1]s TO %[4]s;
+		GRANT USAGE ON DOMAIN %[3]s TO %[4]s`, t, fn, dom, r))
+	if err != nil {
+		tb.Fatalf("hosttest: a domain that writes at parse time: %v", err)
+	}
 }

@@ -113,18 +113,8 @@ func TestPreparedWrites(t *testing.T) {
 
 	// Preparing a write parses it again, outside any job's transaction:
 	// what its parse runs (a domain's check on a cast the server folds)
-	// writes nothing there. The write ran once, in its transaction.
-	_, err = owner.Exec(ctx, `
-		CREATE TABLE parse_effects (n int);
-		CREATE FUNCTION parse_sneak(n int) RETURNS boolean LANGUAGE plpgsql AS $$
-		BEGIN
-			INSERT INTO parse_effects VALUES (n);
-			RETURN true;
-		END $$;
-		CREATE DOMAIN parse_dom AS int CHECK (parse_sneak(VALUE));
-		GRANT SELECT, INSERT ON parse_effects TO usher_plugin_raw;
-		GRANT USAGE ON DOMAIN parse_dom TO usher_plugin_raw`)
-	require.NoError(t, err)
+	// writes nothing there. Only the runs' own transactions write.
+	hosttest.ParseWriter(t, owner, "parse", "usher_plugin_raw")
 	const sneaky = "INSERT INTO prepared_writes SELECT $1::int WHERE '{1}'::parse_dom[] IS NOT NULL"
 	// inRuns counts what the runs' own transactions wrote.
 	var inRuns int64
