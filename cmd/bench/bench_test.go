@@ -185,3 +185,23 @@ func TestREADMEMakeBench(t *testing.T) {
 	require.Contains(t, string(out), "BenchmarkCountersEndToEnd")
 	checkResults(t, results, 4)
 }
+
+// Every bin/bench command line the README quotes in its prose (how a
+// figure was measured) parses as bench's flags: a flag renamed or
+// misspelt there is an error here, never a command a reader cannot run.
+func TestREADMEQuotedCommandsParse(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "README.md"))
+	require.NoError(t, err)
+	// A quoted command may wrap over lines: join them first.
+	text := strings.Join(strings.Fields(string(b)), " ")
+	n := 0
+	for _, part := range strings.Split(text, "`bin/bench ")[1:] {
+		line, _, ok := strings.Cut(part, "`")
+		require.True(t, ok, "an unterminated command: %q", part[:min(len(part), 80)])
+		_, err := parseConfig(strings.Fields(line), io.Discard)
+		require.NoError(t, err, "bin/bench %s", line)
+		n++
+	}
+	require.GreaterOrEqual(t, n, 3, "the README quotes its measuring commands")
+}
