@@ -101,6 +101,10 @@ type Consumer struct {
 	// waste a slot.
 	mu      sync.Mutex
 	running map[string]*running
+	// unacked are the entries finished here whose XACK has not returned:
+	// one read again meanwhile (a reclaim of an entry idle past the
+	// threshold while its ack waits) is not run a second time.
+	unacked map[string]bool
 	// detached counts the entries running without a slot (Detach).
 	detached int
 
@@ -135,7 +139,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	c := &Consumer{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency), running: map[string]*running{},
+	c := &Consumer{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency), running: map[string]*running{}, unacked: map[string]bool{},
 		budget: semaphore.NewWeighted(cfg.MaxBytes),
 		work:   make(chan Entry, cfg.Concurrency), acks: make(chan ackRequest, cfg.Concurrency),
 		wake: make(chan struct{}, 1)}
@@ -390,7 +394,7 @@ func (c *Consumer) PeakBytesHeld() int64 { return c.peak.Load() }
 func (c *Consumer) start(e Entry) {
 	held := min(e.Held, MaxEntryBytes)
 	c.mu.Lock()
-	if c.running[e.StreamID] != nil {
+	if c.running[e.StreamID] != nil || c.unacked[e.StreamID] {
 		c.mu.Unlock()
 		c.addArriving(-1)
 		c.release(1, held)
@@ -453,7 +457,11 @@ func (c *Consumer) finish(e Entry) (detached bool) {
 		return false
 	}
 	// The job's outcome is committed: its slot goes to the next entry
-	// now, and the ack follows with the others finished meanwhile.
+	// now, and the ack follows with the others finished meanwhile. Until
+	// the ack returns, the entry is not run here again.
+	c.mu.Lock()
+	c.unacked[e.StreamID] = true
+	c.mu.Unlock()
 	c.acking.Add(1)
 	c.acks <- ackRequest{id: e.StreamID, jobID: e.JobID}
 	return false // the deferred release says whether it was detached
@@ -504,6 +512,11 @@ func (c *Consumer) acker() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.workCtx), 5*time.Second)
 		err := c.cfg.Redis.XAck(ctx, c.cfg.Stream, c.cfg.Group, ids...).Err()
 		cancel()
+		c.mu.Lock()
+		for _, id := range ids {
+			delete(c.unacked, id)
+		}
+		c.mu.Unlock()
 		for _, r := range batch {
 			if err != nil {
 				c.cfg.Logger.Warn("ack failed; the entry will be reclaimed and absorbed by its guard",

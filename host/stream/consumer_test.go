@@ -3,9 +3,11 @@ package stream_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/hosttest"
@@ -111,4 +113,84 @@ func requireOpen(t *testing.T, ch <-chan struct{}) {
 		t.Fatal("the channel was closed while entries were arriving")
 	default:
 	}
+}
+
+// An entry finished here whose XACK has not returned yet, read again
+// meanwhile (a reclaim of an entry idle past the threshold while its ack
+// waits, as on a loaded machine), is not run a second time; once the ack
+// has returned, a read of it runs it again (its ack may have failed).
+func TestEntryWaitingForItsAckIsNotRunAgain(t *testing.T) {
+	t.Parallel()
+	rdb, key := hosttest.Redis(t)
+	ctx := context.Background()
+	acks := &holdAcks{gate: make(chan struct{}), held: make(chan struct{}, 4)}
+	rdb.AddHook(acks)
+	var mu sync.Mutex
+	runs := map[string]int{}
+	c, err := stream.NewConsumer(stream.ConsumerConfig{
+		Redis: rdb, Stream: key, Group: "g", Name: "c1", Concurrency: 2,
+		Dispatch: func(ctx context.Context, e stream.Entry) bool {
+			mu.Lock()
+			runs[e.StreamID]++
+			mu.Unlock()
+			return true // done: ack it
+		},
+	})
+	require.NoError(t, err)
+	entry := stream.Entry{StreamID: "1-0", JobID: "1", Kind: "k"}
+	read := func() {
+		t.Helper()
+		got, err := c.Take(ctx, 1, func(ctx context.Context, n int) ([]stream.Entry, error) {
+			return []stream.Entry{entry}, nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, 1, got)
+	}
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return runs["1-0"]
+	}
+
+	read()
+	select {
+	case <-acks.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the entry was not acked")
+	}
+	require.Equal(t, 1, count())
+	read() // its ack is held
+	require.Never(t, func() bool { return count() > 1 }, 300*time.Millisecond, 10*time.Millisecond,
+		"an entry waiting for its ack was run again")
+
+	close(acks.gate)
+	require.Eventually(t, func() bool {
+		read()
+		return count() == 2
+	}, 10*time.Second, 50*time.Millisecond, "once acked, a read runs it again")
+}
+
+// holdAcks holds every XACK until gate is closed, telling held of each.
+type holdAcks struct {
+	gate chan struct{}
+	held chan struct{}
+}
+
+func (h *holdAcks) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *holdAcks) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "xack" {
+			select {
+			case h.held <- struct{}{}:
+			default:
+			}
+			<-h.gate
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *holdAcks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
