@@ -76,6 +76,16 @@ func TestBatchesApplyEachJobOnce(t *testing.T) {
 	split, splitJobs := count("split")
 	require.Positive(t, committed, "no batch of two jobs or more committed:\n%s", m)
 	t.Logf("%.0f batches committed, %.1f jobs each; %.0f split (%.0f jobs run again alone)", committed, jobs/committed, split, splitJobs)
+	// Each committed batch's steps, timed: one of each per batch.
+	totals := h.BatchPhaseTotals()
+	for _, phase := range []string{"record", "invoke", "writes", "commit"} {
+		re := regexp.MustCompile(`usher_job_batch_phase_seconds_count\{phase="` + phase + `",role="usher_plugin_counters"\} (\S+)`)
+		mm := re.FindStringSubmatch(m)
+		require.NotNil(t, mm, "no %s phase in the metrics", phase)
+		require.Equal(t, mm[1], strconv.FormatFloat(committed, 'f', -1, 64), "one %s step per committed batch", phase)
+		require.EqualValues(t, committed, totals[phase].Count)
+		require.Positive(t, totals[phase].Seconds, phase)
+	}
 }
 
 // A job that hangs inside a batch holds only itself: the batch is called

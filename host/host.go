@@ -217,12 +217,15 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		Handles: h.handles, StatementTimeout: cfg.StatementTimeout,
 		TransientBackoff: cfg.RetryBackoff, OnAbsorbed: h.recordAbsorbed, Logger: h.log,
 		BatchMax: cfg.BatchMax, Solo: pluginhost.IsAlone, StalledAfter: cfg.StalledAfter, Arriving: h.arriving, GatherWait: cfg.BatchWait,
-		OnBatch: func(role string, jobs int, committed bool) {
+		OnBatch: func(b guard.BatchReport) {
 			result := "committed"
-			if !committed {
+			if !b.Committed {
 				result = "split"
 			}
-			h.metrics.batches.WithLabelValues(role, result).Observe(float64(jobs))
+			h.metrics.batches.WithLabelValues(b.Role, result).Observe(float64(b.Jobs))
+			if b.Committed {
+				h.metrics.observePhases(b.Role, b.Phases)
+			}
 		},
 	})
 	if err != nil {

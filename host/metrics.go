@@ -1,9 +1,13 @@
 package host
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/usherhq/usher/host/guard"
 )
 
 // metrics are the host's Prometheus series, on a registry of its own so
@@ -17,6 +21,8 @@ type metrics struct {
 	reclaimed   prometheus.Counter
 	duration    *prometheus.HistogramVec
 	batches     *prometheus.HistogramVec
+	// batchPhases: the steps of each committed batch (guard.BatchPhases).
+	batchPhases *prometheus.HistogramVec
 	restarts    *prometheus.CounterVec
 	rollbacks   *prometheus.CounterVec
 	// waitedForKind: see kindWait.
@@ -53,6 +59,11 @@ func newMetrics() *metrics {
 			Name: "usher_job_batch_size", Help: "Jobs per batch of record-the-job-id runs, by plugin role and result (committed, split: run again alone).",
 			Buckets: []float64{2, 4, 8, 16, 32, 64},
 		}, []string{"role", "result"}),
+		batchPhases: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "usher_job_batch_phase_seconds",
+			Help:    "Each step of a committed batch of record-the-job-id runs, by plugin role and phase: record (BEGIN with the jobs' records), invoke (the plugin's call), writes (the writes the applies returned), commit (COMMIT with the outcomes).",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1},
+		}, []string{"role", "phase"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_plugin_restarts_total", Help: "Plugin processes restarted after a crash.",
 		}, []string{"plugin"}),
@@ -71,7 +82,7 @@ func newMetrics() *metrics {
 		}),
 	}
 	m.reg.MustRegister(m.trimmed, m.retained, m.consumersRemoved)
-	m.reg.MustRegister(m.jobs, m.absorbed, m.deadLetters, m.published, m.reclaimed, m.duration, m.batches, m.restarts, m.rollbacks,
+	m.reg.MustRegister(m.jobs, m.absorbed, m.deadLetters, m.published, m.reclaimed, m.duration, m.batches, m.batchPhases, m.restarts, m.rollbacks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -108,4 +119,48 @@ func (h *Host) Verdicts() map[string]int64 {
 		}
 	}
 	return out
+}
+
+// phaseNames are usher_job_batch_phase_seconds' phase labels, in a batch's
+// order.
+var phaseNames = []string{"record", "invoke", "writes", "commit"}
+
+func (m *metrics) observePhases(role string, p guard.BatchPhases) {
+	for i, d := range []time.Duration{p.Record, p.Invoke, p.Writes, p.Commit} {
+		m.batchPhases.WithLabelValues(role, phaseNames[i]).Observe(d.Seconds())
+	}
+}
+
+// BatchPhaseTotals is usher_job_batch_phase_seconds summed over plugin
+// roles: for each phase (record, invoke, writes, commit) the time all
+// committed batches spent in it, and their count. Read in memory, like
+// Verdicts: cmd/bench takes it before and after a window.
+func (h *Host) BatchPhaseTotals() map[string]PhaseTotal {
+	ch := make(chan prometheus.Metric, 16)
+	go func() {
+		h.metrics.batchPhases.Collect(ch)
+		close(ch)
+	}()
+	out := map[string]PhaseTotal{}
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			continue
+		}
+		for _, l := range pb.GetLabel() {
+			if l.GetName() == "phase" {
+				t := out[l.GetValue()]
+				t.Seconds += pb.GetHistogram().GetSampleSum()
+				t.Count += pb.GetHistogram().GetSampleCount()
+				out[l.GetValue()] = t
+			}
+		}
+	}
+	return out
+}
+
+// PhaseTotal is one phase's total time and count of batches.
+type PhaseTotal struct {
+	Seconds float64
+	Count   uint64
 }

@@ -129,6 +129,13 @@ func checkResults(t *testing.T, dir string, inflight int) {
 	require.Greater(t, u["jobs_per_sec"], 0.0)
 	require.Greater(t, u["cpu_seconds"], 0.0)
 	require.Greater(t, u["host_peak_rss_bytes"], 0.0)
+	// The window's committed batches, and each step's mean.
+	batches, ok := u["batches"].(map[string]any)
+	require.True(t, ok, "no batches in %v", u)
+	require.Greater(t, batches["batches"], 0.0)
+	for _, step := range []string{"record_ms", "invoke_ms", "writes_ms", "commit_ms"} {
+		require.Greater(t, batches[step], 0.0, step)
+	}
 	plugins := u["plugins"].([]any)
 	require.Len(t, plugins, 1)
 	require.Equal(t, "counters", plugins[0].(map[string]any)["name"])

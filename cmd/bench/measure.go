@@ -19,6 +19,7 @@ import (
 type sample struct {
 	hostCPU time.Duration
 	plugins map[string]procSample
+	phases  map[string]host.PhaseTotal
 }
 
 type procSample struct {
@@ -30,7 +31,7 @@ type procSample struct {
 // takeSample reads CPU time so far and resets the peak RSS (VmHWM) of this
 // process and every plugin, so the next sample's peak is the window's.
 func takeSample(h *host.Host) sample {
-	s := sample{hostCPU: procstat.SelfCPU(), plugins: map[string]procSample{}}
+	s := sample{hostCPU: procstat.SelfCPU(), plugins: map[string]procSample{}, phases: h.BatchPhaseTotals()}
 	procstat.ResetPeak("self")
 	for _, p := range h.Plugins() {
 		if p.Pid == os.Getpid() {
@@ -46,6 +47,7 @@ func takeSample(h *host.Host) sample {
 // usage fills r's CPU and peak RSS from two samples around its window.
 func (r *levelResult) usage(before, after sample) {
 	r.HostCPUSeconds = (after.hostCPU - before.hostCPU).Seconds()
+	r.Batches = stepsBetween(before.phases, after.phases)
 	r.HostPeakRSSBytes, _ = procstat.PeakRSS("self")
 	r.CPUSeconds = r.HostCPUSeconds
 	for name, a := range after.plugins {
@@ -129,4 +131,37 @@ func (p *progress) print() {
 func (p *progress) close() {
 	close(p.stop)
 	p.wg.Wait()
+}
+
+// batchSteps is the mean time of each step of a window's committed batches
+// (usher_job_batch_phase_seconds): BEGIN with the records, the plugin's
+// call, the writes, the commit.
+type batchSteps struct {
+	Batches  uint64  `json:"batches"`
+	RecordMs float64 `json:"record_ms"`
+	InvokeMs float64 `json:"invoke_ms"`
+	WritesMs float64 `json:"writes_ms"`
+	CommitMs float64 `json:"commit_ms"`
+}
+
+// stepsBetween is the batch steps between two readings of
+// Host.BatchPhaseTotals; nil when no batch committed.
+func stepsBetween(before, after map[string]host.PhaseTotal) *batchSteps {
+	mean := func(phase string) float64 {
+		n := after[phase].Count - before[phase].Count
+		if n == 0 {
+			return 0
+		}
+		return 1000 * (after[phase].Seconds - before[phase].Seconds) / float64(n)
+	}
+	n := after["commit"].Count - before["commit"].Count
+	if n == 0 {
+		return nil
+	}
+	return &batchSteps{Batches: n, RecordMs: mean("record"), InvokeMs: mean("invoke"), WritesMs: mean("writes"), CommitMs: mean("commit")}
+}
+
+func (b *batchSteps) String() string {
+	return fmt.Sprintf("%d batches: BEGIN with the records %.2f ms, the plugin's call %.2f ms, writes %.2f ms, commit %.2f ms",
+		b.Batches, b.RecordMs, b.InvokeMs, b.WritesMs, b.CommitMs)
 }

@@ -75,6 +75,9 @@ type levelResult struct {
 	HostPeakRSSBytes int64        `json:"host_peak_rss_bytes"`
 	Plugins          []procResult `json:"plugins"`
 	CPUSeconds       float64      `json:"cpu_seconds"`
+	// Batches are the window's committed batches and the mean of each of
+	// their steps.
+	Batches *batchSteps `json:"batches,omitempty"`
 	check
 	Notes []string `json:"notes,omitempty"`
 }
@@ -113,6 +116,9 @@ type latencyResult struct {
 	StreamP99Ms float64 `json:"stream_p99_ms"`
 	RunP50Ms    float64 `json:"run_p50_ms"`
 	RunP99Ms    float64 `json:"run_p99_ms"`
+	// Batches are the run's committed batches and the mean of each of
+	// their steps.
+	Batches *batchSteps `json:"batches,omitempty"`
 	check
 }
 
@@ -161,6 +167,11 @@ func (r *results) printTable(w io.Writer) {
 			mib(u.HostPeakRSSBytes), strings.Join(prss, ","), u.Lost+u.LostJobs, u.Doubled)
 	}
 	_ = tw.Flush()
+	for _, u := range r.Usher {
+		if u.Batches != nil {
+			fmt.Fprintf(w, "  %d in flight, %s (means)\n", u.Inflight, u.Batches)
+		}
+	}
 	if len(r.Boundary) > 0 {
 		fmt.Fprintln(w, "\nthe plugin boundary: the same handler inside the host (no process, no gRPC) against the plugin process:")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -189,6 +200,9 @@ func (r *results) printTable(w io.Writer) {
 			l.P50Ms, l.P95Ms, l.P99Ms, l.MaxMs, l.MeanMs, l.Lost+l.LostJobs, l.Doubled)
 		fmt.Fprintf(w, "  of which commit -> relay pick-up p50 %.1f ms  p99 %.1f ms; pick-up -> host start p50 %.1f ms  p99 %.1f ms; start -> outcome p50 %.1f ms  p99 %.1f ms\n",
 			l.RelayP50Ms, l.RelayP99Ms, l.StreamP50Ms, l.StreamP99Ms, l.RunP50Ms, l.RunP99Ms)
+		if l.Batches != nil {
+			fmt.Fprintf(w, "  %s (means)\n", l.Batches)
+		}
 	}
 	fmt.Fprintln(w, "\nduplicates absorbed per guard:")
 	if len(r.Absorbed) == 0 {

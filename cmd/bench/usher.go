@@ -456,6 +456,7 @@ func latency(ctx context.Context, cfg config, db *database, rh *runningHost, rdb
 	}
 	defer ppool.Close()
 
+	phasesBefore := rh.h.BatchPhaseTotals()
 	p.phase(fmt.Sprintf("latency: offering %d jobs/s for %ds", cfg.Rate, cfg.RateSeconds), int64(total))
 	pctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -518,6 +519,7 @@ pace:
 	if _, err := w.wait(ctx, base+int64(total), base, p); err != nil {
 		return res, nil, err
 	}
+	res.Batches = stepsBetween(phasesBefore, rh.h.BatchPhaseTotals())
 	type stamps struct {
 		ID                       int64
 		Published, Started, Done time.Time

@@ -45,6 +45,28 @@ import (
 // rolled back, and each of its jobs runs again alone, so a handler that
 // hangs holds only its own job, never its batch-mates nor the next batch.
 
+// BatchReport is what Config.OnBatch is told of a batch that reached its
+// plugin.
+type BatchReport struct {
+	// Role is the plugin's database role.
+	Role string
+	// Jobs are the batch's jobs, absorbed ones excluded.
+	Jobs int
+	// Committed: the batch committed whole; otherwise it was split to
+	// run each job alone.
+	Committed bool
+	// Phases, for a committed batch: how long each of its steps took.
+	Phases BatchPhases
+}
+
+// BatchPhases are the steps of a committed batch, each a round trip: its
+// BEGIN with the jobs' records (the connection's acquisition included),
+// the plugin's call, the writes the applies returned, and the COMMIT with
+// the outcomes and the session's reset.
+type BatchPhases struct {
+	Record, Invoke, Writes, Commit time.Duration
+}
+
 // batchReq is one job waiting for its batch.
 type batchReq struct {
 	ctx  context.Context
@@ -320,7 +342,14 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 	}
 	first := batch[0]
 	recorded := make([]bool, len(batch))
+	var phases BatchPhases
+	lap := func(d *time.Duration) func() {
+		start := time.Now()
+		return func() { *d = time.Since(start) }
+	}
+	done := lap(&phases.Record)
 	tx, err := beginWith(ctx, first.db.Pool, r.cfg.Handles.schema, r.recordJobs(batch, recorded))
+	done()
 	if err != nil {
 		r.alone(batch)
 		return
@@ -350,10 +379,12 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 			r.cfg.Handles.release(h)
 		}
 	}
+	done = lap(&phases.Invoke)
 	res, err := first.inv.Invoke(ctx, calls)
+	done()
 	if err != nil && context.Cause(ctx) != errBatchStalled {
 		release()
-		r.observe(first.db, len(run), false) // they run again alone
+		r.observe(first.db, len(run), nil) // they run again alone
 		for _, q := range run {
 			finish(q, abandoned(fmt.Errorf("apply of %s job %s did not complete: %w", q.job.GetKind(), q.job.GetId(), err)))
 		}
@@ -373,7 +404,9 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 		parts[i] = &writePart{h: hs[i], ws: res[i].GetWrites()}
 	}
 	if ok {
+		done = lap(&phases.Writes)
 		ok = r.cfg.Handles.writeAll(parts)
+		done()
 	}
 	for i := 0; ok && i < len(run); i++ {
 		_, ok = r.written(run[i].job, parts[i])
@@ -385,7 +418,7 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 	}
 	if !ok {
 		tx.Rollback(context.WithoutCancel(ctx))
-		r.observe(first.db, len(run), false)
+		r.observe(first.db, len(run), nil)
 		r.alone(run)
 		return
 	}
@@ -394,14 +427,16 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 	for i, q := range run {
 		jobs[i], ds[i] = q.job, q.d
 	}
+	done = lap(&phases.Commit)
 	if err := tx.Commit(ctx, r.outcomes(jobs, ds)...); err != nil {
 		// Committed or not, each job's record decides when it runs
 		// again: applied once, or absorbed.
-		r.observe(first.db, len(run), false)
+		r.observe(first.db, len(run), nil)
 		r.alone(run)
 		return
 	}
-	r.observe(first.db, len(run), true)
+	done()
+	r.observe(first.db, len(run), &phases)
 	for _, q := range run {
 		finish(q, Outcome{Verdict: Applied, Recorded: q.d.OutboxID != 0})
 	}
@@ -428,8 +463,15 @@ func (r *Runner) recordJobs(batch []*batchReq, recorded []bool) opening {
 		}}
 }
 
-func (r *Runner) observe(db DB, jobs int, committed bool) {
-	if r.cfg.OnBatch != nil && jobs > 1 {
-		r.cfg.OnBatch(db.Role, jobs, committed)
+// observe tells OnBatch of a batch of jobs: committed with phases, or
+// split (nil).
+func (r *Runner) observe(db DB, jobs int, phases *BatchPhases) {
+	if r.cfg.OnBatch == nil || jobs <= 1 {
+		return
 	}
+	rep := BatchReport{Role: db.Role, Jobs: jobs, Committed: phases != nil}
+	if phases != nil {
+		rep.Phases = *phases
+	}
+	r.cfg.OnBatch(rep)
 }

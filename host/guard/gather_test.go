@@ -31,10 +31,11 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 		runner, err := guard.NewRunner(guard.Config{Handles: guard.NewHandles("public", nil), BatchMax: 32,
 			Arriving: arriving.get, Solo: pluginhost.IsAlone,
 			GatherWait: wait,
-			OnBatch: func(_ string, jobs int, committed bool) {
+			OnBatch: func(b guard.BatchReport) {
 				mu.Lock()
 				defer mu.Unlock()
-				if !committed {
+				jobs := b.Jobs
+				if !b.Committed {
 					jobs = -jobs // a split batch: fails the comparisons below
 				}
 				sizes = append(sizes, jobs)

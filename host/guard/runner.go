@@ -95,9 +95,8 @@ type Config struct {
 	// batch: one that was in flight during a crash of its plugin.
 	Solo func(ctx context.Context) bool
 	// OnBatch, when set, is told of every batch of two jobs or more that
-	// reached the plugin: its role, its jobs (absorbed ones excluded), and
-	// whether it committed whole or was split to run each job alone.
-	OnBatch func(role string, jobs int, committed bool)
+	// reached the plugin (BatchReport).
+	OnBatch func(BatchReport)
 	// StalledAfter is how long a batch may run before the next one of its
 	// plugin starts without waiting for it. Default 2s.
 	StalledAfter time.Duration
