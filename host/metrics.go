@@ -101,24 +101,32 @@ func (m *metrics) entryBytes(held func() int64) {
 // abandoned, dead_letter). It reads the counters in memory, so a caller
 // may poll it often (cmd/bench waits on it) without a query.
 func (h *Host) Verdicts() map[string]int64 {
+	out := map[string]int64{}
+	byLabel(h.metrics.jobs, "verdict", func(verdict string, m *dto.Metric) {
+		out[verdict] += int64(m.GetCounter().GetValue())
+	})
+	return out
+}
+
+// byLabel reads c's series in memory and calls fn with each one's value of
+// label.
+func byLabel(c prometheus.Collector, label string, fn func(value string, m *dto.Metric)) {
 	ch := make(chan prometheus.Metric, 16)
 	go func() {
-		h.metrics.jobs.Collect(ch)
+		c.Collect(ch)
 		close(ch)
 	}()
-	out := map[string]int64{}
 	for m := range ch {
 		var pb dto.Metric
 		if err := m.Write(&pb); err != nil {
 			continue
 		}
 		for _, l := range pb.GetLabel() {
-			if l.GetName() == "verdict" {
-				out[l.GetValue()] += int64(pb.GetCounter().GetValue())
+			if l.GetName() == label {
+				fn(l.GetValue(), &pb)
 			}
 		}
 	}
-	return out
 }
 
 // phaseNames are usher_job_batch_phase_seconds' phase labels, in a batch's
@@ -136,26 +144,13 @@ func (m *metrics) observePhases(role string, p guard.BatchPhases) {
 // committed batches spent in it, and their count. Read in memory, like
 // Verdicts: cmd/bench takes it before and after a window.
 func (h *Host) BatchPhaseTotals() map[string]PhaseTotal {
-	ch := make(chan prometheus.Metric, 16)
-	go func() {
-		h.metrics.batchPhases.Collect(ch)
-		close(ch)
-	}()
 	out := map[string]PhaseTotal{}
-	for m := range ch {
-		var pb dto.Metric
-		if err := m.Write(&pb); err != nil {
-			continue
-		}
-		for _, l := range pb.GetLabel() {
-			if l.GetName() == "phase" {
-				t := out[l.GetValue()]
-				t.Seconds += pb.GetHistogram().GetSampleSum()
-				t.Count += pb.GetHistogram().GetSampleCount()
-				out[l.GetValue()] = t
-			}
-		}
-	}
+	byLabel(h.metrics.batchPhases, "phase", func(phase string, m *dto.Metric) {
+		t := out[phase]
+		t.Seconds += m.GetHistogram().GetSampleSum()
+		t.Count += m.GetHistogram().GetSampleCount()
+		out[phase] = t
+	})
 	return out
 }
 

@@ -321,7 +321,7 @@ results:
 			switch {
 			case werr != nil:
 				p.err = p.h.noteDenied(sqlStatus(werr))
-			case transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK"):
+			case controlsTransaction(tag):
 				p.err = p.h.breach("a statement controlled the host's transaction (%s)", tag.String())
 			case checked[i]:
 				if _, cerr := br.Exec(); cerr != nil {
@@ -448,7 +448,7 @@ func (hs *Handles) queryReadOnly(ctx context.Context, h *handle, st *usherv1.Sta
 		if res, tag, err = collect(br.Query()); err != nil {
 			return h.noteDenied(fmt.Errorf("statement 1: %w", err))
 		}
-		if transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK") {
+		if controlsTransaction(tag) {
 			return h.breach("a statement controlled the host's transaction (%s)", tag.String())
 		}
 		var w bool
@@ -599,6 +599,12 @@ func notable(tag pgconn.CommandTag) bool {
 var transactionControl = map[string]bool{"BEGIN": true, "START TRANSACTION": true, "COMMIT": true, "ROLLBACK": true,
 	"SAVEPOINT": true, "RELEASE": true, "PREPARE TRANSACTION": true, "COMMIT PREPARED": true, "ROLLBACK PREPARED": true}
 
+// controlsTransaction reports whether a statement answered with tag ended
+// or carved up its transaction (a ROLLBACK's tag may carry more words).
+func controlsTransaction(tag pgconn.CommandTag) bool {
+	return transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK")
+}
+
 // run runs one plugin statement in tx, then checks with the connection that
 // tx is still the transaction the host opened. When before is set, the
 // rows tx wrote so far (rowWrites) are read into it first, in the same
@@ -620,7 +626,7 @@ func (hs *Handles) run(ctx context.Context, h *handle, tx txConn, st *usherv1.St
 	switch ts := tx.Conn().PgConn().TxStatus(); {
 	case ts != 'T' && ts != 'E':
 		return nil, tag, h.breach("a statement ended the host's transaction (the connection reports status %q, not inside a transaction); the job is aborted", string(ts))
-	case err == nil && (transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK")):
+	case err == nil && controlsTransaction(tag):
 		return nil, tag, h.breach("a statement controlled the host's transaction (%s)", tag.String())
 	}
 	return res, tag, err
