@@ -67,6 +67,15 @@ type BatchPhases struct {
 	Record, Invoke, Writes, Commit time.Duration
 }
 
+// batchOpening is a batch's BEGIN with its jobs' records, sent while the
+// plugin applies them; done is closed when it is over.
+type batchOpening struct {
+	done chan struct{}
+	err  error
+	// recorded[i]: job i's id was recorded now, not before.
+	recorded []bool
+}
+
 // batchReq is one job waiting for its batch.
 type batchReq struct {
 	ctx  context.Context
@@ -341,35 +350,67 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 		return
 	}
 	first := batch[0]
-	recorded := make([]bool, len(batch))
 	var phases BatchPhases
 	lap := func(d *time.Duration) func() {
 		start := time.Now()
 		return func() { *d = time.Since(start) }
 	}
-	done := lap(&phases.Record)
-	tx, err := beginWith(ctx, first.db.Pool, r.cfg.Handles.schema, r.recordJobs(batch, recorded))
-	done()
+	tx, err := acquireTx(ctx, first.db.Pool, r.cfg.Handles.schema)
 	if err != nil {
 		r.alone(batch)
 		return
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	// The transaction opens, with every job's record, while the plugin
+	// applies them: a statement the plugin sends meanwhile waits for it
+	// (handle.opened).
+	open := &batchOpening{done: make(chan struct{}), recorded: make([]bool, len(batch))}
+	var txMu sync.Mutex
+	all := make([]*handle, len(batch))
+	allCalls := make([]*usherv1.Call, len(batch))
+	for i, q := range batch {
+		h := r.cfg.Handles.issue(q.ctx, capApply, q.job, q.db.Pool, tx, q.db.Role)
+		h.txMu, h.opening, h.slot = &txMu, open, i
+		all[i] = h
+		allCalls[i] = &usherv1.Call{Phase: usherv1.Phase_PHASE_APPLY, Job: q.job, Handle: h.id}
+	}
+	txMu.Lock()
+	go func() {
+		defer close(open.done)
+		defer txMu.Unlock()
+		defer lap(&phases.Record)()
+		open.err = tx.begin(ctx, r.recordJobs(batch, open.recorded))
+	}()
+	done := lap(&phases.Invoke)
+	answers, err := first.inv.Invoke(ctx, allCalls)
+	done()
+	<-open.done
+	if open.err != nil {
+		for _, h := range all {
+			r.cfg.Handles.release(h)
+		}
+		r.alone(batch)
+		return
+	}
+	// A job recorded before is absorbed: its answer is dropped (its
+	// statements were refused, handle.opened).
 	var (
 		run   []*batchReq
 		hs    []*handle
 		calls []*usherv1.Call
-		txMu  sync.Mutex
+		res   []*usherv1.Result
 	)
+	whole := len(answers) == len(allCalls) // else garbage: the batch splits below
 	for i, q := range batch {
-		if !recorded[i] {
+		if !open.recorded[i] {
+			r.cfg.Handles.release(all[i])
 			finish(q, absorbed("job id already recorded"))
 			continue
 		}
-		h := r.cfg.Handles.issue(q.ctx, capApply, q.job, q.db.Pool, tx, q.db.Role)
-		h.txMu = &txMu
-		run, hs = append(run, q), append(hs, h)
-		calls = append(calls, &usherv1.Call{Phase: usherv1.Phase_PHASE_APPLY, Job: q.job, Handle: h.id})
+		run, hs, calls = append(run, q), append(hs, all[i]), append(calls, allCalls[i])
+		if whole {
+			res = append(res, answers[i])
+		}
 	}
 	if len(run) == 0 {
 		return
@@ -379,9 +420,6 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 			r.cfg.Handles.release(h)
 		}
 	}
-	done = lap(&phases.Invoke)
-	res, err := first.inv.Invoke(ctx, calls)
-	done()
 	if err != nil && context.Cause(ctx) != errBatchStalled {
 		release()
 		r.observe(first.db, len(run), nil) // they run again alone

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/hosttest"
@@ -18,11 +20,13 @@ import (
 
 // gatedInvoker answers applies as countInvoker does, and holds the calls
 // of a job listed in wait until wait's channel is closed; it counts the
-// calls each job got.
+// calls each job got. The writes of a job listed in lock first take that
+// advisory lock.
 type gatedInvoker struct {
 	mu    sync.Mutex
 	calls map[string]int
 	wait  map[string]chan struct{}
+	lock  map[string]int64
 }
 
 func (g *gatedInvoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error) {
@@ -47,6 +51,14 @@ func (g *gatedInvoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*us
 		}
 		res[i] = &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{{
 			Mode: usherv1.Mode_MODE_EXEC, Sql: `UPDATE gcount SET n = n + 1 WHERE id = $1`, Args: args, MinRows: 1}}}
+		if k, ok := g.lock[calls[i].GetJob().GetId()]; ok {
+			key, err := wire.ToValues([]any{k})
+			if err != nil {
+				return nil, err
+			}
+			lock := &usherv1.Statement{Mode: usherv1.Mode_MODE_EXEC, Sql: `SELECT pg_advisory_xact_lock($1)`, Args: key}
+			res[i].Writes = append([]*usherv1.Statement{lock}, res[i].Writes...)
+		}
 	}
 	return res, nil
 }
@@ -63,11 +75,12 @@ func gcountDB(t *testing.T, sql string) (owner *pgxpool.Pool, db guard.DB) {
 	return owner, guard.DB{Pool: hosttest.RawPool(t, owner, 4), Role: "usher_plugin_raw"}
 }
 
-// A job absorbed at its batch's record finishes at once, and the host ends
-// its context when it does (as dispatch does). When it came last, its
-// batch-mates must still apply in their batch, once: the batch's context
-// is not the absorbed job's. (It was: the batch then lost its commit's
-// answer and ran its committed jobs again alone.)
+// A job absorbed at its batch's record finishes once the plugin has
+// answered (its batch-mates' writes and commit still to come), and the
+// host ends its context when it does (as dispatch does). When it came
+// last, its batch-mates must still apply in their batch, once: the batch's
+// context is not the absorbed job's. (It was: the batch then lost its
+// commit's answer and ran its committed jobs again alone.)
 func TestAbsorbedLastJobDoesNotEndItsBatch(t *testing.T) {
 	t.Parallel()
 	owner, db := gcountDB(t, `INSERT INTO processed_jobs (job_id, kind) VALUES ('absorbed', 'raw_job')`)
@@ -77,9 +90,28 @@ func TestAbsorbedLastJobDoesNotEndItsBatch(t *testing.T) {
 
 	// The blocker holds the pool's batches in its Invoke while the three
 	// others queue, in order, for the next batch; the absorbed one last.
-	// Then the batch's Invoke waits until the absorbed job's context ended.
-	unblock, absorbedDone := make(chan struct{}), make(chan struct{})
-	inv := &gatedInvoker{calls: map[string]int{}, wait: map[string]chan struct{}{"blocker": unblock, "a": absorbedDone}}
+	// Then the batch's writes wait, on an advisory lock the test holds,
+	// until the absorbed job's context ended.
+	const lockKey = 4471
+	held, err := owner.Acquire(ctx)
+	require.NoError(t, err)
+	_, err = held.Exec(ctx, `SELECT pg_advisory_lock($1)`, lockKey)
+	require.NoError(t, err)
+	unblock, absorbedDone, unlocked := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	inv := &gatedInvoker{calls: map[string]int{}, wait: map[string]chan struct{}{"blocker": unblock}, lock: map[string]int64{"a": lockKey}}
+	go func() {
+		defer close(unlocked)
+		<-absorbedDone
+		_, _ = held.Exec(ctx, `SELECT pg_advisory_unlock($1)`, lockKey)
+	}()
+	defer func() {
+		select {
+		case <-unlocked:
+			held.Release()
+		case <-time.After(10 * time.Second):
+			held.Conn().Close(ctx) // still held by the goroutine: not back to the pool
+		}
+	}()
 	outs := map[string]guard.Outcome{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -121,4 +153,94 @@ func TestAbsorbedLastJobDoesNotEndItsBatch(t *testing.T) {
 		require.Equal(t, 1, inv.calls[id], fmt.Sprintf("%s was called more than once: its batch split", id))
 	}
 	require.EqualValues(t, 3, hosttest.Count(t, owner, `SELECT n FROM gcount WHERE id = 0`))
+}
+
+// callbackInvoker applies each job by a statement it sends back through
+// the host during its call (Handles.Exec, as a plugin's tx.Exec does), not
+// by writes returned with its answer; the calls of a job listed in wait
+// are held until its channel is closed. refused collects the status codes
+// of the statements the host refused.
+type callbackInvoker struct {
+	hs      *guard.Handles
+	mu      sync.Mutex
+	wait    map[string]chan struct{}
+	refused map[string]codes.Code
+}
+
+func (c *callbackInvoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error) {
+	res := make([]*usherv1.Result, len(calls))
+	for i, call := range calls {
+		if ch := c.wait[call.GetJob().GetId()]; ch != nil {
+			<-ch
+		}
+		_, err := c.hs.Exec(ctx, &usherv1.ExecRequest{Handle: call.GetHandle(), Statements: []*usherv1.Statement{{
+			Mode: usherv1.Mode_MODE_EXEC, Sql: `UPDATE gcount SET n = n + 1 WHERE id = 0`}}})
+		res[i] = &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK}
+		if err != nil {
+			c.mu.Lock()
+			c.refused[call.GetJob().GetId()] = status.Code(err)
+			c.mu.Unlock()
+			res[i] = &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_ERROR, Error: err.Error()}
+		}
+	}
+	return res, nil
+}
+
+// A batch's transaction opens while the plugin applies its jobs: a
+// statement the plugin sends back meanwhile waits for it and runs in it,
+// and one sent for a job recorded before is refused (that run is
+// absorbed), while its batch-mates apply together, once.
+func TestBatchCallbacksRunInTheirOpeningTransaction(t *testing.T) {
+	t.Parallel()
+	owner, db := gcountDB(t, `INSERT INTO processed_jobs (job_id, kind) VALUES ('absorbed', 'raw_job')`)
+	ctx := context.Background()
+	hs := guard.NewHandles("public", nil)
+	var batches []guard.BatchReport
+	var bmu sync.Mutex
+	runner, err := guard.NewRunner(guard.Config{Handles: hs, BatchMax: 32, OnBatch: func(b guard.BatchReport) {
+		bmu.Lock()
+		batches = append(batches, b)
+		bmu.Unlock()
+	}})
+	require.NoError(t, err)
+	unblock := make(chan struct{})
+	inv := &callbackInvoker{hs: hs, wait: map[string]chan struct{}{"blocker": unblock}, refused: map[string]codes.Code{}}
+	outs := map[string]guard.Outcome{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	run := func(id string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			jobCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			out := runner.Run(jobCtx, inv, db, usherv1.Guard_GUARD_JOB_ID, &usherv1.Job{Id: id, Kind: "raw_job"}, guard.Delivery{})
+			mu.Lock()
+			outs[id] = out
+			mu.Unlock()
+		}()
+	}
+	// The blocker's batch holds the pool while the others queue for the next.
+	run("blocker")
+	time.Sleep(50 * time.Millisecond)
+	for _, id := range []string{"a", "absorbed", "b"} {
+		run(id)
+	}
+	time.Sleep(50 * time.Millisecond)
+	close(unblock)
+	wg.Wait()
+
+	require.Equal(t, guard.Absorbed, outs["absorbed"].Verdict, "%+v", outs["absorbed"])
+	require.Equal(t, codes.Aborted, inv.refused["absorbed"], "the absorbed run's statement is refused")
+	for _, id := range []string{"blocker", "a", "b"} {
+		require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %+v", id, outs[id])
+		require.NotContains(t, inv.refused, id)
+	}
+	require.EqualValues(t, 3, hosttest.Count(t, owner, `SELECT n FROM gcount WHERE id = 0`))
+	require.EqualValues(t, 4, hosttest.Count(t, owner, `SELECT count(*) FROM processed_jobs WHERE kind = 'raw_job'`))
+	bmu.Lock()
+	defer bmu.Unlock()
+	require.Len(t, batches, 1, "a, absorbed and b in one batch")
+	require.True(t, batches[0].Committed)
+	require.Equal(t, 2, batches[0].Jobs)
 }

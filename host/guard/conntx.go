@@ -51,27 +51,47 @@ type opening struct {
 }
 
 // beginWith acquires a connection and sends BEGIN, the opening of the
-// transaction's commit gate, and the statements first in one round trip.
-// The gate (usher_gate_open, schema the runtime's) holds the hash of a
-// random key: until Commit closes it with the key, which only this process
-// knows, a COMMIT the plugin sends fails and rolls everything back.
+// transaction's commit gate, and the statements first in one round trip
+// (acquireTx, then begin).
 func beginWith(ctx context.Context, pool *pgxpool.Pool, schema string, first ...opening) (*jobTx, error) {
+	tx, err := acquireTx(ctx, pool, schema)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.begin(ctx, first...); err != nil {
+		tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return tx, nil
+}
+
+// acquireTx acquires a connection for a transaction that begin opens.
+func acquireTx(ctx context.Context, pool *pgxpool.Pool, schema string) (*jobTx, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	var k [16]byte
 	_, _ = rand.Read(k[:])
-	key := hex.EncodeToString(k[:])
-	sum := sha256.Sum256([]byte(key))
+	return &jobTx{conn: conn, gate: pgx.Identifier{schema, "usher_gate_close"}.Sanitize(), key: hex.EncodeToString(k[:]), schema: schema}, nil
+}
+
+// begin sends BEGIN, the opening of the transaction's commit gate, and
+// the statements first in one round trip. The gate (usher_gate_open,
+// schema the runtime's) holds the hash of a random key: until Commit
+// closes it with the key, which only this process knows, a COMMIT the
+// plugin sends fails and rolls everything back. On an error the caller
+// rolls back.
+func (t *jobTx) begin(ctx context.Context, first ...opening) error {
+	sum := sha256.Sum256([]byte(t.key))
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue("SELECT "+pgx.Identifier{schema, "usher_gate_open"}.Sanitize()+"($1)", sum[:])
+	b.Queue("SELECT "+pgx.Identifier{t.schema, "usher_gate_open"}.Sanitize()+"($1)", sum[:])
 	for _, f := range first {
 		b.Queue(f.sql, f.args...)
 	}
-	br := conn.SendBatch(ctx, b)
-	_, err = br.Exec()
+	br := t.conn.SendBatch(ctx, b)
+	_, err := br.Exec()
 	if err == nil {
 		_, err = br.Exec()
 	}
@@ -84,12 +104,7 @@ func beginWith(ctx context.Context, pool *pgxpool.Pool, schema string, first ...
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	tx := &jobTx{conn: conn, gate: pgx.Identifier{schema, "usher_gate_close"}.Sanitize(), key: key, schema: schema}
-	if err != nil {
-		tx.Rollback(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return tx, nil
+	return err
 }
 
 func (t *jobTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {

@@ -74,7 +74,11 @@ type handle struct {
 	won     bool
 	// baseline is rowWrites when the commit transaction began.
 	baseline int64
-	closed   bool
+	// opening, when set, is its batch's transaction being opened while
+	// the plugin's applies run; slot is the handle's job in it.
+	opening *batchOpening
+	slot    int
+	closed  bool
 	// denied is the first statement the plugin's role was refused
 	// (SQLSTATE 42501): the job fails permanently with it, whatever the
 	// plugin answers.
@@ -178,6 +182,28 @@ func (h *handle) usable() error {
 	return nil
 }
 
+// opened waits until h's batch transaction is open (handle.opening), and
+// reports why h may not run statements in it: it did not open, or h's job
+// was recorded before (its run is absorbed; only the batch-mates apply).
+func (h *handle) opened(ctx context.Context) error {
+	o := h.opening
+	if o == nil {
+		return nil
+	}
+	select {
+	case <-o.done:
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	switch {
+	case o.err != nil:
+		return status.Errorf(codes.Unavailable, "%s job %s: its transaction did not open: %v", h.job.GetKind(), h.job.GetId(), o.err)
+	case !o.recorded[h.slot]:
+		return status.Errorf(codes.Aborted, "%s job %s was applied before: this run is absorbed and runs no statement", h.job.GetKind(), h.job.GetId())
+	}
+	return nil
+}
+
 // breach records that the plugin stepped outside its phase and returns the
 // refusal to answer it with.
 func (h *handle) breach(format string, a ...any) error {
@@ -200,12 +226,15 @@ func (hs *Handles) Exec(ctx context.Context, req *usherv1.ExecRequest) (*usherv1
 	if err := h.usable(); err != nil {
 		return nil, err
 	}
+	ctx, cancel := hs.bound(ctx, h)
+	defer cancel()
+	if err := h.opened(ctx); err != nil {
+		return nil, err
+	}
 	if h.txMu != nil {
 		h.txMu.Lock()
 		defer h.txMu.Unlock()
 	}
-	ctx, cancel := hs.bound(ctx, h)
-	defer cancel()
 	if h.cap == capReadOnly {
 		out, err := hs.execReadOnly(ctx, h, req.GetStatements())
 		return out, h.noteDenied(err)
@@ -744,13 +773,16 @@ func (hs *Handles) Enqueue(ctx context.Context, req *usherv1.EnqueueRequest) (*u
 	case h.cap != capCommit && h.cap != capApply:
 		return nil, status.Errorf(codes.PermissionDenied, "enqueue is not allowed in a %s phase", h.cap)
 	}
+	ctx, cancel := hs.bound(ctx, h)
+	defer cancel()
+	if err := h.opened(ctx); err != nil {
+		return nil, err
+	}
 	// The handles of a batch share its transaction's connection.
 	if h.txMu != nil {
 		h.txMu.Lock()
 		defer h.txMu.Unlock()
 	}
-	ctx, cancel := hs.bound(ctx, h)
-	defer cancel()
 	out := &usherv1.EnqueueResponse{}
 	for _, m := range req.GetMessages() {
 		if m.GetKind() == "" || !json.Valid(m.GetPayload()) {
