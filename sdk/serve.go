@@ -23,6 +23,9 @@ import (
 // It exits with status 1 when registration was wrong (an empty or duplicated
 // kind), and by itself when the host that started it is gone.
 //
+// With wire.CPUProfileEnv set, SIGUSR1 starts and stops a CPU profile of
+// the plugin (make bench's --cpu-profile).
+//
 // Nothing may be written to stdout before Serve: go-plugin's handshake is the
 // first line the host reads there. Write diagnostics to stderr.
 func Serve(p *Plugin) {
@@ -35,6 +38,7 @@ func Serve(p *Plugin) {
 		os.Exit(1)
 	}
 	go watchParent(time.Second)
+	defer profileOnSignal()()
 	logger := hclog.New(&hclog.LoggerOptions{Name: p.name, Output: os.Stderr, JSONFormat: true, Level: hclog.Info})
 	p.logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	plugin.Serve(&plugin.ServeConfig{

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,6 +35,7 @@ import (
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 	"github.com/usherhq/usher/sdk"
 	"github.com/usherhq/usher/sdk/inprocess"
+	"github.com/usherhq/usher/sdk/wire"
 )
 
 // group is the consumer group of every bench host (each on a stream of its own).
@@ -182,6 +184,9 @@ func startHost(ctx context.Context, cfg config, db *database, pluginDir string, 
 	}
 	if inProcess {
 		hcfg.PluginDir = ""
+	} else if cfg.CPUProfile != "" {
+		// The plugin profiles itself over the window (startProfile).
+		hcfg.PluginEnv = []string{wire.CPUProfileEnv + "=" + filepath.Join(cfg.CPUProfile, fmt.Sprintf("plugin-inflight-%d.pprof", inflight))}
 	}
 	h, err := host.New(ctx, hcfg)
 	if err != nil {
@@ -385,14 +390,31 @@ func throughput(ctx context.Context, cfg config, db *database, rh *runningHost, 
 }
 
 // startProfile starts a CPU profile of this process (the host) over a
-// throughput window into cfg.CPUProfile, when set, and returns what stops
-// and writes it.
+// throughput window into cfg.CPUProfile, when set, and of each plugin
+// process (started with wire.CPUProfileEnv: SIGUSR1 starts and stops its
+// profile), and returns what stops them and writes the host's.
 func startProfile(cfg config, rh *runningHost) (stop func() error, err error) {
 	name := fmt.Sprintf("host-inflight-%d.pprof", rh.concurrency)
 	if rh.inProcess {
 		name = fmt.Sprintf("host-inflight-%d-in-process.pprof", rh.concurrency)
 	}
-	return startProfileAs(cfg, name)
+	stopHost, err := startProfileAs(cfg, name)
+	if err != nil || cfg.CPUProfile == "" || rh.inProcess {
+		return stopHost, err
+	}
+	toggle := func() error {
+		for _, p := range rh.h.Plugins() {
+			if err := syscall.Kill(p.Pid, syscall.SIGUSR1); err != nil {
+				return fmt.Errorf("plugin %s's cpu profile: %w", p.Name, err)
+			}
+		}
+		return nil
+	}
+	if err := toggle(); err != nil {
+		_ = stopHost()
+		return nil, err
+	}
+	return func() error { return errors.Join(toggle(), stopHost()) }, nil
 }
 
 // startProfileAs starts a CPU profile of this process into the file name

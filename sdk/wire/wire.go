@@ -39,3 +39,8 @@ var Handshake = plugin.HandshakeConfig{
 // ParentPIDEnv is the environment variable in which the host passes its pid,
 // so that a plugin whose host died (kill -9 included) exits by itself.
 const ParentPIDEnv = "USHER_HOST_PID"
+
+// CPUProfileEnv names a file: a plugin started with it set profiles its
+// CPU into that file between one SIGUSR1 and the next (sdk.Serve), so a
+// benchmark can profile the plugin over the window it measures.
+const CPUProfileEnv = "USHER_CPU_PROFILE"
