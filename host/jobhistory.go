@@ -19,14 +19,15 @@ import (
 type delivery struct {
 	rec     history.Record
 	written bool
-	// arrived is the entry's Arrived (stream.Entry).
-	arrived func()
+	// arrived and committed are the entry's Arrived and Committed
+	// (stream.Entry).
+	arrived, committed func()
 }
 
 func (h *Host) newDelivery(e stream.Entry) *delivery {
 	return &delivery{rec: history.Record{JobID: e.JobID, Kind: e.Kind, OutboxID: e.OutboxID, RequestID: e.RequestID,
 		Attempt: e.Attempt, Deliveries: int(e.Deliveries), StreamID: e.StreamID, Consumer: h.cfg.Consumer, StartedAt: time.Now()},
-		arrived: e.Arrived}
+		arrived: e.Arrived, committed: e.Committed}
 }
 
 // arrive calls the entry's Arrived, when it has one.
@@ -50,7 +51,7 @@ func (d *delivery) served(rt route) {
 func (d *delivery) guardDelivery() guard.Delivery {
 	return guard.Delivery{OutboxID: d.rec.OutboxID, StreamID: d.rec.StreamID, Deliveries: int64(d.rec.Deliveries),
 		Consumer: d.rec.Consumer, Plugin: d.rec.Plugin, Version: d.rec.PluginVersion, Guard: d.rec.Guard, Started: d.rec.StartedAt,
-		Arrived: d.arrived}
+		Arrived: d.arrived, Committed: d.committed}
 }
 
 func (d *delivery) verdict(v, reason, err string) {

@@ -476,7 +476,7 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 	done()
 	r.observe(first.db, len(run), &phases)
 	for _, q := range run {
-		finish(q, Outcome{Verdict: Applied, Recorded: q.d.OutboxID != 0})
+		finish(q, applied(q.d))
 	}
 }
 

@@ -70,6 +70,16 @@ type Outcome struct {
 	Recorded bool
 }
 
+// applied is the outcome of a run that committed its effect, and with it
+// the outbox row's outcome when the job has one; that delivery is settled
+// now (Delivery.Committed).
+func applied(d Delivery) Outcome {
+	if d.OutboxID != 0 && d.Committed != nil {
+		d.Committed()
+	}
+	return Outcome{Verdict: Applied, Recorded: d.OutboxID != 0}
+}
+
 func absorbed(reason string) Outcome {
 	return Outcome{Verdict: Absorbed, Reason: reason}
 }
@@ -131,6 +141,10 @@ type Delivery struct {
 	// Arrived, when set, is called once the job is in its batch's queue,
 	// or as it starts when it joins no batch (Config.Arriving).
 	Arrived func()
+	// Committed, when set, is called once an applied run of a job with an
+	// outbox row has committed (its outcome with it), before Run returns:
+	// its entry may be acked and its slot reused at once.
+	Committed func()
 }
 
 func (d Delivery) arrive() {
@@ -319,7 +333,7 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 	if err := tx.Commit(ctx, r.outcome(job, d)...); err != nil {
 		return abandoned(fmt.Errorf("commit: %w", err))
 	}
-	return Outcome{Verdict: Applied, Recorded: d.OutboxID != 0}
+	return applied(d)
 }
 
 // batches reports whether a job that records its id runs in a batch: when
@@ -360,7 +374,7 @@ func (r *Runner) jobIDOne(ctx context.Context, inv Invoker, db DB, job *usherv1.
 	if err := tx.Commit(ctx, r.outcome(job, d)...); err != nil {
 		return abandoned(fmt.Errorf("commit: %w", err))
 	}
-	return Outcome{Verdict: Applied, Recorded: d.OutboxID != 0}
+	return applied(d)
 }
 
 // recordJob records job's id in its transaction; recorded is false when
@@ -707,7 +721,7 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 	if unkept != nil {
 		return permanent(unkept)
 	}
-	return Outcome{Verdict: Applied, Recorded: d.OutboxID != 0}
+	return applied(d)
 }
 
 // inTxReset runs the statements queue adds in a transaction of their own

@@ -124,6 +124,9 @@ type Consumer struct {
 type running struct {
 	// detached: its slot was given back while it runs (Detach).
 	detached bool
+	// settled: its outcome is committed, its ack asked for and its slot
+	// given back while Dispatch finishes (Entry.Committed).
+	settled bool
 }
 
 // ackRequest is one finished entry to ack.
@@ -427,44 +430,61 @@ func (c *Consumer) worker() {
 }
 
 // finish runs e and acks it when the dispatcher says so, then gives back
-// its slot (unless Detach did) and bytes. It reports whether e was
-// detached.
+// its slot (unless Detach or Entry.Committed did) and bytes. It reports
+// whether e was detached.
 func (c *Consumer) finish(e Entry) (detached bool) {
 	defer c.wg.Done()
 	defer func() {
 		c.mu.Lock()
-		detached = c.running[e.StreamID].detached
+		r := c.running[e.StreamID]
+		detached = r.detached
 		if detached {
 			c.detached--
 		}
-		delete(c.running, e.StreamID)
-		c.mu.Unlock()
 		slots := 1
-		if detached {
+		if detached || r.settled {
 			slots = 0
 		}
+		delete(c.running, e.StreamID)
+		c.mu.Unlock()
 		c.release(slots, min(e.Held, MaxEntryBytes))
 	}()
-	var arrived atomic.Bool
+	var arrived, committed atomic.Bool
 	e.Arrived = func() {
 		if arrived.CompareAndSwap(false, true) {
 			c.addArriving(-1)
 		}
 	}
+	e.Committed = func() {
+		if committed.CompareAndSwap(false, true) {
+			c.settle(e)
+		}
+	}
 	ok := c.cfg.Dispatch(c.workCtx, e)
 	e.Arrived()
-	if !ok {
-		return false
+	if ok {
+		e.Committed()
+	} else if committed.Load() {
+		c.cfg.Logger.Error("stream: an entry settled as committed was not finished; it stays acked", "stream_id", e.StreamID, "job_id", e.JobID)
 	}
-	// The job's outcome is committed: its slot goes to the next entry
-	// now, and the ack follows with the others finished meanwhile. Until
-	// the ack returns, the entry is not run here again.
+	return false // the deferred release says whether it was detached
+}
+
+// settle acks e, whose outcome is committed, with the others finished
+// meanwhile, and gives its slot to the next entry unless Detach did. Until
+// the ack returns, the entry is not run here again.
+func (c *Consumer) settle(e Entry) {
 	c.mu.Lock()
+	r := c.running[e.StreamID]
+	free := !r.detached
+	r.settled = true
 	c.unacked[e.StreamID] = true
 	c.mu.Unlock()
 	c.acking.Add(1)
 	c.acks <- ackRequest{id: e.StreamID, jobID: e.JobID}
-	return false // the deferred release says whether it was detached
+	if free {
+		c.release(1, 0)
+	}
 }
 
 // Detach gives back the slot of an entry still running, so that another
@@ -475,7 +495,7 @@ func (c *Consumer) finish(e Entry) (detached bool) {
 func (c *Consumer) Detach(streamID string) bool {
 	c.mu.Lock()
 	r := c.running[streamID]
-	if r == nil || r.detached || c.detached >= c.cfg.Concurrency {
+	if r == nil || r.detached || r.settled || c.detached >= c.cfg.Concurrency {
 		c.mu.Unlock()
 		return false
 	}

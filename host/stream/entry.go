@@ -56,6 +56,13 @@ type Entry struct {
 	// it knows the job joins no batch. The consumer calls it when Dispatch
 	// returns. Later calls do nothing.
 	Arrived func()
+	// Committed, set by the consumer for Dispatch, settles the entry
+	// before Dispatch returns: the dispatcher calls it once the job's
+	// outcome is committed and nothing more is to be written for it
+	// (Dispatch then returns true). The consumer asks for its ack and
+	// gives its slot to the next entry at once, instead of when the
+	// dispatcher's goroutine is next scheduled. Later calls do nothing.
+	Committed func()
 }
 
 // Decode turns a stream message into an Entry. It never fails: a missing or
