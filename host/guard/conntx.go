@@ -124,25 +124,48 @@ func (t *jobTx) Conn() *pgx.Conn { return t.conn.Conn() }
 // Commit commits and resets the connection in one round trip, then gives
 // it back to its pool. last, when set, is a statement run in the
 // transaction just before its COMMIT, in the same round trip (its
-// arguments in text form); its failure rolls everything back.
+// arguments in text form); its failure rolls everything back. Commit
+// returns once COMMIT's answer is in: the server flushes it at its sync,
+// before it runs the reset, whose answers a goroutine reads before the
+// connection goes back to its pool. From then on the reset no longer
+// ends with ctx (a connection cancelled in the middle of a reset is
+// closed, not reused); the job's deadline still bounds it.
 func (t *jobTx) Commit(ctx context.Context, last ...lastStatement) error {
 	if t.done {
 		return errors.New("guard: transaction already ended")
 	}
 	t.done = true
-	defer t.conn.Release()
 	pc := t.conn.Conn().PgConn()
 	if pc.TxStatus() != 'T' {
 		// Failed ('E'), or ended by something else ('I'): no commit.
 		_ = pc.Exec(ctx, "ROLLBACK").Close()
+		t.conn.Release()
 		return errors.New("commit: the transaction had failed or was no longer open; rolled back")
 	}
+	pctx, cancelCause := context.WithCancelCause(context.WithoutCancel(ctx))
+	cancel := func() { cancelCause(nil) }
+	if dl, ok := ctx.Deadline(); ok {
+		var stop context.CancelFunc
+		pctx, stop = context.WithDeadline(pctx, dl)
+		cancel = func() { stop(); cancelCause(nil) }
+	}
+	unwatch := context.AfterFunc(ctx, func() { cancelCause(context.Cause(ctx)) })
+	p := pc.StartPipeline(pctx)
+	r := &commitReader{p: p}
+	handed := false // to the reset's goroutine
+	defer func() {
+		if handed {
+			return
+		}
+		unwatch()
+		cancel()
+		t.conn.Release()
+	}()
 	// Holdable cursors run their query at COMMIT: none of the plugin's
 	// may run after the host's checks. Then the host's last statements,
 	// and the gate's key.
 	last = append(append([]lastStatement{{sql: "CLOSE ALL"}}, last...),
 		lastStatement{sql: "SELECT " + t.gate + "($1)", args: [][]byte{[]byte(t.key)}})
-	p := pc.StartPipeline(ctx)
 	for _, l := range last {
 		p.SendQueryParams(l.sql, l.args, nil, nil, nil)
 	}
@@ -157,70 +180,101 @@ func (t *jobTx) Commit(ctx context.Context, last ...lastStatement) error {
 	p.SendPipelineSync()
 	p.SendQueryParams(sandbox.StatementsCheck(t.conn.Conn(), t.schema), nil, nil, nil, nil)
 	p.SendPipelineSync()
-	err := p.Flush()
-	// The results up to the first sync are last's and COMMIT's; after it,
-	// the reset's, then the check's. After an error the server skips to
-	// the next sync.
-	var commitErr, resetErr error
-	syncs, committed := 0, false
-	// note keeps the first error of the part it falls in.
-	note := func(e error) {
-		switch {
-		case syncs == 0 && commitErr == nil:
-			commitErr = e
-		case syncs >= 1 && resetErr == nil:
-			resetErr = e
-		}
+	r.err = p.Flush()
+	r.read(1)
+	if r.err == nil && r.commitErr == nil && !r.committed {
+		r.commitErr = errors.New("the transaction was rolled back")
 	}
-results:
-	for err == nil && syncs < 3 {
-		var res any
-		res, err = p.GetResults()
-		var pgErr *pgconn.PgError
-		switch r := res.(type) {
-		case *pgconn.PipelineSync:
-			syncs++
-		case *pgconn.ResultReader:
-			tag, rerr := r.Close()
-			if rerr != nil {
-				note(rerr)
-			} else if syncs == 0 && tag.String() == "COMMIT" {
-				committed = true
+	if r.err == nil && r.commitErr == nil && unwatch() {
+		// Committed, and ctx was not done: the reset's answers are read
+		// apart, and the connection released after them.
+		conn := t.conn
+		go func() {
+			defer conn.Release()
+			defer cancel()
+			r.read(3)
+			if cerr := p.Close(); r.err == nil && r.resetErr == nil && cerr == nil {
+				sandbox.MarkReset(conn.Conn())
 			}
-		case nil:
-			if !errors.As(err, &pgErr) {
-				break results // no more results, or a broken connection (err)
-			}
-			note(err)
-			err = nil
-		}
+			// Otherwise the connection is not marked reset, so its pool
+			// resets it again (or destroys it), and deallocates
+			// statements that are not the host's.
+		}()
+		handed = true
+		return nil
 	}
-	if err == nil && commitErr == nil && !committed {
-		commitErr = errors.New("the transaction was rolled back")
-	}
-	if cerr := p.Close(); err == nil {
-		err = cerr
+	r.read(3)
+	if cerr := p.Close(); r.err == nil {
+		r.err = cerr
 	}
 	switch {
-	case committed && (err != nil || resetErr != nil):
+	case r.committed && (r.err != nil || r.resetErr != nil):
 		// Committed; only the reset, the check or their reading failed:
-		// the connection is not marked reset, so its pool resets it
-		// again (or destroys it), and deallocates statements that are
-		// not the host's.
+		// the connection is not marked reset (see above).
 		return nil
-	case err != nil:
-		return fmt.Errorf("commit: %w", err)
-	case commitErr != nil:
+	case r.err != nil:
+		return fmt.Errorf("commit: %w", r.err)
+	case r.commitErr != nil:
 		// A failed statement left the block aborted: end it, so the
 		// connection goes back clean (its pool resets it).
 		if pc.TxStatus() != 'I' {
 			_ = pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close()
 		}
-		return fmt.Errorf("commit: %w", commitErr)
-	case resetErr == nil:
+		return fmt.Errorf("commit: %w", r.commitErr)
+	case r.resetErr == nil:
 		sandbox.MarkReset(t.conn.Conn())
 	}
 	return nil
+}
+
+// commitReader reads the answers of Commit's pipeline: up to its first
+// sync, last's and COMMIT's; after it, the reset's, then the check's.
+// After an error the server skips to the next sync.
+type commitReader struct {
+	p                   *pgconn.Pipeline
+	syncs               int
+	committed           bool
+	err                 error // reading failed: the connection is broken
+	commitErr, resetErr error
+}
+
+// read reads answers until the syncs'th sync, or an error of the
+// connection.
+func (r *commitReader) read(syncs int) {
+	for r.err == nil && r.syncs < syncs {
+		res, err := r.p.GetResults()
+		var pgErr *pgconn.PgError
+		switch res := res.(type) {
+		case *pgconn.PipelineSync:
+			r.syncs++
+		case *pgconn.ResultReader:
+			tag, rerr := res.Close()
+			if rerr != nil {
+				r.note(rerr)
+			} else if r.syncs == 0 && tag.String() == "COMMIT" {
+				r.committed = true
+			}
+		case nil:
+			if !errors.As(err, &pgErr) {
+				r.err = err // no more results (nil), or a broken connection
+				if err == nil {
+					return
+				}
+				continue
+			}
+			r.note(err)
+		}
+	}
+}
+
+// note keeps the first error of the part it falls in.
+func (r *commitReader) note(e error) {
+	switch {
+	case r.syncs == 0 && r.commitErr == nil:
+		r.commitErr = e
+	case r.syncs >= 1 && r.resetErr == nil:
+		r.resetErr = e
+	}
 }
 
 // Rollback rolls back and gives the connection back to its pool, which
