@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -8,6 +9,8 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"hash"
+	"sync"
 )
 
 // FieldSig holds the entry's signature: hex HMAC-SHA256, by the cluster's
@@ -46,26 +49,59 @@ const signDomain = "usher stream entry v1"
 // alike (moving bytes from the payload into the trace changes the
 // signature).
 func (f Fields) Sign(key []byte) string {
-	mac := hmac.New(sha256.New, key)
-	var n [8]byte
-	for _, v := range []string{signDomain, f.JobID, f.OutboxID, f.Kind, f.Payload, f.RequestID, f.Trace, f.Attempt} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(v)))
-		mac.Write(n[:])
-		mac.Write([]byte(v))
-	}
-	return hex.EncodeToString(mac.Sum(nil))
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(f.sum(key, sum[:0]))
 }
 
 // Verify reports whether sig is f's signature by key, in constant time.
 // An empty or malformed sig is not.
 func (f Fields) Verify(key []byte, sig string) bool {
-	got, err := hex.DecodeString(sig)
-	if err != nil || len(got) != sha256.Size {
+	var got, want [sha256.Size]byte
+	if len(sig) != hex.EncodedLen(sha256.Size) {
 		return false
 	}
-	want, _ := hex.DecodeString(f.Sign(key))
-	return hmac.Equal(got, want)
+	if _, err := hex.Decode(got[:], []byte(sig)); err != nil {
+		return false
+	}
+	return hmac.Equal(got[:], f.sum(key, want[:0]))
 }
+
+// sum appends f's HMAC by key to b. The keyed hashes are kept between
+// calls (macs): making one hashes the key's two pads first, which was
+// most of the cost of a small entry's signature, twice per job (relay and
+// consumer).
+func (f Fields) sum(key []byte, b []byte) []byte {
+	v, ok := macs.Load(string(key))
+	if !ok {
+		k := bytes.Clone(key)
+		v, _ = macs.LoadOrStore(string(k), &sync.Pool{New: func() any { return &keyedMAC{mac: hmac.New(sha256.New, k)} }})
+	}
+	pool := v.(*sync.Pool)
+	m := pool.Get().(*keyedMAC)
+	defer pool.Put(m)
+	m.mac.Reset()
+	m.buf = m.buf[:0]
+	for _, v := range [...]string{signDomain, f.JobID, f.OutboxID, f.Kind, f.Payload, f.RequestID, f.Trace, f.Attempt} {
+		m.buf = binary.BigEndian.AppendUint64(m.buf, uint64(len(v)))
+		m.buf = append(m.buf, v...)
+	}
+	m.mac.Write(m.buf)
+	if cap(m.buf) > 64<<10 {
+		m.buf = nil // a large payload's buffer is not kept
+	}
+	return m.mac.Sum(b)
+}
+
+// keyedMAC is an HMAC-SHA256 keyed once, with the buffer its message is
+// encoded in.
+type keyedMAC struct {
+	mac hash.Hash
+	buf []byte
+}
+
+// macs holds a pool of keyed HMAC-SHA256 hashes per signing key (a
+// cluster has one).
+var macs sync.Map
 
 // Values returns the entry's XADD values: every field, then its signature
 // by key.
