@@ -3,6 +3,7 @@ package guard_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -193,7 +194,6 @@ func (c *callbackInvoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]
 func TestBatchCallbacksRunInTheirOpeningTransaction(t *testing.T) {
 	t.Parallel()
 	owner, db := gcountDB(t, `INSERT INTO processed_jobs (job_id, kind) VALUES ('absorbed', 'raw_job')`)
-	ctx := context.Background()
 	hs := guard.NewHandles("public", nil)
 	var batches []guard.BatchReport
 	var bmu sync.Mutex
@@ -205,30 +205,16 @@ func TestBatchCallbacksRunInTheirOpeningTransaction(t *testing.T) {
 	require.NoError(t, err)
 	unblock := make(chan struct{})
 	inv := &callbackInvoker{hs: hs, wait: map[string]chan struct{}{"blocker": unblock}, refused: map[string]codes.Code{}}
-	outs := map[string]guard.Outcome{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	run := func(id string) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			jobCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			out := runner.Run(jobCtx, inv, db, usherv1.Guard_GUARD_JOB_ID, &usherv1.Job{Id: id, Kind: "raw_job"}, guard.Delivery{})
-			mu.Lock()
-			outs[id] = out
-			mu.Unlock()
-		}()
-	}
+	runs := newJobRuns(runner, inv, db)
 	// The blocker's batch holds the pool while the others queue for the next.
-	run("blocker")
+	runs.start("blocker")
 	time.Sleep(50 * time.Millisecond)
 	for _, id := range []string{"a", "absorbed", "b"} {
-		run(id)
+		runs.start(id)
 	}
 	time.Sleep(50 * time.Millisecond)
 	close(unblock)
-	wg.Wait()
+	outs := runs.wait()
 
 	require.Equal(t, guard.Absorbed, outs["absorbed"].Verdict, "%+v", outs["absorbed"])
 	require.Equal(t, codes.Aborted, inv.refused["absorbed"], "the absorbed run's statement is refused")
@@ -243,4 +229,41 @@ func TestBatchCallbacksRunInTheirOpeningTransaction(t *testing.T) {
 	require.Len(t, batches, 1, "a, absorbed and b in one batch")
 	require.True(t, batches[0].Committed)
 	require.Equal(t, 2, batches[0].Jobs)
+}
+
+// jobRuns runs raw_job jobs through a runner, each on a goroutine of its
+// own as the host's dispatch does, and keeps their outcomes.
+type jobRuns struct {
+	runner *guard.Runner
+	inv    guard.Invoker
+	db     guard.DB
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	outs   map[string]guard.Outcome
+}
+
+func newJobRuns(runner *guard.Runner, inv guard.Invoker, db guard.DB) *jobRuns {
+	return &jobRuns{runner: runner, inv: inv, db: db, outs: map[string]guard.Outcome{}}
+}
+
+// start runs job id.
+func (j *jobRuns) start(id string) {
+	j.wg.Add(1)
+	go func() {
+		defer j.wg.Done()
+		jobCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		out := j.runner.Run(jobCtx, j.inv, j.db, usherv1.Guard_GUARD_JOB_ID, &usherv1.Job{Id: id, Kind: "raw_job"}, guard.Delivery{})
+		j.mu.Lock()
+		j.outs[id] = out
+		j.mu.Unlock()
+	}()
+}
+
+// wait waits for the jobs started so far and returns every outcome.
+func (j *jobRuns) wait() map[string]guard.Outcome {
+	j.wg.Wait()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return maps.Clone(j.outs)
 }

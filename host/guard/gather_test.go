@@ -43,29 +43,17 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 		require.NoError(t, err)
 		return runner, &sizes
 	}
-	run := func(wg *sync.WaitGroup, runner *guard.Runner, inv guard.Invoker, id string, outs map[string]guard.Outcome, mu *sync.Mutex) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			jobCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			out := runner.Run(jobCtx, inv, db, usherv1.Guard_GUARD_JOB_ID, &usherv1.Job{Id: id, Kind: "raw_job"}, guard.Delivery{})
-			mu.Lock()
-			outs[id] = out
-			mu.Unlock()
-		}()
-	}
 
 	t.Run("waits for the jobs on their way", func(t *testing.T) {
 		arriving := &arrivals{}
 		arriving.set(3) // b, c and d: read, not yet queued
 		runner, sizes := newRunner(arriving, time.Minute)
 		inv := &gatedInvoker{calls: map[string]int{}, wait: map[string]chan struct{}{}}
-		outs, mu, wg := map[string]guard.Outcome{}, &sync.Mutex{}, &sync.WaitGroup{}
-		run(wg, runner, inv, "a", outs, mu)
+		runs := newJobRuns(runner, inv, db)
+		runs.start("a")
 		time.Sleep(100 * time.Millisecond)
 		for _, id := range []string{"b", "c", "d"} {
-			run(wg, runner, inv, id, outs, mu)
+			runs.start(id)
 		}
 		time.Sleep(100 * time.Millisecond) // queued behind a
 		inv.mu.Lock()
@@ -73,7 +61,7 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 		inv.mu.Unlock()
 		woke := time.Now()
 		arriving.set(0)
-		wg.Wait()
+		outs := runs.wait()
 		// GatherWait is a minute: the count falling woke the batch.
 		require.Less(t, time.Since(woke), 30*time.Second, "the batch waited out GatherWait")
 		for _, id := range []string{"a", "b", "c", "d"} {
@@ -87,16 +75,16 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 		// join it (their slots came back together), none arriving yet.
 		// (The batch is over a moment after its jobs are finished.)
 		time.Sleep(100 * time.Millisecond)
-		run(wg, runner, inv, "e", outs, mu)
+		runs.start("e")
 		time.Sleep(100 * time.Millisecond)
 		inv.mu.Lock()
 		require.Zero(t, inv.calls["e"], "e started before the jobs of the batch's slots came")
 		inv.mu.Unlock()
 		woke = time.Now()
 		for _, id := range []string{"f", "g", "h"} {
-			run(wg, runner, inv, id, outs, mu)
+			runs.start(id)
 		}
-		wg.Wait()
+		outs = runs.wait()
 		require.Less(t, time.Since(woke), 30*time.Second, "the jobs queued did not wake the batch")
 		for _, id := range []string{"e", "f", "g", "h"} {
 			require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %+v", id, outs[id])
@@ -133,9 +121,9 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 		arriving.set(5) // never queued
 		runner, _ := newRunner(arriving, -1)
 		inv := &gatedInvoker{calls: map[string]int{}, wait: map[string]chan struct{}{}}
-		outs, mu, wg := map[string]guard.Outcome{}, &sync.Mutex{}, &sync.WaitGroup{}
-		run(wg, runner, inv, "unwaited", outs, mu)
-		wg.Wait()
+		runs := newJobRuns(runner, inv, db)
+		runs.start("unwaited")
+		outs := runs.wait()
 		require.Equal(t, guard.Applied, outs["unwaited"].Verdict, "%+v", outs["unwaited"])
 		require.Zero(t, arriving.looked(), "the batch asked what was arriving: it meant to wait")
 	})
@@ -145,10 +133,10 @@ func TestBatchGathersArrivingJobs(t *testing.T) {
 		arriving.set(5) // never queued
 		runner, _ := newRunner(arriving, 50*time.Millisecond)
 		inv := &gatedInvoker{calls: map[string]int{}, wait: map[string]chan struct{}{}}
-		outs, mu, wg := map[string]guard.Outcome{}, &sync.Mutex{}, &sync.WaitGroup{}
+		runs := newJobRuns(runner, inv, db)
 		start := time.Now()
-		run(wg, runner, inv, "lone", outs, mu)
-		wg.Wait()
+		runs.start("lone")
+		outs := runs.wait()
 		require.Equal(t, guard.Applied, outs["lone"].Verdict, "%+v", outs["lone"])
 		require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "it did not wait for the arriving jobs")
 	})
