@@ -103,8 +103,9 @@ func TestREADMEQuickRun(t *testing.T) {
 	require.Contains(t, string(out), "bench: inflight 4: throughput") // the progress lines
 
 	checkResults(t, filepath.Join(dir, "bench-results"), 4)
-	// --cpu-profile: one profile per throughput window, plugin and in-process.
-	for _, name := range []string{"host-inflight-4.pprof", "host-inflight-4-in-process.pprof", "host-mix.pprof"} {
+	// --cpu-profile: one profile per throughput window, plugin and in-process,
+	// and the plugin process's own over its window (SIGUSR1).
+	for _, name := range []string{"host-inflight-4.pprof", "host-inflight-4-in-process.pprof", "host-mix.pprof", "plugin-inflight-4.pprof"} {
 		fi, err := os.Stat(filepath.Join(dir, "bench-results", "profiles", name))
 		require.NoError(t, err)
 		require.Greater(t, fi.Size(), int64(0), name)
