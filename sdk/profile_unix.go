@@ -22,7 +22,7 @@ func profileOnSignal() (stop func()) {
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGUSR1)
-	toggled := make(chan struct{})
+	stopped := make(chan struct{})
 	done := make(chan struct{})
 	var f *os.File
 	end := func() {
@@ -37,7 +37,7 @@ func profileOnSignal() (stop func()) {
 		for {
 			select {
 			case <-sig:
-			case <-toggled:
+			case <-stopped:
 				end()
 				return
 			}
@@ -59,7 +59,7 @@ func profileOnSignal() (stop func()) {
 	}()
 	return func() {
 		signal.Stop(sig)
-		close(toggled)
+		close(stopped)
 		<-done
 	}
 }

@@ -362,8 +362,8 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	// The transaction opens, with every job's record, while the plugin
-	// applies them: a statement the plugin sends meanwhile waits for it
-	// (handle.opened).
+	// applies them: a statement the plugin sends meanwhile waits for
+	// open.done (handle.opened), as the writes below do.
 	open := &batchOpening{done: make(chan struct{}), recorded: make([]bool, len(batch))}
 	var txMu sync.Mutex
 	all := make([]*handle, len(batch))
@@ -374,10 +374,8 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 		all[i] = h
 		allCalls[i] = &usherv1.Call{Phase: usherv1.Phase_PHASE_APPLY, Job: q.job, Handle: h.id}
 	}
-	txMu.Lock()
 	go func() {
 		defer close(open.done)
-		defer txMu.Unlock()
 		defer lap(&phases.Record)()
 		open.err = tx.begin(ctx, r.recordJobs(batch, open.recorded))
 	}()

@@ -257,10 +257,7 @@ func (r *commitReader) read(syncs int) {
 		case nil:
 			if !errors.As(err, &pgErr) {
 				r.err = err // no more results (nil), or a broken connection
-				if err == nil {
-					return
-				}
-				continue
+				return
 			}
 			r.note(err)
 		}

@@ -143,7 +143,7 @@ type Delivery struct {
 	Arrived func()
 	// Committed, when set, is called once an applied run of a job with an
 	// outbox row has committed (its outcome with it), before Run returns:
-	// its entry may be acked and its slot reused at once.
+	// its entry may be acked and its slot read into at once.
 	Committed func()
 }
 

@@ -471,8 +471,9 @@ func (c *Consumer) finish(e Entry) (detached bool) {
 }
 
 // settle acks e, whose outcome is committed, with the others finished
-// meanwhile, and gives its slot to the next entry unless Detach did. Until
-// the ack returns, the entry is not run here again.
+// meanwhile, and gives its slot back for the next read unless Detach did
+// (the entry read into it waits for a worker, Entry.Committed). Until the
+// ack returns, the entry is not run here again.
 func (c *Consumer) settle(e Entry) {
 	c.mu.Lock()
 	r := c.running[e.StreamID]

@@ -194,3 +194,80 @@ func (h *holdAcks) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *holdAcks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+// An entry whose Dispatch calls Entry.Committed is settled there, before
+// Dispatch returns: acked once (however often it is called), its slot free
+// for the next read while its Dispatch still runs, never detached after,
+// and its bytes given back, and its slot not given back twice, when
+// Dispatch returns. The entry read into its slot runs when a worker is
+// free: handlers running stay within Concurrency.
+func TestCommittedEntrySettlesBeforeDispatchReturns(t *testing.T) {
+	t.Parallel()
+	rdb, key := hosttest.Redis(t)
+	ctx := context.Background()
+	require.NoError(t, stream.EnsureGroup(ctx, rdb, key, "g"))
+	for i := range 2 {
+		require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{"job_id", fmt.Sprint(i + 1)}}).Err())
+	}
+	settled, release, second := make(chan string, 1), make(chan struct{}), make(chan struct{})
+	c, err := stream.NewConsumer(stream.ConsumerConfig{
+		Redis: rdb, Stream: key, Group: "g", Name: "c1", Concurrency: 1,
+		Dispatch: func(ctx context.Context, e stream.Entry) bool {
+			switch e.JobID {
+			case "2":
+				close(second)
+				return true
+			case "3":
+				return true
+			}
+			e.Committed()
+			e.Committed()
+			settled <- e.StreamID
+			<-release
+			return true
+		},
+	})
+	require.NoError(t, err)
+	read := func() int {
+		t.Helper()
+		got, err := c.Take(ctx, 1, func(ctx context.Context, n int) ([]stream.Entry, error) {
+			return stream.ReadNew(ctx, rdb, key, "g", "c1", n)
+		})
+		require.NoError(t, err)
+		return got
+	}
+	pending := func() int64 {
+		p, err := rdb.XPending(ctx, key, "g").Result()
+		require.NoError(t, err)
+		return p.Count
+	}
+
+	require.Equal(t, 1, read())
+	var first string
+	select {
+	case first = <-settled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first entry was not dispatched")
+	}
+	require.Eventually(t, func() bool { return pending() == 0 }, 10*time.Second, 10*time.Millisecond,
+		"the settled entry was not acked while its Dispatch ran")
+	require.False(t, c.Detach(first), "a settled entry was detached")
+	// Concurrency 1: the next read finds the settled entry's slot free, and
+	// its entry waits for the one worker.
+	require.Equal(t, 1, read())
+	select {
+	case <-second:
+		t.Fatal("two entries ran at once with Concurrency 1")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case <-second:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second entry did not run once the settled one's Dispatch returned")
+	}
+	require.Eventually(t, func() bool { return pending() == 0 && c.BytesHeld() == 0 }, 10*time.Second, 10*time.Millisecond)
+	// Every slot back once, not twice: one more read takes one entry's room.
+	require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{"job_id", "3"}}).Err())
+	require.Equal(t, 1, read())
+}

@@ -60,8 +60,11 @@ type Entry struct {
 	// before Dispatch returns: the dispatcher calls it once the job's
 	// outcome is committed and nothing more is to be written for it
 	// (Dispatch then returns true). The consumer asks for its ack and
-	// gives its slot to the next entry at once, instead of when the
-	// dispatcher's goroutine is next scheduled. Later calls do nothing.
+	// gives its slot back at once, so the next read need not wait for the
+	// dispatcher's goroutine to be scheduled; the entry read into the slot
+	// runs when a worker is free (when this Dispatch returns, at the
+	// latest), so handlers running stay within Concurrency. Later calls do
+	// nothing.
 	Committed func()
 }
 
