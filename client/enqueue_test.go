@@ -29,7 +29,6 @@ import (
 	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/internal/jobmsg"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 type testBundle struct {
@@ -221,7 +220,7 @@ func TestEnqueueJobRefuses(t *testing.T) {
 	require.ErrorContains(t, err, "it may call usher_enqueue_job(text, jsonb, text, text), the applications' enqueue")
 
 	// The limits are the host's entry limit's.
-	require.Equal(t, wire.MaxPayloadBytes, jobmsg.EntryBytes)
+	require.Equal(t, 1<<20, jobmsg.EntryBytes)
 	require.Equal(t, 1032192, client.MaxPayloadBytes, "the number usher_enqueue_job and the README state")
 	big := `{"pad": "` + strings.Repeat("a", client.MaxPayloadBytes) + `"}`
 	_, err = client.Enqueue(ctx, pool, client.Job{Kind: "k", Payload: json.RawMessage(big)})

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/host/outbox"
-	"github.com/usherhq/usher/host/stream"
+	"github.com/usherhq/usher/internal/jobmsg"
 )
 
 // Config is everything a Host needs. Every field says its default; New fills
@@ -59,9 +59,11 @@ type Config struct {
 	// before it serves, as `host plugins install` does (host/plugindb: its
 	// migrations in its schema plugin_<name>, its declared grants); a
 	// refused install refuses the plugin. An executable no manifest
-	// names is ignored with a warning. At New, a manifest that cannot be
-	// loaded is an error; later, while Run watches the directory, it is
-	// logged and the running version keeps serving. Optional.
+	// names is ignored with a warning. A manifest that cannot be loaded,
+	// at New or later while Run watches the directory, is logged and left
+	// out (Host.Refusals lists those refused at New): no single plugin
+	// stops the host, and a running version keeps serving. Only a
+	// directory that cannot be read is New's error. Optional.
 	PluginDir string
 	// DisablePluginWatch turns off the watch of PluginDir: manifests are
 	// then re-read only by Reload (`host plugins reload`). Default: Run
@@ -330,7 +332,7 @@ func (c *Config) setDefaults() error {
 	if c.MaxEntryBytesHeld <= 0 {
 		c.MaxEntryBytesHeld = 64 << 20
 	}
-	c.MaxEntryBytesHeld = max(c.MaxEntryBytesHeld, stream.MaxEntryBytes)
+	c.MaxEntryBytesHeld = max(c.MaxEntryBytesHeld, jobmsg.EntryBytes)
 	if c.IdlePoll <= 0 {
 		c.IdlePoll = 200 * time.Millisecond
 	}

@@ -12,13 +12,14 @@ import (
 
 	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/outcome"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
 
 // verdicts counts a job's records by verdict.
-func verdicts(j *history.Job) map[string]int {
-	n := map[string]int{}
+func verdicts(j *history.Job) map[outcome.Outcome]int {
+	n := map[outcome.Outcome]int{}
 	for _, r := range j.History {
 		n[r.Verdict]++
 	}
@@ -76,7 +77,7 @@ func TestJobHistoryOfAFlow(t *testing.T) {
 	// The counter: one run failed (retry), one applied, and the other
 	// delivery (the relay's duplicate or the retry) was absorbed.
 	counter := w.Jobs[0]
-	require.Equal(t, map[string]int{history.Retry: 1, history.Applied: 1, history.Absorbed: 1}, verdicts(counter), "%+v", counter.History)
+	require.Equal(t, map[outcome.Outcome]int{history.Retry: 1, history.Applied: 1, history.Absorbed: 1}, verdicts(counter), "%+v", counter.History)
 	require.Equal(t, 1, counter.Absorbed)
 	for _, r := range counter.History {
 		require.Equal(t, "counters", r.Plugin)

@@ -32,6 +32,6 @@ func TestRowsShowHowTheirJobEnded(t *testing.T) {
 	require.EqualValues(t, n, hosttest.Count(t, b.pool, `SELECT count(DISTINCT coalesce(job_id, id::text)) FROM outbox`))
 	require.EqualValues(t, 2*n, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE outcome = 'applied'`),
 		"the failed attempt's row shows how its job ended")
-	require.EqualValues(t, n, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE verdict = 'retry' AND attempt = 0`))
+	require.EqualValues(t, n, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE verdict = 'retry_scheduled' AND attempt = 0`))
 	require.EqualValues(t, n, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE verdict = 'applied' AND attempt = 1`))
 }

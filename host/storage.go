@@ -68,8 +68,8 @@ func (h *Host) retainer() (*retention.Retainer, error) {
 		TrimInterval: c.StreamTrimInterval, CleanupInterval: c.CleanupInterval, ConsumerIdle: c.ConsumerIdleRemove,
 		ProcessedJobs: c.ProcessedJobsRetention, Outbox: c.OutboxRetention, DeadLetters: c.DeadLetterRetention,
 		Redelivery: c.redelivery(), Margin: c.RetentionMargin, Logger: h.log,
-		OnTrimmed:          func(n int64) { h.metrics.trimmed.Add(float64(n)) },
-		OnDeleted:          func(table string, n int64) { h.metrics.retained.WithLabelValues(table).Add(float64(n)) },
-		OnConsumersRemoved: func(n int) { h.metrics.consumersRemoved.Add(float64(n)) },
+		OnTrimmed:          func(n int64) { h.metrics.Trimmed.Add(float64(n)) },
+		OnDeleted:          func(table string, n int64) { h.metrics.Retained.WithLabelValues(table).Add(float64(n)) },
+		OnConsumersRemoved: func(n int) { h.metrics.ConsumersRemoved.Add(float64(n)) },
 	})
 }

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 func claimSpec(c Claim) (*usherv1.ClaimSpec, error) {
@@ -28,7 +28,7 @@ func claimSpec(c Claim) (*usherv1.ClaimSpec, error) {
 		ResultColumns: c.Result,
 	}
 	for _, col := range c.Key {
-		v, err := wire.ToValue(col.Value)
+		v, err := contract.ToValue(col.Value)
 		if err != nil {
 			return nil, fmt.Errorf("claim key %s: %w", col.Name, err)
 		}
@@ -73,7 +73,7 @@ func KeepResult(ctx context.Context, values ...any) error {
 	case len(values) != len(r.columns):
 		return Permanent(fmt.Errorf("sdk: KeepResult: %d values for the claim's %d Result columns %v", len(values), len(r.columns), r.columns))
 	}
-	vals, err := wire.ToValues(values)
+	vals, err := contract.ToValues(values)
 	if err != nil {
 		return Permanent(fmt.Errorf("sdk: KeepResult: %w", err))
 	}

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // hostCaller is the plugin's view of the host's callback service.
@@ -28,7 +28,7 @@ func (h handle) run(ctx context.Context, mode usherv1.Mode, sql string, args []a
 	if h.host == nil || h.id == "" {
 		return nil, fmt.Errorf("sdk: no database in this phase")
 	}
-	vals, err := wire.ToValues(args)
+	vals, err := contract.ToValues(args)
 	if err != nil {
 		return nil, fmt.Errorf("sdk: %w", err)
 	}
@@ -99,7 +99,7 @@ func (st Statement) short(n int64) error {
 }
 
 func (st Statement) wire() (*usherv1.Statement, error) {
-	vals, err := wire.ToValues(st.Args)
+	vals, err := contract.ToValues(st.Args)
 	if err != nil {
 		return nil, err
 	}

@@ -10,8 +10,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // Plugin is a set of job kinds served by one plugin binary, each registered
@@ -72,7 +72,7 @@ func (p *Plugin) Kinds() []string {
 func (p *Plugin) Err() error { return errors.Join(p.errs...) }
 
 func (p *Plugin) manifest() *usherv1.ManifestResponse {
-	m := &usherv1.ManifestResponse{Name: p.name, Version: p.version, ProtocolVersion: wire.ProtocolVersion}
+	m := &usherv1.ManifestResponse{Name: p.name, Version: p.version, ProtocolVersion: contract.ProtocolVersion}
 	for _, k := range p.Kinds() {
 		m.Kinds = append(m.Kinds, p.kinds[k].info())
 	}

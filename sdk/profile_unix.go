@@ -9,14 +9,14 @@ import (
 	"runtime/pprof"
 	"syscall"
 
-	"github.com/usherhq/usher/sdk/wire"
+	"github.com/usherhq/usher/internal/contract"
 )
 
-// profileOnSignal, when wire.CPUProfileEnv names a file, profiles the
+// profileOnSignal, when contract.CPUProfileEnv names a file, profiles the
 // plugin's CPU into it from one SIGUSR1 to the next; the returned stop
 // writes a profile still running (the host stopped the plugin first).
 func profileOnSignal() (stop func()) {
-	path := os.Getenv(wire.CPUProfileEnv)
+	path := os.Getenv(contract.CPUProfileEnv)
 	if path == "" {
 		return func() {}
 	}

@@ -5,8 +5,8 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // Rows is a query's result, read in full by the host.
@@ -19,7 +19,7 @@ type Rows struct {
 func newRows(res *usherv1.StatementResult) *Rows {
 	r := &Rows{cols: res.GetColumns(), rows: make([][]any, len(res.GetRows()))}
 	for i, row := range res.GetRows() {
-		r.rows[i] = wire.FromValues(row.GetValues())
+		r.rows[i] = contract.FromValues(row.GetValues())
 	}
 	return r
 }

@@ -14,16 +14,16 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 	"github.com/usherhq/usher/sdk/internal/bridge"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // Serve runs the plugin until the host stops it; it is a plugin's whole main.
 // It exits with status 1 when registration was wrong (an empty or duplicated
 // kind), and by itself when the host that started it is gone.
 //
-// With wire.CPUProfileEnv set, SIGUSR1 starts and stops a CPU profile of
+// With contract.CPUProfileEnv set, SIGUSR1 starts and stops a CPU profile of
 // the plugin (make bench's --cpu-profile).
 //
 // Nothing may be written to stdout before Serve: go-plugin's handshake is the
@@ -42,14 +42,14 @@ func Serve(p *Plugin) {
 	logger := hclog.New(&hclog.LoggerOptions{Name: p.name, Output: os.Stderr, JSONFormat: true, Level: hclog.Info})
 	p.logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	plugin.Serve(&plugin.ServeConfig{
-		HandshakeConfig: wire.Handshake,
+		HandshakeConfig: contract.Handshake,
 		VersionedPlugins: map[int]plugin.PluginSet{
-			wire.ProtocolVersion: {wire.PluginName: &grpcPlugin{p: p}},
+			contract.ProtocolVersion: {contract.PluginName: &grpcPlugin{p: p}},
 		},
 		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
 			return grpc.NewServer(append(opts,
-				grpc.MaxRecvMsgSize(wire.MaxMessageBytes),
-				grpc.MaxSendMsgSize(wire.MaxMessageBytes))...)
+				grpc.MaxRecvMsgSize(contract.MaxMessageBytes),
+				grpc.MaxSendMsgSize(contract.MaxMessageBytes))...)
 		},
 		Logger: logger,
 	})
@@ -59,7 +59,7 @@ func Serve(p *Plugin) {
 // kill -9 of the host leaves no orphaned plugins. go-plugin alone does not.
 func watchParent(every time.Duration) {
 	want := os.Getppid()
-	if s := os.Getenv(wire.ParentPIDEnv); s != "" {
+	if s := os.Getenv(contract.ParentPIDEnv); s != "" {
 		if pid, err := strconv.Atoi(s); err == nil {
 			want = pid
 		}
@@ -152,8 +152,8 @@ func (s *pluginServer) host(id uint32) (*hostClient, error) {
 		return c, nil
 	}
 	conn, err := s.broker.DialWithOptions(id, grpc.WithDefaultCallOptions(
-		grpc.MaxCallRecvMsgSize(wire.MaxMessageBytes),
-		grpc.MaxCallSendMsgSize(wire.MaxMessageBytes)))
+		grpc.MaxCallRecvMsgSize(contract.MaxMessageBytes),
+		grpc.MaxCallSendMsgSize(contract.MaxMessageBytes)))
 	if err != nil {
 		return nil, fmt.Errorf("sdk: dial host callback service %d: %w", id, err)
 	}

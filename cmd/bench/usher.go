@@ -28,6 +28,7 @@ import (
 	"github.com/usherhq/usher/host/plugindb"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/internal/contract"
 	"github.com/usherhq/usher/migrations"
 	"github.com/usherhq/usher/plugins/counters/counter"
 	"github.com/usherhq/usher/plugins/stagedoor"
@@ -35,7 +36,6 @@ import (
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 	"github.com/usherhq/usher/sdk"
 	"github.com/usherhq/usher/sdk/inprocess"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // group is the consumer group of every bench host (each on a stream of its own).
@@ -186,7 +186,7 @@ func startHost(ctx context.Context, cfg config, db *database, pluginDir string, 
 		hcfg.PluginDir = ""
 	} else if cfg.CPUProfile != "" {
 		// The plugin profiles itself over the window (startProfile).
-		hcfg.PluginEnv = []string{wire.CPUProfileEnv + "=" + filepath.Join(cfg.CPUProfile, fmt.Sprintf("plugin-inflight-%d.pprof", inflight))}
+		hcfg.PluginEnv = []string{contract.CPUProfileEnv + "=" + filepath.Join(cfg.CPUProfile, fmt.Sprintf("plugin-inflight-%d.pprof", inflight))}
 	}
 	h, err := host.New(ctx, hcfg)
 	if err != nil {
@@ -391,7 +391,7 @@ func throughput(ctx context.Context, cfg config, db *database, rh *runningHost, 
 
 // startProfile starts a CPU profile of this process (the host) over a
 // throughput window into cfg.CPUProfile, when set, and of each plugin
-// process (started with wire.CPUProfileEnv: SIGUSR1 starts and stops its
+// process (started with contract.CPUProfileEnv: SIGUSR1 starts and stops its
 // profile), and returns what stops them and writes the host's.
 func startProfile(cfg config, rh *runningHost) (stop func() error, err error) {
 	name := fmt.Sprintf("host-inflight-%d.pprof", rh.concurrency)

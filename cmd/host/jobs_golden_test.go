@@ -45,13 +45,13 @@ func TestGoldenHistory(t *testing.T) {
 		start, took                           int // seconds after goldenCreated, milliseconds
 	}
 	for _, r := range []rec{
-		{"1", "update_sales_counter", "req-7", 1, 0, 1, "1-0", "host-a", "counters", "job_id", "retry", "apply: fault: injected transient error; runs again in 200ms", "apply: fault: injected transient error", 1, 12},
+		{"1", "update_sales_counter", "req-7", 1, 0, 1, "1-0", "host-a", "counters", "job_id", "retry_scheduled", "apply: fault: injected transient error; runs again in 200ms", "apply: fault: injected transient error", 1, 12},
 		{"1", "update_sales_counter", "req-7", 1, 0, 1, "2-0", "host-b", "counters", "job_id", "applied", "", "", 2, 8},
 		{"1", "update_sales_counter", "req-7", 3, 1, 1, "6-0", "host-a", "counters", "job_id", "absorbed", "job id already recorded", "", 3, 3},
 		{"2", "render_tickets", "req-7", 2, 0, 1, "3-0", "host-a", "tickets", "state_first", "abandoned", "", "commit of render_tickets job 2 did not complete: plugin tickets crashed", 4, 950},
 		{"2", "render_tickets", "req-7", 2, 0, 2, "3-0", "host-b", "tickets", "state_first", "applied", "", "", 6, 420},
-		{"4", "send_tickets", "req-7", 4, 0, 1, "7-0", "host-b", "tickets", "claim", "retry", "effect: mail provider unavailable; runs again in 1h0m0s", "effect: mail provider unavailable", 7, 31},
-		{"5", "update_sales_counter", "req-8", 5, 0, 1, "5-0", "host-a", "counters", "job_id", "dead_lettered", "permanent: order 8 does not exist", "order 8 does not exist", 8, 5},
+		{"4", "send_tickets", "req-7", 4, 0, 1, "7-0", "host-b", "tickets", "claim", "retry_scheduled", "effect: mail provider unavailable; runs again in 1h0m0s", "effect: mail provider unavailable", 7, 31},
+		{"5", "update_sales_counter", "req-8", 5, 0, 1, "5-0", "host-a", "counters", "job_id", "dead_letter", "permanent: order 8 does not exist", "order 8 does not exist", 8, 5},
 	} {
 		_, err := pool.Exec(ctx, `INSERT INTO job_history (job_id, kind, outbox_id, request_id, attempt, deliveries, stream_id, consumer,
 			plugin, plugin_version, guard, verdict, reason, error, started_at, finished_at)

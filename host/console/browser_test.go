@@ -192,7 +192,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	require.Equal(t, strconv.Itoa(n), history("applied"))
 	require.Equal(t, history("applied"), text(`#totals tr[data-kind="update_sales_counter"] .applied`))
-	require.Equal(t, history("dead_lettered"), text(`#totals tr[data-kind="update_sales_counter"] .dead-letter`))
+	require.Equal(t, history("dead_letter"), text(`#totals tr[data-kind="update_sales_counter"] .dead-letter`))
 	require.Equal(t, history("absorbed"), text(`#totals tr[data-kind="update_sales_counter"] .absorbed`))
 	require.Equal(t, history(""), text(`#totals tr[data-kind="update_sales_counter"] .total`))
 	// The chart's points are the same records per second of their

@@ -44,13 +44,13 @@ func TestBuildCharts(t *testing.T) {
 		{Start: at(0), Kind: "k", Verdict: "applied", Guard: "job id recorded", Count: 10, TookMS: 100},
 		{Start: at(0), Kind: "k", Verdict: "absorbed", Guard: "job id recorded", Count: 2, TookMS: 20},
 		{Start: at(4), Kind: "k", Verdict: "applied", Guard: "job id recorded", Count: 4, TookMS: 400},
-		{Start: at(4), Kind: "k", Verdict: "retry", Guard: "job id recorded", Count: 1, TookMS: 1000},
+		{Start: at(4), Kind: "k", Verdict: "retry_scheduled", Guard: "job id recorded", Count: 1, TookMS: 1000},
 	}
 	c := buildCharts(buckets, since, at(6), 2*time.Second)
 	require.Len(t, c.Kinds, 1)
 	require.Equal(t, []kindTotals{{Kind: "k", Applied: 14, Absorbed: 2, Retry: 1, Total: 17, MeanMS: 1520.0 / 17, tookMS: 1520}}, c.Totals)
 	svg := c.Kinds[0].SVG
-	require.Equal(t, 3, strings.Count(svg, "<polyline"), "applied, absorbed, dead_lettered")
+	require.Equal(t, 3, strings.Count(svg, "<polyline"), "applied, absorbed, dead_letter")
 	// 3 buckets: applied 5/s, 0, 2/s; the y axis goes to 5.
 	require.Contains(t, svg, `data-series="applied"`)
 	require.Contains(t, c.Kinds[0].Took, `data-series="mean"`)

@@ -6,10 +6,11 @@ import (
 
 	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/ops"
+	"github.com/usherhq/usher/host/outcome"
 )
 
 // chartVerdicts are the verdicts a kind's throughput chart draws.
-var chartVerdicts = []string{history.Applied, history.Absorbed, history.DeadLettered}
+var chartVerdicts = []outcome.Outcome{history.Applied, history.Absorbed, history.DeadLettered}
 
 // series is one line of a chart: a value (a rate per second, a mean
 // duration) per bucket.
@@ -58,7 +59,10 @@ type kindChart struct {
 func buildCharts(buckets []ops.Bucket, since, until time.Time, width time.Duration) charts {
 	out := charts{Window: until.Sub(since), Bucket: width, Since: since}
 	starts := bucketStarts(since, until, width)
-	type key struct{ kind, verdict string }
+	type key struct {
+		kind    string
+		verdict outcome.Outcome
+	}
 	counts := map[key]map[time.Time]int64{}
 	took := map[string]map[time.Time][2]float64{} // kind, bucket: ms, count
 	absorbed := map[string]map[time.Time]int64{}  // guard, bucket
@@ -110,7 +114,7 @@ func buildCharts(buckets []ops.Bucket, since, until time.Time, width time.Durati
 	for _, kind := range sortedKeys(totals) {
 		var lines []series
 		for _, v := range chartVerdicts {
-			lines = append(lines, series{Name: v, Points: rate(counts[key{kind, v}])})
+			lines = append(lines, series{Name: string(v), Points: rate(counts[key{kind, v}])})
 		}
 		var mean []point
 		for _, s := range starts {

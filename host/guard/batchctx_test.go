@@ -15,8 +15,8 @@ import (
 
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // gatedInvoker answers applies as countInvoker does, and holds the calls
@@ -46,14 +46,14 @@ func (g *gatedInvoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*us
 	}
 	res := make([]*usherv1.Result, len(calls))
 	for i := range calls {
-		args, err := wire.ToValues([]any{int64(0)})
+		args, err := contract.ToValues([]any{int64(0)})
 		if err != nil {
 			return nil, err
 		}
 		res[i] = &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{{
 			Mode: usherv1.Mode_MODE_EXEC, Sql: `UPDATE gcount SET n = n + 1 WHERE id = $1`, Args: args, MinRows: 1}}}
 		if k, ok := g.lock[calls[i].GetJob().GetId()]; ok {
-			key, err := wire.ToValues([]any{k})
+			key, err := contract.ToValues([]any{k})
 			if err != nil {
 				return nil, err
 			}

@@ -12,8 +12,8 @@ import (
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // BenchmarkClaimStatement measures the claim guard's one statement (insert
@@ -34,7 +34,7 @@ func BenchmarkClaimStatement(b *testing.B) {
 	defer pool.Close()
 	b.ResetTimer()
 	for i := range b.N {
-		kv, err := wire.ToValues([]any{int64(i), "tickets"})
+		kv, err := contract.ToValues([]any{int64(i), "tickets"})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -59,7 +59,7 @@ type countInvoker struct{}
 func (countInvoker) Invoke(_ context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error) {
 	res := make([]*usherv1.Result, len(calls))
 	for i := range calls {
-		args, err := wire.ToValues([]any{int64(i % 100)})
+		args, err := contract.ToValues([]any{int64(i % 100)})
 		if err != nil {
 			return nil, err
 		}

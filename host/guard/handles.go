@@ -19,8 +19,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // capability is what a handle lets a plugin do.
@@ -330,7 +330,7 @@ func (hs *Handles) writeAll(parts []*writePart) bool {
 			if prepared {
 				sql, named = name, true
 			}
-			b.Queue(sql, wire.FromValues(st.GetArgs())...)
+			b.Queue(sql, contract.FromValues(st.GetArgs())...)
 			if !prepared {
 				b.Queue(check)
 			}
@@ -468,7 +468,7 @@ func (hs *Handles) execReadOnly(ctx context.Context, h *handle, stmts []*usherv1
 func (hs *Handles) queryReadOnly(ctx context.Context, h *handle, st *usherv1.Statement) (*usherv1.ExecResponse, error) {
 	var res *usherv1.StatementResult
 	err := withReset(ctx, h.db, hs.schema, "BEGIN READ ONLY", func(b *pgx.Batch) {
-		b.Queue(st.GetSql(), wire.FromValues(st.GetArgs())...)
+		b.Queue(st.GetSql(), contract.FromValues(st.GetArgs())...)
 		b.Queue(wroteSQL)
 		b.Queue("ROLLBACK")
 	}, func(br pgx.BatchResults) error {
@@ -666,7 +666,7 @@ type queryer interface {
 }
 
 func runStatement(ctx context.Context, q queryer, st *usherv1.Statement) (*usherv1.StatementResult, pgconn.CommandTag, error) {
-	return collect(q.Query(ctx, st.GetSql(), wire.FromValues(st.GetArgs())...))
+	return collect(q.Query(ctx, st.GetSql(), contract.FromValues(st.GetArgs())...))
 }
 
 // runCounted runs st after the query of the rows its transaction wrote so
@@ -674,7 +674,7 @@ func runStatement(ctx context.Context, q queryer, st *usherv1.Statement) (*usher
 func runCounted(ctx context.Context, conn *pgx.Conn, st *usherv1.Statement, written *int64) (*usherv1.StatementResult, pgconn.CommandTag, error) {
 	b := &pgx.Batch{}
 	b.Queue(rowWritesSQL)
-	b.Queue(st.GetSql(), wire.FromValues(st.GetArgs())...)
+	b.Queue(st.GetSql(), contract.FromValues(st.GetArgs())...)
 	br := conn.SendBatch(ctx, b)
 	if err := br.QueryRow().Scan(written); err != nil {
 		_ = br.Close()
@@ -702,7 +702,7 @@ func collect(rows pgx.Rows, err error) (*usherv1.StatementResult, pgconn.Command
 		if err != nil {
 			return nil, pgconn.CommandTag{}, sqlStatus(err)
 		}
-		wv, err := wire.ToValues(vals)
+		wv, err := contract.ToValues(vals)
 		if err != nil {
 			return nil, pgconn.CommandTag{}, status.Errorf(codes.InvalidArgument, "result: %v", err)
 		}
@@ -811,7 +811,7 @@ func (hs *Handles) Log(ctx context.Context, req *usherv1.LogRequest) (*usherv1.L
 			attrs = append(attrs, k, v)
 		}
 		for k, v := range r.GetValues() {
-			attrs = append(attrs, k, wire.FromValue(v))
+			attrs = append(attrs, k, contract.FromValue(v))
 		}
 		hs.logger.Log(ctx, slog.Level(r.GetLevel()), r.GetMessage(), attrs...)
 	}

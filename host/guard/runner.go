@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // Invoker calls a plugin. An error means the call did not complete (the
@@ -594,7 +594,7 @@ func buildClaim(spec *usherv1.ClaimSpec) (*claimSQL, error) {
 			FROM %[1]s WHERE %[4]s`, t, claimed, done, whereKeys, n+1),
 		mark:    fmt.Sprintf(`UPDATE %s SET %s = now() WHERE %s AND %s IS NULL`, t, done, whereKeys, done),
 		release: fmt.Sprintf(`UPDATE %[1]s SET %[2]s = '-infinity' WHERE %[3]s AND %[4]s IS NULL AND %[2]s = $%[5]d`, t, claimed, whereKeys, done, n+1),
-		keys:    wire.FromValues(spec.GetKeyValues()),
+		keys:    contract.FromValues(spec.GetKeyValues()),
 		lease:   time.Duration(spec.GetLeaseMs()) * time.Millisecond,
 		intent:  spec.GetIntent(),
 	}, nil
@@ -691,7 +691,7 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 	var unkept error
 	switch {
 	case len(c.results) > 0 && len(vals) == len(c.results):
-		mark, args = c.markResult, append(append([]any{}, c.keys...), wire.FromValues(vals)...)
+		mark, args = c.markResult, append(append([]any{}, c.keys...), contract.FromValues(vals)...)
 	case len(c.results) > 0 || len(vals) > 0:
 		// The effect left: mark it done all the same (nothing sends it
 		// again), and dead-letter the job with what was lost.

@@ -12,39 +12,38 @@ import (
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/internal/periodic"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/outcome"
 )
 
-// Verdicts a record holds.
+// Verdicts a record holds: how its delivery was settled (host/outcome,
+// the vocabulary the outbox shares).
 const (
-	Applied      = "applied"
-	Absorbed     = "absorbed"
-	Retry        = "retry"
-	DeadLettered = "dead_lettered"
-	// Abandoned: the run did not finish (its plugin crashed or was not
-	// running, the database was unreachable, its host stopped); the
-	// entry stays pending and runs again.
-	Abandoned = "abandoned"
+	Applied      = outcome.Applied
+	Absorbed     = outcome.Absorbed
+	Retry        = outcome.RetryScheduled
+	DeadLettered = outcome.DeadLettered
+	Abandoned    = outcome.Abandoned
 )
 
 // Record is one delivery of a job.
 type Record struct {
-	ID            int64     `json:"id"`
-	JobID         string    `json:"job_id"`
-	Kind          string    `json:"kind"`
-	OutboxID      int64     `json:"outbox_id,omitempty"`
-	RequestID     string    `json:"request_id"`
-	Attempt       int       `json:"attempt"`
-	Deliveries    int       `json:"deliveries"`
-	StreamID      string    `json:"stream_id"`
-	Consumer      string    `json:"consumer"`
-	Plugin        string    `json:"plugin"`
-	PluginVersion string    `json:"plugin_version"`
-	Guard         string    `json:"guard"`
-	Verdict       string    `json:"verdict"`
-	Reason        string    `json:"reason,omitempty"`
-	Error         string    `json:"error,omitempty"`
-	StartedAt     time.Time `json:"started_at"`
-	FinishedAt    time.Time `json:"finished_at"`
+	ID            int64           `json:"id"`
+	JobID         string          `json:"job_id"`
+	Kind          string          `json:"kind"`
+	OutboxID      int64           `json:"outbox_id,omitempty"`
+	RequestID     string          `json:"request_id"`
+	Attempt       int             `json:"attempt"`
+	Deliveries    int             `json:"deliveries"`
+	StreamID      string          `json:"stream_id"`
+	Consumer      string          `json:"consumer"`
+	Plugin        string          `json:"plugin"`
+	PluginVersion string          `json:"plugin_version"`
+	Guard         string          `json:"guard"`
+	Verdict       outcome.Outcome `json:"verdict"`
+	Reason        string          `json:"reason,omitempty"`
+	Error         string          `json:"error,omitempty"`
+	StartedAt     time.Time       `json:"started_at"`
+	FinishedAt    time.Time       `json:"finished_at"`
 	// TookMS is Duration in milliseconds, filled in when read.
 	TookMS int64 `json:"took_ms"`
 }
@@ -68,7 +67,7 @@ func Write(ctx context.Context, q outbox.Querier, r Record) error {
 		consumer, plugin, plugin_version, guard, verdict, reason, error, started_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`,
 		t(r.JobID), t(r.Kind), outboxID, t(r.RequestID), r.Attempt, r.Deliveries, t(r.StreamID), t(r.Consumer), t(r.Plugin),
-		t(r.PluginVersion), t(r.Guard), t(r.Verdict), t(r.Reason), t(r.Error), r.StartedAt)
+		t(r.PluginVersion), t(r.Guard), t(string(r.Verdict)), t(r.Reason), t(r.Error), r.StartedAt)
 	if err != nil {
 		return fmt.Errorf("history: write %s job %s: %w", r.Kind, r.JobID, err)
 	}

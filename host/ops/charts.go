@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/outcome"
 )
 
 // Bucket is what the job history holds of one kind's deliveries that
@@ -16,9 +17,9 @@ import (
 type Bucket struct {
 	// Start is the bucket's start: a multiple of the bucket width since
 	// the Unix epoch.
-	Start   time.Time `json:"start"`
-	Kind    string    `json:"kind"`
-	Verdict string    `json:"verdict"`
+	Start   time.Time       `json:"start"`
+	Kind    string          `json:"kind"`
+	Verdict outcome.Outcome `json:"verdict"`
 	// Guard is the guard that ran the deliveries (for absorbed ones,
 	// the guard that absorbed them).
 	Guard string `json:"guard"`

@@ -29,7 +29,7 @@ func TestThroughputCountsTheHistory(t *testing.T) {
 		{"update_sales_counter", "applied", "job id recorded", 5 * time.Second, 100 * time.Millisecond},
 		{"update_sales_counter", "applied", "job id recorded", 59 * time.Second, 300 * time.Millisecond},
 		{"update_sales_counter", "absorbed", "job id recorded", 61 * time.Second, 10 * time.Millisecond},
-		{"render_tickets", "retry", "state first", 62 * time.Second, time.Second},
+		{"render_tickets", "retry_scheduled", "state first", 62 * time.Second, time.Second},
 		{"render_tickets", "applied", "state first", 3 * time.Minute, time.Second}, // outside the window
 		{"render_tickets", "applied", "state first", -time.Second, time.Second},    // before it
 	} {
@@ -42,7 +42,7 @@ func TestThroughputCountsTheHistory(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []ops.Bucket{
 		{Start: t0, Kind: "update_sales_counter", Verdict: "applied", Guard: "job id recorded", Count: 2, TookMS: 400},
-		{Start: t0.Add(time.Minute), Kind: "render_tickets", Verdict: "retry", Guard: "state first", Count: 1, TookMS: 1000},
+		{Start: t0.Add(time.Minute), Kind: "render_tickets", Verdict: "retry_scheduled", Guard: "state first", Count: 1, TookMS: 1000},
 		{Start: t0.Add(time.Minute), Kind: "update_sales_counter", Verdict: "absorbed", Guard: "job id recorded", Count: 1, TookMS: 10},
 	}, got)
 	require.Equal(t, t0.Add(time.Minute), ops.BucketStart(t0.Add(61*time.Second), time.Minute))

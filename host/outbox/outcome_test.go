@@ -9,6 +9,7 @@ import (
 
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/outcome"
 )
 
 // A retry or a requeue is a row of its own with the job's identity: when it
@@ -26,9 +27,9 @@ func TestOutcomeFollowsTheJob(t *testing.T) {
 		require.NoError(t, err)
 		return ids[0]
 	}
-	finish := func(id int64, outcome string) {
+	finish := func(id int64, o string) {
 		t.Helper()
-		require.NoError(t, outbox.Finish(ctx, pool, id, outcome))
+		require.NoError(t, outbox.Finish(ctx, pool, id, outcome.Outcome(o)))
 	}
 	outcome := func(id int64) string {
 		t.Helper()

@@ -10,16 +10,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/usherhq/usher/host/internal/periodic"
+	"github.com/usherhq/usher/host/outcome"
 )
 
 // Finish records how the job of outbox row id ended. The host calls it
 // before acking the row's stream entry; a crash in between redelivers the
 // entry, whose guard absorbs it and finishes the row again (a no-op).
-func Finish(ctx context.Context, q Querier, id int64, outcome string) error {
+func Finish(ctx context.Context, q Querier, id int64, o outcome.Outcome) error {
 	if id <= 0 {
 		return nil
 	}
-	if _, err := q.Exec(ctx, `UPDATE outbox SET done_at = now(), outcome = $2 WHERE id = $1 AND done_at IS NULL`, id, outcome); err != nil {
+	if _, err := q.Exec(ctx, `UPDATE outbox SET done_at = now(), outcome = $2 WHERE id = $1 AND done_at IS NULL`, id, string(o)); err != nil {
 		return fmt.Errorf("outbox: finish %d: %w", id, err)
 	}
 	return nil

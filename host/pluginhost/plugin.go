@@ -34,8 +34,8 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // Manifest is what a plugin reports about itself.
@@ -81,8 +81,8 @@ func (p *grpcPlugin) GRPCClient(_ context.Context, broker *plugin.GRPCBroker, co
 	id := broker.NextId()
 	go broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
 		s := grpc.NewServer(append(opts,
-			grpc.MaxRecvMsgSize(wire.MaxMessageBytes),
-			grpc.MaxSendMsgSize(wire.MaxMessageBytes))...)
+			grpc.MaxRecvMsgSize(contract.MaxMessageBytes),
+			grpc.MaxSendMsgSize(contract.MaxMessageBytes))...)
 		usherv1.RegisterHostServer(s, p.host)
 		return s
 	})
@@ -143,7 +143,7 @@ func Environ(env []string) []string {
 		}
 	}
 	out = append(out, env...)
-	return append(out, wire.ParentPIDEnv+"="+strconv.Itoa(os.Getpid()))
+	return append(out, contract.ParentPIDEnv+"="+strconv.Itoa(os.Getpid()))
 }
 
 // credential is the uid and gid of the OS user name.
@@ -220,7 +220,7 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 		secure = &plugin.SecureConfig{Checksum: cfg.SHA256, Hash: newSHA256()}
 	}
 	client := plugin.NewClient(&plugin.ClientConfig{
-		HandshakeConfig:  wire.Handshake,
+		HandshakeConfig:  contract.Handshake,
 		VersionedPlugins: protocols(cfg.Host),
 		Cmd:              cmd,
 		// cmd.Env is all a plugin gets of the host's environment.
@@ -236,8 +236,8 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 		Logger:              hclogFor(cfg.Logger, cfg.Path),
 		Stderr:              stderr,
 		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(
-			grpc.MaxCallRecvMsgSize(wire.MaxMessageBytes),
-			grpc.MaxCallSendMsgSize(wire.MaxMessageBytes))},
+			grpc.MaxCallRecvMsgSize(contract.MaxMessageBytes),
+			grpc.MaxCallSendMsgSize(contract.MaxMessageBytes))},
 	})
 	inst, err := connect(ctx, client, cfg)
 	if err != nil {
@@ -281,7 +281,7 @@ func connect(ctx context.Context, client *plugin.Client, cfg Config) (*Instance,
 	if err := proto.Ping(); err != nil {
 		return nil, fmt.Errorf("the plugin does not answer its health check: %w", err)
 	}
-	raw, err := proto.Dispense(wire.PluginName)
+	raw, err := proto.Dispense(contract.PluginName)
 	if err != nil {
 		return nil, err
 	}

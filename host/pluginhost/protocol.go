@@ -9,8 +9,8 @@ import (
 
 	"github.com/hashicorp/go-plugin"
 
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // protocols maps every host-plugin protocol version this host speaks to
@@ -22,7 +22,7 @@ import (
 // keep loading until 1 is removed on purpose.
 func protocols(host usherv1.HostServer) map[int]plugin.PluginSet {
 	return map[int]plugin.PluginSet{
-		1: {wire.PluginName: &grpcPlugin{host: host}},
+		1: {contract.PluginName: &grpcPlugin{host: host}},
 	}
 }
 

@@ -15,9 +15,9 @@ import (
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
-// maxProbation bounds how long a relapsing plugin stays unhealthy before
+// maxQuarantine bounds how long a relapsing plugin stays unhealthy before
 // its next retry.
-const maxProbation = 10 * time.Minute
+const maxQuarantine = 10 * time.Minute
 
 // ErrUnavailable is returned by Invoke while the plugin is not running
 // (crashed and restarting, or marked unhealthy).
@@ -33,10 +33,10 @@ type SupervisorConfig struct {
 	// after each crash. Defaults 100ms and 10s.
 	MinBackoff, MaxBackoff time.Duration
 	// CrashLoop: this many crashes within CrashWindow marks the plugin
-	// unhealthy: its kinds stop being served, and it is restarted on
-	// probation UnhealthyRetry later (healthy again unless it crashes once
-	// more within CrashWindow, which marks it unhealthy for twice as
-	// long, up to 10 minutes), or at once by a reload. A crash loop caused
+	// unhealthy: its kinds stop being served, and it is quarantined: it is
+	// restarted UnhealthyRetry later (healthy again unless it crashes once
+	// more within CrashWindow, which quarantines it for twice as long, up
+	// to 10 minutes), or at once by a reload. A crash loop caused
 	// by one poison entry so ends once the host has dead-lettered the
 	// entry, with no operator. Defaults 5, 1 minute and 30s.
 	CrashLoop      int
@@ -53,7 +53,7 @@ type SupervisorConfig struct {
 	OnRestart func(m Manifest, pid int)
 	// OnUnhealthy, when set, is told when the running version is marked
 	// unhealthy (a crash loop), with no lock held: the host rolls back a
-	// version on probation.
+	// version on probation (swapped in within its rollback window).
 	OnUnhealthy func(m Manifest)
 }
 
@@ -131,10 +131,9 @@ type Supervisor struct {
 	restarts  int
 	nextStart time.Time
 	backoff   time.Duration
-	// probation is how long the next unhealthy mark lasts.
-	probation time.Duration
+	// quarantine is how long the next unhealthy mark lasts.
+	quarantine time.Duration
 	stopped   bool
-	role      string
 }
 
 // NewSupervisor starts the plugin once; an error means it never ran.
@@ -145,7 +144,7 @@ func NewSupervisor(ctx context.Context, cfg SupervisorConfig) (*Supervisor, erro
 		return nil, err
 	}
 	return &Supervisor{cfg: cfg, cur: &tracked{Instance: inst, started: time.Now()}, healthy: true, backoff: cfg.MinBackoff,
-		probation: cfg.UnhealthyRetry}, nil
+		quarantine: cfg.UnhealthyRetry}, nil
 }
 
 // Manifest returns the running version's manifest.
@@ -167,21 +166,6 @@ func (s *Supervisor) Healthy() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.healthy
-}
-
-// DBRole is the Postgres login role the plugin's statements run as.
-func (s *Supervisor) DBRole() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.role
-}
-
-// SetDBRole sets the role DBRole reports. The host sets it before it
-// routes any job to the plugin, and again after a swap.
-func (s *Supervisor) SetDBRole(role string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.role = role
 }
 
 // Ready reports whether a call now would reach a running plugin: it is
@@ -327,17 +311,17 @@ func (s *Supervisor) check(ctx context.Context) {
 		name, log := s.cur.Manifest().Name, s.cfg.Plugin.Logger
 		if now.Sub(s.cur.started) >= s.cfg.CrashWindow {
 			// It ran stably: this crash is not part of a loop.
-			s.backoff, s.probation = s.cfg.MinBackoff, s.cfg.UnhealthyRetry
+			s.backoff, s.quarantine = s.cfg.MinBackoff, s.cfg.UnhealthyRetry
 		}
 		if len(recent) >= s.cfg.CrashLoop {
 			// Unhealthy, not for ever: a loop caused by a poison entry
-			// ends once the host dead-letters it, and the retry on
-			// probation finds out without an operator.
+			// ends once the host dead-letters it, and the restart
+			// after the quarantine finds out without an operator.
 			s.healthy = false
-			s.nextStart = now.Add(s.probation)
-			log.Error("plugin is crash-looping; marked unhealthy, its kinds wait in the stream; restarting it on probation later, or at a reload",
-				"plugin", name, "crashes", len(recent), "window", s.cfg.CrashWindow, "retry_in", s.probation)
-			s.probation = min(s.probation*2, maxProbation)
+			s.nextStart = now.Add(s.quarantine)
+			log.Error("plugin is crash-looping; marked unhealthy, its kinds wait in the stream; quarantined: restarted after retry_in, or at a reload",
+				"plugin", name, "crashes", len(recent), "window", s.cfg.CrashWindow, "retry_in", s.quarantine)
+			s.quarantine = min(s.quarantine*2, maxQuarantine)
 			m := s.cur.Manifest()
 			s.mu.Unlock()
 			if s.cfg.OnUnhealthy != nil {
@@ -380,7 +364,7 @@ func (s *Supervisor) check(ctx context.Context) {
 	s.nextStart = time.Time{}
 	s.restarts++
 	s.cfg.Plugin.Logger.Info("plugin restarted", "plugin", inst.Manifest().Name, "version", inst.Manifest().Version, "pid", inst.Pid(),
-		"on_probation", !s.healthy)
+		"after_quarantine", !s.healthy)
 	s.healthy = true
 	if s.cfg.OnRestart != nil {
 		s.cfg.OnRestart(inst.Manifest(), inst.Pid())
@@ -447,7 +431,7 @@ func (s *Supervisor) Swap(ctx context.Context, cfg Config, admit func(Manifest) 
 	s.cur = &tracked{Instance: inst, started: time.Now()}
 	s.gen++
 	s.cfg.Plugin = cfg
-	s.healthy, s.crashes, s.nextStart, s.backoff, s.probation = true, nil, time.Time{}, s.cfg.MinBackoff, s.cfg.UnhealthyRetry
+	s.healthy, s.crashes, s.nextStart, s.backoff, s.quarantine = true, nil, time.Time{}, s.cfg.MinBackoff, s.cfg.UnhealthyRetry
 	s.mu.Unlock()
 
 	start := time.Now()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/usherhq/usher/internal/jobmsg"
 	"log/slog"
 	"runtime"
 	"strings"
@@ -32,10 +33,10 @@ type ConsumerConfig struct {
 	Concurrency int
 	// MaxBytes bounds the bytes of entries the consumer holds (read and
 	// not yet finished, its reclaimed entries included). Room for an
-	// entry, MaxEntryBytes, is reserved before it is read, so the bound
+	// entry, jobmsg.EntryBytes, is reserved before it is read, so the bound
 	// holds for the replies Redis sends too; once read, an entry holds
 	// what it costs (Entry.Held) until it is finished. Default 64 MiB; at
-	// least MaxEntryBytes.
+	// least jobmsg.EntryBytes.
 	MaxBytes int64
 	// IdlePoll is the longest wait between two reads that found nothing
 	// (the wait starts at 5ms and doubles up to it). The read is a script,
@@ -60,7 +61,7 @@ func (c *ConsumerConfig) setDefaults() error {
 	if c.MaxBytes <= 0 {
 		c.MaxBytes = 64 << 20
 	}
-	c.MaxBytes = max(c.MaxBytes, MaxEntryBytes)
+	c.MaxBytes = max(c.MaxBytes, jobmsg.EntryBytes)
 	if c.IdlePoll <= 0 {
 		c.IdlePoll = 200 * time.Millisecond
 	}
@@ -236,11 +237,11 @@ func wait(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Take reserves room for up to max entries, a slot and MaxEntryBytes of
+// Take reserves room for up to max entries, a slot and jobmsg.EntryBytes of
 // the budget each (waiting for the first, taking more only while they are
 // free), calls read with how many fit, starts every entry read returns,
 // and gives back the room they do not use. The reader (ReadNew, AutoClaim)
-// returns at most that many entries, each costing at most MaxEntryBytes
+// returns at most that many entries, each costing at most jobmsg.EntryBytes
 // (the read script cuts a larger one), so the bytes held never exceed
 // MaxBytes, replies in transit included. An entry already running here
 // (XAUTOCLAIM hands an entry back to the consumer still working on it) is
@@ -261,10 +262,10 @@ func (c *Consumer) Take(ctx context.Context, max int, read func(ctx context.Cont
 	}
 	c.addArriving(int64(len(entries) - n))
 	for _, e := range entries {
-		c.release(0, MaxEntryBytes-min(e.Held, MaxEntryBytes))
+		c.release(0, jobmsg.EntryBytes-min(e.Held, jobmsg.EntryBytes))
 		c.start(e)
 	}
-	c.release(n-len(entries), int64(n-len(entries))*MaxEntryBytes)
+	c.release(n-len(entries), int64(n-len(entries))*jobmsg.EntryBytes)
 	return len(entries), err
 }
 
@@ -276,11 +277,11 @@ func (c *Consumer) reserve(ctx context.Context, max int) int {
 	case <-ctx.Done():
 		return 0
 	}
-	if err := c.budget.Acquire(ctx, MaxEntryBytes); err != nil {
+	if err := c.budget.Acquire(ctx, jobmsg.EntryBytes); err != nil {
 		<-c.slots
 		return 0
 	}
-	c.hold(MaxEntryBytes)
+	c.hold(jobmsg.EntryBytes)
 	// The slots of a batch's jobs come back together, from as many
 	// workers: let those already runnable give theirs back first, so that
 	// one read takes them all instead of one read each (at 64 in flight,
@@ -302,11 +303,11 @@ func (c *Consumer) reserve(ctx context.Context, max int) int {
 			yields, took = yields+1, false
 			continue
 		}
-		if !c.budget.TryAcquire(MaxEntryBytes) {
+		if !c.budget.TryAcquire(jobmsg.EntryBytes) {
 			<-c.slots
 			return n
 		}
-		c.hold(MaxEntryBytes)
+		c.hold(jobmsg.EntryBytes)
 		n, took = n+1, true
 	}
 	return n
@@ -395,7 +396,7 @@ func (c *Consumer) PeakBytesHeld() int64 { return c.peak.Load() }
 // it, which are given back when e is finished. There are as many workers
 // as slots, so a worker is always free for a slot's entry.
 func (c *Consumer) start(e Entry) {
-	held := min(e.Held, MaxEntryBytes)
+	held := min(e.Held, jobmsg.EntryBytes)
 	c.mu.Lock()
 	if c.running[e.StreamID] != nil || c.unacked[e.StreamID] {
 		c.mu.Unlock()
@@ -447,7 +448,7 @@ func (c *Consumer) finish(e Entry) (detached bool) {
 		}
 		delete(c.running, e.StreamID)
 		c.mu.Unlock()
-		c.release(slots, min(e.Held, MaxEntryBytes))
+		c.release(slots, min(e.Held, jobmsg.EntryBytes))
 	}()
 	var arrived, committed atomic.Bool
 	e.Arrived = func() {

@@ -44,7 +44,7 @@ type Entry struct {
 	// Fields are the entry's fields in the order Redis holds them, bytes
 	// as received (set by the consumer's and reclaimer's reads).
 	Fields []Field
-	// Cut: the entry was over MaxEntryBytes and only prefixes of its
+	// Cut: the entry was over jobmsg.EntryBytes and only prefixes of its
 	// fields were read (Err says so).
 	Cut bool
 	// Held is what the entry's fields cost the host's memory, in bytes:

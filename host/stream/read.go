@@ -8,17 +8,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/usherhq/usher/sdk/wire"
+	"github.com/usherhq/usher/internal/jobmsg"
 )
 
-// MaxEntryBytes is the largest entry (the sum of its field names and
-// values) the host runs; a larger one is dead-lettered. It is also what one
-// entry can cost the host's memory, and so the unit the byte budget is
-// reserved in.
-const MaxEntryBytes = wire.MaxPayloadBytes
-
 // KeptBytes and keptElems bound what crosses the wire of an entry over
-// MaxEntryBytes: the first KeptBytes of each of its first keptElems field
+// jobmsg.EntryBytes: the first KeptBytes of each of its first keptElems field
 // names and values (so at most 128 KiB), enough to tell in its dead letter
 // what it was.
 const (
@@ -37,6 +31,12 @@ const (
 // ConsumerConfig.IdlePoll) instead of blocking in XREADGROUP. An empty
 // read is one cheap EVALSHA; a busy consumer never waits.
 //
+// A third mode, "own", takes a new delivery of one entry (ARGV[9]) this
+// consumer still owns: XCLAIM to itself, which counts the delivery and
+// resets its idle time so no other host's reclaimer takes it meanwhile.
+// Its cursor slot carries the entry's delivery count; an empty reply when
+// the entry is no longer pending here (acked, or taken by another host).
+//
 // The reply is {next cursor, {{id, fields, size, lens}...}}: size is the
 // entry's full size, lens the full lengths of the kept elements when it was
 // cut (empty when not). XAUTOCLAIM before Redis 7 returns deleted entries
@@ -47,6 +47,12 @@ if ARGV[1] == 'read' then
   local r = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], '>')
   if not r then return {'', {}} end
   entries, nextid = r[1][2], ''
+elseif ARGV[1] == 'own' then
+  local p = redis.call('XPENDING', KEYS[1], ARGV[2], ARGV[9], ARGV[9], 1)
+  if #p == 0 or p[1][2] ~= ARGV[3] then return {'', {}} end
+  entries = redis.call('XCLAIM', KEYS[1], ARGV[2], ARGV[3], 0, ARGV[9])
+  if #entries == 0 or not entries[1][2] then return {'', {}} end
+  nextid = tostring(p[1][4] + 1)
 else
   local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[2], ARGV[3], ARGV[8], ARGV[9], 'COUNT', ARGV[4])
   entries, nextid = r[2], r[1]
@@ -74,7 +80,7 @@ return {nextid, out}`)
 type Field struct {
 	Name, Value string
 	// NameLen and ValueLen are the full lengths; larger than len(Name) or
-	// len(Value) when the entry was over MaxEntryBytes and only a prefix
+	// len(Value) when the entry was over jobmsg.EntryBytes and only a prefix
 	// was read.
 	NameLen, ValueLen int
 }
@@ -136,13 +142,13 @@ func decodeReply(r any) (Entry, error) {
 		// Whatever else Decode found in the prefixes (a rune cut in
 		// two, a JSON document cut short) is the cut's doing.
 		e.Err = fmt.Errorf("entry %s of %d bytes exceeds the %d-byte limit (only the first %d bytes of each field were read, and are kept in its dead letter)",
-			id, size, MaxEntryBytes, KeptBytes)
+			id, size, jobmsg.EntryBytes, KeptBytes)
 	}
 	return e, nil
 }
 
 func readArgs(mode, group, consumer string, n int, minIdle time.Duration, start string) []any {
-	return []any{mode, group, consumer, n, MaxEntryBytes, KeptBytes, keptElems,
+	return []any{mode, group, consumer, n, jobmsg.EntryBytes, KeptBytes, keptElems,
 		strconv.FormatInt(minIdle.Milliseconds(), 10), start}
 }
 
@@ -158,4 +164,21 @@ func ReadNew(ctx context.Context, rdb redis.UniversalClient, stream, group, cons
 // returns the cursor to continue from ("0-0" at the end).
 func AutoClaim(ctx context.Context, rdb redis.UniversalClient, stream, group, consumer string, minIdle time.Duration, start string, n int) ([]Entry, string, error) {
 	return read(ctx, rdb, stream, readArgs("claim", group, consumer, n, minIdle, start)...)
+}
+
+// claimOwn takes a new delivery of entry id, which consumer still owns
+// (readScript's "own" mode), and returns it with its delivery count; false
+// when it is no longer pending for consumer.
+func claimOwn(ctx context.Context, rdb redis.UniversalClient, stream, group, consumer, id string) (Entry, bool, error) {
+	entries, count, err := read(ctx, rdb, stream, readArgs("own", group, consumer, 1, 0, id)...)
+	if err != nil || len(entries) != 1 {
+		return Entry{}, false, err
+	}
+	n, err := strconv.ParseInt(count, 10, 64)
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("stream: claim of own entry %s answered count %q", id, count)
+	}
+	e := entries[0]
+	e.Deliveries = n
+	return e, true, nil
 }

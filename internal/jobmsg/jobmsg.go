@@ -11,8 +11,11 @@ import (
 	"fmt"
 )
 
-// EntryBytes is the host's limit on a whole stream entry (sdk/wire's
-// MaxPayloadBytes; a test in host/outbox proves they agree).
+// EntryBytes is the limit on a whole stream entry (the sum of its field
+// names and values): the largest entry the host runs (a larger one is
+// dead-lettered before any plugin sees it), what one entry can cost the
+// host's memory, and so the unit its byte budget is reserved in. The one
+// name of this limit.
 const EntryBytes = 1 << 20
 
 // Limits of a message, so that its stream entry always fits EntryBytes: an

@@ -22,10 +22,10 @@ import (
 	"github.com/usherhq/usher/host/plugindb"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 	"github.com/usherhq/usher/sdk"
 	"github.com/usherhq/usher/sdk/internal/bridge"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // Case describes a handler to prove idempotent.
@@ -382,7 +382,7 @@ func ageClaim(ctx context.Context, pool *pgxpool.Pool, role string, spec *usherv
 	args := []any{}
 	for i, col := range spec.GetKeyColumns() {
 		where = append(where, fmt.Sprintf("%s = $%d", pgx.Identifier{col}.Sanitize(), i+1))
-		args = append(args, wire.FromValue(spec.GetKeyValues()[i]))
+		args = append(args, contract.FromValue(spec.GetKeyValues()[i]))
 	}
 	claimed := pgx.Identifier{spec.GetClaimedColumn()}.Sanitize()
 	sql := fmt.Sprintf(`UPDATE %s SET %s = %s - make_interval(secs => %f) WHERE %s`,

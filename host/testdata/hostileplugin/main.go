@@ -19,8 +19,8 @@ import (
 	"strings"
 
 	"github.com/usherhq/usher/host/testdata/rawcontract"
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 var (
@@ -44,7 +44,7 @@ func (s *server) Manifest(context.Context, *usherv1.ManifestRequest) (*usherv1.M
 			kinds = append(kinds, &usherv1.KindInfo{Kind: k, Guard: usherv1.Guard_GUARD_JOB_ID})
 		}
 	}
-	return &usherv1.ManifestResponse{Name: name, Version: version, ProtocolVersion: wire.ProtocolVersion, Kinds: kinds}, nil
+	return &usherv1.ManifestResponse{Name: name, Version: version, ProtocolVersion: contract.ProtocolVersion, Kinds: kinds}, nil
 }
 
 func (s *server) Invoke(ctx context.Context, req *usherv1.InvokeRequest) (*usherv1.InvokeResponse, error) {
@@ -105,7 +105,7 @@ func hijack(as string) []string {
 }
 
 func argWriteOf(job *usherv1.Job) *usherv1.Statement {
-	v, _ := wire.ToValue(job.GetId())
+	v, _ := contract.ToValue(job.GetId())
 	return &usherv1.Statement{Mode: plain, Sql: argWrite, Args: []*usherv1.Value{v}}
 }
 

@@ -10,8 +10,8 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 // Broker reaches the host's callback service.
@@ -50,17 +50,17 @@ func (shim) GRPCClient(context.Context, *plugin.GRPCBroker, *grpc.ClientConn) (a
 }
 
 // Serve serves the plugin newServer builds, advertising the protocol
-// versions given (wire.ProtocolVersion when none).
+// versions given (contract.ProtocolVersion when none).
 func Serve(newServer func(*Broker) usherv1.PluginServer, versions ...int) {
 	if len(versions) == 0 {
-		versions = []int{wire.ProtocolVersion}
+		versions = []int{contract.ProtocolVersion}
 	}
 	sets := map[int]plugin.PluginSet{}
 	for _, v := range versions {
-		sets[v] = plugin.PluginSet{wire.PluginName: shim{newServer: newServer}}
+		sets[v] = plugin.PluginSet{contract.PluginName: shim{newServer: newServer}}
 	}
 	plugin.Serve(&plugin.ServeConfig{
-		HandshakeConfig:  wire.Handshake,
+		HandshakeConfig:  contract.Handshake,
 		VersionedPlugins: sets,
 		GRPCServer:       plugin.DefaultGRPCServer,
 	})

@@ -18,7 +18,7 @@
 //	               statement_timeout; the commit fails permanently with both
 //	bigerror       the commit fails (transient) with a 200 KiB error
 //
-// RAW_PROTOCOL (comma-separated, default wire.ProtocolVersion) lists the
+// RAW_PROTOCOL (comma-separated, default contract.ProtocolVersion) lists the
 // protocol versions it advertises in its VersionedPlugins map. The name
 // ("raw"), version ("0.0.1") and a default mode can be set at build time:
 // -X main.name=counters -X main.version=2.0.0 -X main.buildMode=noguard.
@@ -32,8 +32,8 @@ import (
 	"strings"
 
 	"github.com/usherhq/usher/host/testdata/rawcontract"
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
-	"github.com/usherhq/usher/sdk/wire"
 )
 
 var (
@@ -62,7 +62,7 @@ func (s *server) Manifest(context.Context, *usherv1.ManifestRequest) (*usherv1.M
 	if mode == "noguard" {
 		g = usherv1.Guard_GUARD_UNSPECIFIED
 	}
-	return &usherv1.ManifestResponse{Name: name, Version: version, ProtocolVersion: wire.ProtocolVersion,
+	return &usherv1.ManifestResponse{Name: name, Version: version, ProtocolVersion: contract.ProtocolVersion,
 		Kinds: []*usherv1.KindInfo{{Kind: "raw_job", Guard: g}}}, nil
 }
 

@@ -1,10 +1,4 @@
-// Package reclaim takes over stream entries whose consumer went quiet.
-//
-// An entry pending longer than the threshold (default 60 s) belongs to a
-// consumer that crashed, was killed, or is merely slow. The reclaimer takes
-// it with XAUTOCLAIM and runs it again. A slow original may still finish:
-// the handler's guard makes both runs end with the effect applied once.
-package reclaim
+package stream
 
 import (
 	"context"
@@ -16,11 +10,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/host/internal/periodic"
-	"github.com/usherhq/usher/host/stream"
 )
 
-// Config configures a Reclaimer.
-type Config struct {
+// ReclaimerConfig configures a Reclaimer.
+type ReclaimerConfig struct {
 	// Redis client. Required.
 	Redis redis.UniversalClient
 	// Stream, Group and Consumer (the name entries are claimed for).
@@ -33,19 +26,19 @@ type Config struct {
 	// Count is how many entries one XAUTOCLAIM takes. Default 64.
 	Count int64
 	// Take reserves room for up to max entries, calls read with how many
-	// fit, and runs what it returned: stream.Consumer.Take, so reclaimed
+	// fit, and runs what it returned: Consumer.Take, so reclaimed
 	// entries count against the consumer's concurrency and byte budget
 	// before XAUTOCLAIM reads them. Required.
-	Take func(ctx context.Context, max int, read func(ctx context.Context, n int) ([]stream.Entry, error)) (int, error)
+	Take func(ctx context.Context, max int, read func(ctx context.Context, n int) ([]Entry, error)) (int, error)
 	// OnReclaimed, when set, is told how many entries each scan took.
 	OnReclaimed func(n int)
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
 
-func (c *Config) setDefaults() error {
+func (c *ReclaimerConfig) setDefaults() error {
 	if c.Redis == nil || c.Stream == "" || c.Group == "" || c.Consumer == "" || c.Take == nil {
-		return errors.New("reclaim: needs Redis, Stream, Group, Consumer and Take")
+		return errors.New("stream: reclaimer needs Redis, Stream, Group, Consumer and Take")
 	}
 	if c.MinIdle <= 0 {
 		c.MinIdle = 60 * time.Second
@@ -63,12 +56,17 @@ func (c *Config) setDefaults() error {
 }
 
 // Reclaimer periodically claims idle entries for its consumer.
+//
+// An entry pending longer than the threshold (default 60 s) belongs to a
+// consumer that crashed, was killed, or is merely slow. The reclaimer takes
+// it with XAUTOCLAIM and runs it again. A slow original may still finish:
+// the handler's guard makes both runs end with the effect applied once.
 type Reclaimer struct {
-	cfg Config
+	cfg ReclaimerConfig
 }
 
-// New validates cfg and fills its defaults.
-func New(cfg Config) (*Reclaimer, error) {
+// NewReclaimer validates cfg and fills its defaults.
+func NewReclaimer(cfg ReclaimerConfig) (*Reclaimer, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
@@ -90,8 +88,8 @@ func (r *Reclaimer) Scan(ctx context.Context) (int, error) {
 	start := "0-0"
 	for {
 		next := ""
-		n, err := r.cfg.Take(ctx, int(r.cfg.Count), func(ctx context.Context, n int) ([]stream.Entry, error) {
-			entries, nx, err := stream.AutoClaim(ctx, r.cfg.Redis, r.cfg.Stream, r.cfg.Group, r.cfg.Consumer, r.cfg.MinIdle, start, n)
+		n, err := r.cfg.Take(ctx, int(r.cfg.Count), func(ctx context.Context, n int) ([]Entry, error) {
+			entries, nx, err := AutoClaim(ctx, r.cfg.Redis, r.cfg.Stream, r.cfg.Group, r.cfg.Consumer, r.cfg.MinIdle, start, n)
 			if err != nil {
 				return nil, err
 			}
@@ -130,7 +128,7 @@ func (r *Reclaimer) Scan(ctx context.Context) (int, error) {
 // withDeliveries attaches each claimed entry's delivery count from
 // XPENDING, which the dispatcher compares with its maximum. XAUTOCLAIM
 // itself has already counted this delivery.
-func (r *Reclaimer) withDeliveries(ctx context.Context, entries []stream.Entry) error {
+func (r *Reclaimer) withDeliveries(ctx context.Context, entries []Entry) error {
 	pipe := r.cfg.Redis.Pipeline()
 	cmds := make([]*redis.XPendingExtCmd, len(entries))
 	for i, e := range entries {

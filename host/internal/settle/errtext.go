@@ -1,4 +1,4 @@
-package host
+package settle
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 	"github.com/usherhq/usher/host/deadletter"
 )
 
-// A handler's error can be as long as a plugin's answer (wire.MaxMessageBytes).
+// A handler's error can be as long as a plugin's answer (contract.MaxMessageBytes).
 // It is stored once, whole up to maxStoredError (last_error, or the
 // scheduled run's reason); every other copy (a dead letter's reason and
 // history, log lines) is cut to maxShortError.
@@ -16,14 +16,14 @@ const (
 	maxShortError  = 512
 )
 
-// storedError is s as stored: valid text, cut at maxStoredError with a
+// StoredError is s as stored: valid text, cut at maxStoredError with a
 // note of its full length.
-func storedError(s string) string {
+func StoredError(s string) string {
 	return clip(deadletter.Text(s), maxStoredError, "… (truncated; %d bytes in all)")
 }
 
-// shortError is s as logged or repeated: valid text, cut at maxShortError.
-func shortError(s string) string { return clip(deadletter.Text(s), maxShortError, "… (%d bytes)") }
+// ShortError is s as logged or repeated: valid text, cut at maxShortError.
+func ShortError(s string) string { return clip(deadletter.Text(s), maxShortError, "… (%d bytes)") }
 
 // clip cuts s to at most n bytes on a rune boundary and appends note,
 // formatted with len(s).

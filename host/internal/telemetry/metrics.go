@@ -1,4 +1,7 @@
-package host
+// Package telemetry holds the host's Prometheus series, its job spans and
+// the names its labels use. It only observes: nothing here decides what
+// happens to a job or a plugin.
+package telemetry
 
 import (
 	"time"
@@ -10,87 +13,88 @@ import (
 	"github.com/usherhq/usher/host/guard"
 )
 
-// metrics are the host's Prometheus series, on a registry of its own so
+// Metrics are the host's Prometheus series, on a registry of its own so
 // several hosts can live in one process (tests, embedding applications).
-type metrics struct {
-	reg         *prometheus.Registry
-	jobs        *prometheus.CounterVec
-	absorbed    *prometheus.CounterVec
-	deadLetters *prometheus.CounterVec
-	published   prometheus.Counter
-	reclaimed   prometheus.Counter
-	duration    *prometheus.HistogramVec
-	batches     *prometheus.HistogramVec
+type Metrics struct {
+	Reg         *prometheus.Registry
+	Jobs        *prometheus.CounterVec
+	Absorbed    *prometheus.CounterVec
+	DeadLetters *prometheus.CounterVec
+	Published   prometheus.Counter
+	Reclaimed   prometheus.Counter
+	Duration    *prometheus.HistogramVec
+	Batches     *prometheus.HistogramVec
 	// batchPhases: the steps of each committed batch (guard.BatchPhases).
-	batchPhases *prometheus.HistogramVec
-	restarts    *prometheus.CounterVec
-	rollbacks   *prometheus.CounterVec
-	// waitedForKind: see kindWait.
-	waitedForKind *prometheus.CounterVec
+	BatchPhases *prometheus.HistogramVec
+	Restarts    *prometheus.CounterVec
+	Rollbacks   *prometheus.CounterVec
+	// WaitedForKind: see KindWait.
+	WaitedForKind *prometheus.CounterVec
 	// trimmed, retained and consumersRemoved count what host/retention
 	// removed: stream entries, rows per table, gone consumers.
-	trimmed          prometheus.Counter
-	retained         *prometheus.CounterVec
-	consumersRemoved prometheus.Counter
+	Trimmed          prometheus.Counter
+	Retained         *prometheus.CounterVec
+	ConsumersRemoved prometheus.Counter
 }
 
-func newMetrics() *metrics {
-	m := &metrics{
-		reg: prometheus.NewRegistry(),
-		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
+// NewMetrics registers every series on a new registry.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		Reg: prometheus.NewRegistry(),
+		Jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_jobs_total", Help: "Job runs by kind and verdict (applied, absorbed, retry, permanent, abandoned, dead_letter).",
 		}, []string{"kind", "verdict"}),
-		absorbed: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Absorbed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_duplicates_absorbed_total", Help: "Duplicate runs a guard absorbed, by guard, kind and reason.",
 		}, []string{"guard", "kind", "reason"}),
-		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_dead_letters_total", Help: "Entries dead-lettered, by kind and cause.",
 		}, []string{"kind", "cause"}),
-		published: prometheus.NewCounter(prometheus.CounterOpts{
+		Published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "usher_outbox_published_total", Help: "Outbox rows the relay published (duplicates included).",
 		}),
-		reclaimed: prometheus.NewCounter(prometheus.CounterOpts{
+		Reclaimed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "usher_entries_reclaimed_total", Help: "Stream entries taken over with XAUTOCLAIM.",
 		}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "usher_job_duration_seconds", Help: "Time from dispatch to verdict.", Buckets: prometheus.DefBuckets,
 		}, []string{"kind"}),
-		batches: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Batches: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "usher_job_batch_size", Help: "Jobs per batch of record-the-job-id runs, by plugin role and result (committed, split: run again alone).",
 			Buckets: []float64{2, 4, 8, 16, 32, 64},
 		}, []string{"role", "result"}),
-		batchPhases: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		BatchPhases: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "usher_job_batch_phase_seconds",
 			Help:    "Each step of a committed batch of record-the-job-id runs, by plugin role and phase: record (BEGIN with the jobs' records), invoke (the plugin's call), writes (the writes the applies returned), commit (COMMIT with the outcomes).",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1},
 		}, []string{"role", "phase"}),
-		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_plugin_restarts_total", Help: "Plugin processes restarted after a crash.",
 		}, []string{"plugin"}),
-		rollbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Rollbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_plugin_rollbacks_total",
 			Help: "Plugin versions rolled back to the version before, by plugin and cause (crash_loop, failures, crashes, requested).",
 		}, []string{"plugin", "cause"}),
-		trimmed: prometheus.NewCounter(prometheus.CounterOpts{
+		Trimmed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "usher_stream_entries_trimmed_total", Help: "Stream entries trimmed: read and acked by every consumer group.",
 		}),
-		retained: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Retained: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_retention_rows_deleted_total", Help: "Rows deleted past their retention window, by table.",
 		}, []string{"table"}),
-		consumersRemoved: prometheus.NewCounter(prometheus.CounterOpts{
+		ConsumersRemoved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "usher_consumers_removed_total", Help: "Consumers removed from the group: idle, with nothing pending.",
 		}),
 	}
-	m.reg.MustRegister(m.trimmed, m.retained, m.consumersRemoved)
-	m.reg.MustRegister(m.jobs, m.absorbed, m.deadLetters, m.published, m.reclaimed, m.duration, m.batches, m.batchPhases, m.restarts, m.rollbacks,
+	m.Reg.MustRegister(m.Trimmed, m.Retained, m.ConsumersRemoved)
+	m.Reg.MustRegister(m.Jobs, m.Absorbed, m.DeadLetters, m.Published, m.Reclaimed, m.Duration, m.Batches, m.BatchPhases, m.Restarts, m.Rollbacks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
-// entryBytes registers usher_entry_bytes_held, what the consumer holds of
+// EntryBytes registers usher_entry_bytes_held, what the consumer holds of
 // its byte budget (Config.MaxEntryBytesHeld).
-func (m *metrics) entryBytes(held func() int64) {
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+func (m *Metrics) EntryBytes(held func() int64) {
+	m.Reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "usher_entry_bytes_held",
 		Help: "Bytes of stream entries this host holds: room reserved for reads in progress plus the entries running.",
 	}, func() float64 { return float64(held()) }))
@@ -100,9 +104,9 @@ func (m *metrics) entryBytes(held func() int64) {
 // job runs ended in each verdict (applied, absorbed, retry, permanent,
 // abandoned, dead_letter). It reads the counters in memory, so a caller
 // may poll it often (cmd/bench waits on it) without a query.
-func (h *Host) Verdicts() map[string]int64 {
+func (m *Metrics) Verdicts() map[string]int64 {
 	out := map[string]int64{}
-	byLabel(h.metrics.jobs, "verdict", func(verdict string, m *dto.Metric) {
+	byLabel(m.Jobs, "verdict", func(verdict string, m *dto.Metric) {
 		out[verdict] += int64(m.GetCounter().GetValue())
 	})
 	return out
@@ -133,9 +137,10 @@ func byLabel(c prometheus.Collector, label string, fn func(value string, m *dto.
 // order.
 var phaseNames = []string{"record", "invoke", "writes", "commit"}
 
-func (m *metrics) observePhases(role string, p guard.BatchPhases) {
+// ObservePhases records the steps of a committed batch.
+func (m *Metrics) ObservePhases(role string, p guard.BatchPhases) {
 	for i, d := range []time.Duration{p.Record, p.Invoke, p.Writes, p.Commit} {
-		m.batchPhases.WithLabelValues(role, phaseNames[i]).Observe(d.Seconds())
+		m.BatchPhases.WithLabelValues(role, phaseNames[i]).Observe(d.Seconds())
 	}
 }
 
@@ -143,9 +148,9 @@ func (m *metrics) observePhases(role string, p guard.BatchPhases) {
 // roles: for each phase (record, invoke, writes, commit) the time all
 // committed batches spent in it, and their count. Read in memory, like
 // Verdicts: cmd/bench takes it before and after a window.
-func (h *Host) BatchPhaseTotals() map[string]PhaseTotal {
+func (m *Metrics) BatchPhaseTotals() map[string]PhaseTotal {
 	out := map[string]PhaseTotal{}
-	byLabel(h.metrics.batchPhases, "phase", func(phase string, m *dto.Metric) {
+	byLabel(m.BatchPhases, "phase", func(phase string, m *dto.Metric) {
 		t := out[phase]
 		t.Seconds += m.GetHistogram().GetSampleSum()
 		t.Count += m.GetHistogram().GetSampleCount()
@@ -158,4 +163,17 @@ func (h *Host) BatchPhaseTotals() map[string]PhaseTotal {
 type PhaseTotal struct {
 	Seconds float64
 	Count   uint64
+}
+
+// ObserveBatch records a batch of two jobs or more that reached a plugin
+// (guard.Config.OnBatch).
+func (m *Metrics) ObserveBatch(b guard.BatchReport) {
+	result := "committed"
+	if !b.Committed {
+		result = "split"
+	}
+	m.Batches.WithLabelValues(b.Role, result).Observe(float64(b.Jobs))
+	if b.Committed {
+		m.ObservePhases(b.Role, b.Phases)
+	}
 }

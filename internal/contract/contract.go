@@ -1,9 +1,11 @@
-// Package wire is the part of the host-plugin contract that both sides
+// Package contract is the part of the host-plugin contract that both sides
 // compile in: the go-plugin handshake, the plugin map name, the protocol
-// version, message limits, and the conversion between Go values and the
-// protobuf Value. Handler authors never import it; the sdk package and the
-// host do.
-package wire
+// version, the message limit, and the conversion between Go values and the
+// protobuf Value. It lives below both the host and the SDK, so neither
+// imports the other; handler authors never import it. The limit of a
+// stream entry is not the plugins' business: it is internal/jobmsg's
+// EntryBytes.
+package contract
 
 import (
 	"github.com/hashicorp/go-plugin"
@@ -22,10 +24,6 @@ const PluginName = "handler"
 // default server accepts 4 MiB; usher sets the limit explicitly so both sides
 // agree and refuse larger payloads with a clear error.
 const MaxMessageBytes = 16 << 20
-
-// MaxPayloadBytes is the largest job payload the host hands to a plugin; a
-// larger entry is dead-lettered before any plugin sees it.
-const MaxPayloadBytes = 1 << 20
 
 // Handshake is the go-plugin handshake. The magic cookie is not a security
 // measure: it makes a plugin binary run by hand say it must be started by

@@ -1,0 +1,203 @@
+// Package adminapi is the host's admin HTTP server as a service: the
+// metrics, health, plugin report, reload and rollback endpoints and the web
+// console, behind admin.Guard (Host and Origin checked on every request,
+// the token required on all but /healthz and the console, which asks for
+// it on its login form). It reaches the plugins only through the small
+// Fleet interface and owns no job's path.
+package adminapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/host/admin"
+	"github.com/usherhq/usher/host/console"
+	"github.com/usherhq/usher/host/internal/fleet"
+)
+
+// Fleet is what the admin API asks of the plugin fleet.
+type Fleet interface {
+	PluginReport(ctx context.Context) []fleet.PluginStatus
+	Reload(ctx context.Context, name string) ([]fleet.ReloadResult, error)
+	Rollback(ctx context.Context, name string) (fleet.ReloadResult, error)
+}
+
+// Config configures a Server. Every field is required unless it says
+// otherwise.
+type Config struct {
+	// Addr is where to listen (":0" picks a port: Addr reports it).
+	Addr string
+	// Token is the admin token; TokenFile where it came from (logged).
+	Token, TokenFile string
+	// AllowedHosts: see host.Config.AdminAllowedHosts. Optional.
+	AllowedHosts []string
+	Registry     *prometheus.Registry
+	Fleet        Fleet
+	// Pool, Redis, Stream and Group are what the console reads.
+	Pool          *pgxpool.Pool
+	Redis         redis.UniversalClient
+	Stream, Group string
+	// ChartWindow and ChartBucket: see host.Config. Optional.
+	ChartWindow, ChartBucket time.Duration
+	Logger                   *slog.Logger
+}
+
+// Server is the admin API.
+type Server struct {
+	cfg  Config
+	mu   sync.Mutex
+	addr string
+}
+
+// New validates cfg.
+func New(cfg Config) (*Server, error) {
+	if cfg.Addr == "" || cfg.Token == "" || cfg.Registry == nil || cfg.Fleet == nil || cfg.Pool == nil || cfg.Redis == nil || cfg.Logger == nil {
+		return nil, errors.New("adminapi: needs Addr, Token, Registry, Fleet, Pool, Redis and Logger")
+	}
+	return &Server{cfg: cfg}, nil
+}
+
+// Addr is the address the server listens on while Run runs; empty before.
+func (s *Server) Addr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addr
+}
+
+// Run listens, serves until ctx is done, then closes the server. A port
+// that cannot be bound is Run's error, at once.
+func (s *Server) Run(ctx context.Context, started func()) error {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	handler, err := s.handler(ln.Addr().String())
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+	bound := ln.Addr().String()
+	s.mu.Lock()
+	s.addr = bound
+	s.mu.Unlock()
+	s.cfg.Logger.Info("admin listening", "addr", bound, "token_file", s.cfg.TokenFile)
+	if !admin.IsLoopback(bound) {
+		s.cfg.Logger.Warn("the admin API listens on a non-loopback address: its token is the only protection, "+
+			"and plain HTTP carries it in clear; keep it on 127.0.0.1 or terminate TLS in front of it",
+			"addr", bound)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	started()
+	select {
+	case <-ctx.Done():
+		_ = srv.Close()
+		<-served
+		return nil
+	case err := <-served:
+		return fmt.Errorf("admin server: %w", err)
+	}
+}
+
+func (s *Server) handler(bound string) (http.Handler, error) {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /plugins", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(s.cfg.Fleet.PluginReport(r.Context()))
+	})
+	mux.HandleFunc("POST /plugins/reload", s.serveReload)
+	mux.HandleFunc("POST /plugins/rollback", s.serveRollback)
+	c, err := console.New(console.Config{
+		Pool: s.cfg.Pool, Redis: s.cfg.Redis, Stream: s.cfg.Stream, Group: s.cfg.Group,
+		Token: s.cfg.Token, ChartWindow: s.cfg.ChartWindow, ChartBucket: s.cfg.ChartBucket,
+		Plugins: s.consolePlugins, Reload: s.consoleReload, Logger: s.cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle(console.Prefix, c.Handler())
+	handler, err := admin.Guard(admin.GuardConfig{Token: s.cfg.Token, ListenAddr: s.cfg.Addr, BoundAddr: bound,
+		AllowedHosts: s.cfg.AllowedHosts, OpenPaths: []string{"/healthz"}, SelfAuthPrefixes: []string{console.Prefix},
+		Logger: s.cfg.Logger}, mux)
+	if err != nil {
+		return nil, fmt.Errorf("admin API: %w", err)
+	}
+	return handler, nil
+}
+
+// ReloadResponse is the admin API's answer to POST /plugins/reload and
+// /plugins/rollback.
+type ReloadResponse struct {
+	Results []fleet.ReloadResult `json:"results"`
+	Error   string               `json:"error,omitempty"`
+}
+
+// serveReload is POST /plugins/reload?name=NAME: Reload, answered with a
+// ReloadResponse (422 when the reload could not run).
+func (s *Server) serveReload(w http.ResponseWriter, r *http.Request) {
+	// A swap, once asked for, completes even if the caller hangs up.
+	res, err := s.cfg.Fleet.Reload(context.WithoutCancel(r.Context()), r.URL.Query().Get("name"))
+	writeReload(w, ReloadResponse{Results: res}, err)
+}
+
+// serveRollback is POST /plugins/rollback?name=NAME: Rollback, answered
+// with a ReloadResponse of one result (422 when it could not roll back).
+func (s *Server) serveRollback(w http.ResponseWriter, r *http.Request) {
+	var resp ReloadResponse
+	var res fleet.ReloadResult
+	err := errors.New("host: name the plugin to roll back (?name=NAME)")
+	if name := r.URL.Query().Get("name"); name != "" {
+		res, err = s.cfg.Fleet.Rollback(context.WithoutCancel(r.Context()), name)
+	}
+	if res.Action != "" {
+		resp.Results = []fleet.ReloadResult{res}
+	}
+	writeReload(w, resp, err)
+}
+
+func writeReload(w http.ResponseWriter, resp ReloadResponse, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		resp.Error = err.Error()
+		w.WriteHeader(http.StatusUnprocessableEntity)
+	}
+	_ = json.NewEncoder(w).Encode(resp)
+}
+
+func (s *Server) consolePlugins(ctx context.Context) []console.Plugin {
+	var out []console.Plugin
+	for _, p := range s.cfg.Fleet.PluginReport(ctx) {
+		cp := console.Plugin{Name: p.Name, Version: p.Version, Manifest: p.Manifest, SHA256: p.SHA256, Pid: p.Pid,
+			Healthy: p.Healthy, Restarts: p.Restarts, Parked: p.Parked, InFlight: p.InFlight, Kinds: p.Kinds, Swaps: p.Swaps, Previous: p.Previous,
+			ProbationUntil: p.ProbationUntil, Refused: p.Refused, RefusedReason: p.RefusedReason}
+		if r := p.LastRollback; r != nil {
+			cp.LastRollback = fmt.Sprintf("%s → %s at %s (%s: %s)", r.From, r.To, r.At.UTC().Format("2006-01-02 15:04:05Z"), r.Cause, r.Reason)
+		}
+		out = append(out, cp)
+	}
+	return out
+}
+
+func (s *Server) consoleReload(ctx context.Context, name string) ([]console.ReloadResult, error) {
+	res, err := s.cfg.Fleet.Reload(ctx, name)
+	out := make([]console.ReloadResult, 0, len(res))
+	for _, r := range res {
+		out = append(out, console.ReloadResult{Plugin: r.Plugin, Action: r.Action, From: r.From, To: r.To, Error: r.Error})
+	}
+	return out, err
+}

@@ -1,0 +1,93 @@
+// Package route is the table that says where a kind's jobs go: the plugin
+// fleet writes it (copy on write, under the fleet's own lock) and the job
+// pipeline reads it with one atomic load and no lock. It holds no plugin
+// logic of its own and never starts, stops or swaps anything.
+package route
+
+import (
+	"sort"
+	"sync/atomic"
+
+	"github.com/usherhq/usher/host/guard"
+	"github.com/usherhq/usher/host/pluginhost"
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+)
+
+// Plugin is the running plugin a route calls: pluginhost.Supervisor.
+type Plugin interface {
+	guard.Invoker
+	// Ready: running now (started and not crashed), so a call can go out.
+	Ready() bool
+	// Healthy: not marked unhealthy by a crash loop.
+	Healthy() bool
+	Manifest() pluginhost.Manifest
+}
+
+var _ Plugin = (*pluginhost.Supervisor)(nil)
+
+// Counters are one plugin's live counts on this host, shared by its kinds'
+// routes and kept across its swaps.
+type Counters struct {
+	// Parked counts the deliveries of the plugin's kinds left waiting in
+	// the stream while it was unhealthy, restarting, or at its share of
+	// stalled jobs.
+	Parked atomic.Int64
+	// Stalled counts the plugin's jobs in flight for longer than the
+	// host's StalledAfter; InFlight all its jobs running on this host.
+	Stalled  atomic.Int64
+	InFlight atomic.Int64
+}
+
+// Route is where one kind's jobs go.
+type Route struct {
+	// Name is the plugin's name.
+	Name   string
+	Plugin Plugin
+	// DB is the plugin's own pool, logged in as its role.
+	DB    guard.DB
+	Guard usherv1.Guard
+	// Counters are the plugin's (never nil in a Table).
+	Counters *Counters
+}
+
+// Table maps kinds to routes. The zero value is an empty table.
+type Table struct {
+	p atomic.Pointer[map[string]Route]
+}
+
+// Get returns the route of kind: one atomic load.
+func (t *Table) Get(kind string) (Route, bool) {
+	m := t.p.Load()
+	if m == nil {
+		return Route{}, false
+	}
+	r, ok := (*m)[kind]
+	return r, ok
+}
+
+// Kinds lists the kinds routed, sorted.
+func (t *Table) Kinds() []string {
+	m := t.p.Load()
+	if m == nil {
+		return []string{}
+	}
+	out := make([]string, 0, len(*m))
+	for k := range *m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Update replaces the table by a copy that f changed. Writers serialise
+// among themselves (the fleet holds its lock); readers never wait.
+func (t *Table) Update(f func(map[string]Route)) {
+	next := map[string]Route{}
+	if m := t.p.Load(); m != nil {
+		for k, r := range *m {
+			next[k] = r
+		}
+	}
+	f(next)
+	t.p.Store(&next)
+}

@@ -1,0 +1,102 @@
+package host
+
+import (
+	"context"
+	"time"
+
+	"github.com/usherhq/usher/host/history"
+	"github.com/usherhq/usher/host/internal/lifecycle"
+	"github.com/usherhq/usher/host/internal/periodic"
+	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/schedule"
+	"github.com/usherhq/usher/host/stream"
+	"github.com/usherhq/usher/host/swaps"
+)
+
+// Run serves until ctx is done, then stops reading, gives in-flight jobs a
+// grace period (those that do not finish stay unacked and are reclaimed),
+// stops the plugins and returns. The services start in phases: the plugin
+// fleet, the background loops (relay and reconciler, scheduler, retention
+// and trims), the stream (consumer, reclaimer, redispatcher), the admin
+// API; they stop in reverse, so the plugins stop only once no job is in
+// flight. A service that fails stops the others, and Run returns its
+// error, naming it, once every goroutine has ended.
+func (h *Host) Run(ctx context.Context) error {
+	phases, err := h.phases()
+	if err != nil {
+		return err
+	}
+	err = lifecycle.NewGroup(phases...).Run(ctx)
+	h.log.Info("host stopped", "consumer", h.cfg.Consumer)
+	return err
+}
+
+// phases builds Run's services.
+func (h *Host) phases() ([]lifecycle.Phase, error) {
+	cfg := h.cfg
+	rec, err := stream.NewReclaimer(stream.ReclaimerConfig{
+		Redis: h.rdb, Stream: cfg.Stream, Group: cfg.Group, Consumer: cfg.Consumer,
+		MinIdle: cfg.ReclaimIdle, Interval: cfg.ReclaimInterval, Take: h.consumer.Take,
+		OnReclaimed: func(n int) { h.metrics.Reclaimed.Add(float64(n)) }, Logger: h.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	var background []lifecycle.Service
+	if !cfg.DisableRelay {
+		relay, err := outbox.NewRelay(outbox.RelayConfig{
+			Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Key: h.key, PollInterval: cfg.RelayPollInterval,
+			AfterPublish: cfg.RelayAfterPublish, Logger: h.log,
+			OnPublished: func(n int) { h.metrics.Published.Add(float64(n)) },
+			// What this host published is read now, not at the next poll.
+			OnAdded: h.consumer.Wake,
+		})
+		if err != nil {
+			return nil, err
+		}
+		republish, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: h.pool, StaleAfter: cfg.ReconcileAfter,
+			Interval: cfg.ReconcileInterval, Logger: h.log})
+		if err != nil {
+			return nil, err
+		}
+		background = append(background, lifecycle.Func("relay", relay.Run), lifecycle.Func("reconciler", republish.Run))
+	}
+	if !cfg.DisableScheduler {
+		sched, err := schedule.New(schedule.Config{Pool: h.pool, Logger: h.log})
+		if err != nil {
+			return nil, err
+		}
+		background = append(background, lifecycle.Func("scheduler", sched.Run))
+	}
+	trim, err := history.NewTrimmer(history.TrimmerConfig{Pool: h.pool, Retention: cfg.HistoryRetention, Logger: h.log})
+	if err != nil {
+		return nil, err
+	}
+	ret, err := h.retainer()
+	if err != nil {
+		return nil, err
+	}
+	background = append(background, lifecycle.Func("history-trim", trim.Run), lifecycle.Func("swap-trim", h.trimSwaps),
+		lifecycle.Func("retention", ret.Run))
+	phases := []lifecycle.Phase{
+		{Name: "plugins", Services: []lifecycle.Service{lifecycle.Func("fleet", h.fleet.Run)}},
+		{Name: "background", Services: background},
+		{Name: "stream", Services: []lifecycle.Service{
+			lifecycle.Func("consumer", h.consumer.Run), lifecycle.Func("reclaim", rec.Run),
+			lifecycle.Func("redispatch", h.redispatcher.Run),
+		}},
+	}
+	if h.admin != nil {
+		phases = append(phases, lifecycle.Phase{Name: "admin", Services: []lifecycle.Service{lifecycle.FuncReady("admin", h.admin.Run)}})
+	}
+	return phases, nil
+}
+
+// trimSwaps deletes the swap history older than HistoryRetention, every
+// 10 minutes: a swap is kept as long as the jobs it ran.
+func (h *Host) trimSwaps(ctx context.Context) error {
+	return periodic.Run(ctx, 10*time.Minute, h.log, "plugin swap history trim failed", func(ctx context.Context) error {
+		_, err := swaps.Trim(ctx, h.pool, time.Now().Add(-h.cfg.HistoryRetention))
+		return err
+	})
+}
