@@ -294,6 +294,8 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// setDefaults checks what the caller set, fills every default (in this
+// one place: fill) and checks the retention windows against the result.
 func (c *Config) setDefaults() error {
 	if c.Pool == nil && c.DatabaseURL == "" {
 		return errors.New("host: DatabaseURL (or Pool) is required")
@@ -304,6 +306,18 @@ func (c *Config) setDefaults() error {
 	if n := len(c.SigningKey); n > 0 && n < outbox.MinKeyLen {
 		return fmt.Errorf("host: SigningKey is %d bytes; at least %d are needed", n, outbox.MinKeyLen)
 	}
+	if c.BatchMax < 0 {
+		return fmt.Errorf("host: BatchMax %d is negative; 1 runs every job in its own transaction", c.BatchMax)
+	}
+	if c.RollbackFailureShare < 0 || c.RollbackFailureShare > 1 {
+		return fmt.Errorf("host: RollbackFailureShare %v is not within (0, 1]", c.RollbackFailureShare)
+	}
+	c.fill()
+	return c.checkRetention()
+}
+
+// fill sets every field left zero to its default.
+func (c *Config) fill() {
 	if c.Stream == "" {
 		c.Stream = "usher:{jobs}"
 	}
@@ -319,9 +333,6 @@ func (c *Config) setDefaults() error {
 	}
 	if c.StalledAfter <= 0 {
 		c.StalledAfter = 2 * time.Second
-	}
-	if c.BatchMax < 0 {
-		return fmt.Errorf("host: BatchMax %d is negative; 1 runs every job in its own transaction", c.BatchMax)
 	}
 	if c.BatchMax == 0 {
 		c.BatchMax = 32
@@ -363,13 +374,19 @@ func (c *Config) setDefaults() error {
 	if c.RetryBackoff <= 0 {
 		c.RetryBackoff = time.Second
 	}
+	if c.ReclaimInterval <= 0 {
+		c.ReclaimInterval = max(c.ReclaimIdle/4, 100*time.Millisecond)
+	}
+	if c.ReconcileAfter <= 0 {
+		c.ReconcileAfter = 15 * time.Minute
+	}
+	if c.ReconcileInterval <= 0 {
+		c.ReconcileInterval = time.Minute
+	}
 	if c.RollbackWindow == 0 {
 		c.RollbackWindow = time.Minute
 	}
-	if c.RollbackFailureShare <= 0 || c.RollbackFailureShare > 1 {
-		if c.RollbackFailureShare != 0 {
-			return fmt.Errorf("host: RollbackFailureShare %v is not within (0, 1]", c.RollbackFailureShare)
-		}
+	if c.RollbackFailureShare == 0 {
 		c.RollbackFailureShare = 0.5
 	}
 	if c.RollbackMinJobs <= 0 {
@@ -390,9 +407,6 @@ func (c *Config) setDefaults() error {
 	if c.RetentionMargin <= 0 {
 		c.RetentionMargin = 5 * time.Minute
 	}
-	if err := c.checkRetention(); err != nil {
-		return err
-	}
 	if c.PluginPollInterval <= 0 {
 		c.PluginPollInterval = 2 * time.Second
 	}
@@ -402,7 +416,6 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	}
-	return nil
 }
 
 // LogValue prints the configuration with secrets masked.

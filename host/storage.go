@@ -4,34 +4,17 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/retention"
 )
 
-// maxRetryBackoff is guard.Runner's cap on a transient failure's backoff.
-const maxRetryBackoff = 5 * time.Minute
-
-// redelivery is what bounds how long a job can come back, a setting left
-// zero counting as its default.
+// redelivery is what bounds how long a job can come back, from a filled
+// configuration.
 func (c *Config) redelivery() retention.Redelivery {
-	or := func(d, def time.Duration) time.Duration {
-		if d <= 0 {
-			return def
-		}
-		return d
-	}
-	reclaimIdle := or(c.ReclaimIdle, 60*time.Second)
-	reclaimInterval := or(c.ReclaimInterval, max(reclaimIdle/4, 100*time.Millisecond))
-	maxDeliveries, maxAttempts := c.MaxDeliveries, c.MaxAttempts
-	if maxDeliveries <= 0 {
-		maxDeliveries = 10
-	}
-	if maxAttempts <= 0 {
-		maxAttempts = 8
-	}
 	return retention.Redelivery{
-		MaxDeliveries: maxDeliveries, ReclaimIdle: reclaimIdle, ReclaimInterval: reclaimInterval, JobTimeout: or(c.JobTimeout, 30*time.Second),
-		MaxAttempts: maxAttempts, RetryBackoff: or(c.RetryBackoff, time.Second), MaxBackoff: maxRetryBackoff,
-		ReconcileAfter: or(c.ReconcileAfter, 15*time.Minute), ReconcileInterval: or(c.ReconcileInterval, time.Minute),
+		MaxDeliveries: c.MaxDeliveries, ReclaimIdle: c.ReclaimIdle, ReclaimInterval: c.ReclaimInterval, JobTimeout: c.JobTimeout,
+		MaxAttempts: c.MaxAttempts, RetryBackoff: c.RetryBackoff, MaxBackoff: guard.MaxBackoff,
+		ReconcileAfter: c.ReconcileAfter, ReconcileInterval: c.ReconcileInterval,
 	}
 }
 
@@ -40,6 +23,7 @@ func (c *Config) redelivery() retention.Redelivery {
 // retries and republications can bring a job back (retention.Redelivery).
 // With the defaults it is about 38 minutes.
 func (c Config) RetentionBound() time.Duration {
+	c.fill()
 	return c.redelivery().Bound()
 }
 

@@ -253,13 +253,16 @@ func (r *Runner) result(c *usherv1.Call, rs *usherv1.Result) (Outcome, bool) {
 	}
 }
 
+// MaxBackoff caps the delay before a transient failure's retry.
+const MaxBackoff = 5 * time.Minute
+
 // Backoff is the delay before retrying a job's attempt after a transient
-// failure: TransientBackoff doubled per attempt, at most 5 minutes.
+// failure: TransientBackoff doubled per attempt, at most MaxBackoff.
 func (r *Runner) Backoff(attempt int32) time.Duration { return r.backoff(attempt) }
 
 func (r *Runner) backoff(attempt int32) time.Duration {
 	d := r.cfg.TransientBackoff << min(attempt, 16)
-	return min(d, 5*time.Minute)
+	return min(d, MaxBackoff)
 }
 
 func phaseName(p usherv1.Phase) string {

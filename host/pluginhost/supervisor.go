@@ -133,7 +133,7 @@ type Supervisor struct {
 	backoff   time.Duration
 	// quarantine is how long the next unhealthy mark lasts.
 	quarantine time.Duration
-	stopped   bool
+	stopped    bool
 }
 
 // NewSupervisor starts the plugin once; an error means it never ran.

@@ -99,8 +99,8 @@ type loaded struct {
 	file         *pluginhost.DirPlugin
 	// probation judges the version swapped in last; nil when it was not or
 	// was rolled back.
-	probation    atomic.Pointer[probation]
-	counters route.Counters
+	probation atomic.Pointer[probation]
+	counters  route.Counters
 	// db is the plugin's own pool, logged in as its role; it outlives
 	// swaps (every version of a plugin runs as the same role).
 	db guard.DB

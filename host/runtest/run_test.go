@@ -1,0 +1,85 @@
+// Package runtest holds the tests of a whole host's lifecycle, alone in a
+// package so that a goroutine count means this host's: no other test of
+// the package runs beside them.
+package runtest
+
+import (
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/hosttest"
+)
+
+// A service that fails at start (the admin API, its port taken) stops the
+// others: Run returns its error, naming it, once every goroutine of every
+// service has ended; the plugins' processes are stopped; and Close after
+// the failed Run leaves no process and no goroutine behind.
+func TestFailingServiceStopsTheHost(t *testing.T) {
+	_, dbURL := hosttest.DB(t)
+	_, stream := hosttest.Redis(t)
+	counters := hosttest.Build(t, "./plugins/counters")
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	before := goleak.IgnoreCurrent()
+
+	h, err := host.New(ctx, host.Config{
+		DatabaseURL: dbURL, RedisURL: hosttest.RedisURL(), Stream: stream, Plugins: []string{counters},
+		AdminAddr: taken.Addr().String(), AdminTokenFile: filepath.Join(t.TempDir(), "token"),
+		Logger: hosttest.Logger(t, 0),
+	})
+	require.NoError(t, err)
+	plugins := h.Plugins()
+	require.Len(t, plugins, 1)
+	pid := plugins[0].Pid
+	require.NoError(t, syscall.Kill(pid, 0), "the plugin runs once New returned")
+
+	err = h.Run(ctx)
+	require.Error(t, err)
+	require.ErrorContains(t, err, "service admin: admin listener")
+	require.ErrorContains(t, err, "address already in use")
+	require.NoError(t, ctx.Err(), "Run returned on the failure, not at the test's deadline")
+	h.Close()
+
+	hosttest.Eventually(t, 10*time.Second, "the plugin's process to be gone", func() bool {
+		return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+	})
+	goleak.VerifyNone(t, before)
+}
+
+// Run under a context that ends stops every service in reverse order and
+// returns nil; Close then leaves no goroutine behind.
+func TestRunStopsCleanly(t *testing.T) {
+	_, dbURL := hosttest.DB(t)
+	_, stream := hosttest.Redis(t)
+	counters := hosttest.Build(t, "./plugins/counters")
+	before := goleak.IgnoreCurrent()
+	h, err := host.New(context.Background(), host.Config{
+		DatabaseURL: dbURL, RedisURL: hosttest.RedisURL(), Stream: stream, Plugins: []string{counters},
+		AdminAddr: "127.0.0.1:0", AdminTokenFile: filepath.Join(t.TempDir(), "token"), Logger: hosttest.Logger(t, 0),
+	})
+	require.NoError(t, err)
+	pid := h.Plugins()[0].Pid
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx) }()
+	hosttest.Eventually(t, 10*time.Second, "the admin API to listen", func() bool { return h.AdminAddr() != "" })
+	cancel()
+	require.NoError(t, <-done)
+	h.Close()
+	hosttest.Eventually(t, 10*time.Second, "the plugin's process to be gone", func() bool {
+		return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+	})
+	goleak.VerifyNone(t, before)
+}
