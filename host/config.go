@@ -222,8 +222,9 @@ type Config struct {
 	// ReconcileInterval is how often the reconciler scans. Default 1m.
 	ReconcileInterval time.Duration
 	// HistoryRetention is how long a job's history records (one per
-	// delivery, see host/history) are kept; each host deletes older ones
-	// every few minutes. Default 7 days.
+	// delivery, see host/history) and the plugins' swap history are kept;
+	// each host's retainer deletes older ones every CleanupInterval.
+	// Default 7 days.
 	HistoryRetention time.Duration
 	// StreamTrimInterval is how often the stream is trimmed behind the
 	// oldest entry any consumer group still owes (pending, or not yet

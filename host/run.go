@@ -2,22 +2,17 @@ package host
 
 import (
 	"context"
-	"time"
 
-	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/internal/lifecycle"
-	"github.com/usherhq/usher/host/internal/periodic"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/schedule"
 	"github.com/usherhq/usher/host/stream"
-	"github.com/usherhq/usher/host/swaps"
 )
 
 // Run serves until ctx is done, then stops reading, gives in-flight jobs a
 // grace period (those that do not finish stay unacked and are reclaimed),
 // stops the plugins and returns. The services start in phases: the plugin
-// fleet, the background loops (relay and reconciler, scheduler, retention
-// and trims), the stream (consumer, reclaimer, redispatcher), the admin
+// fleet, the background loops (relay and reconciler, scheduler, retention), the stream (consumer, reclaimer, redispatcher), the admin
 // API; they stop in reverse, so the plugins stop only once no job is in
 // flight. A service that fails stops the others, and Run returns its
 // error, naming it, once every goroutine has ended.
@@ -68,16 +63,11 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 		}
 		background = append(background, lifecycle.Func("scheduler", sched.Run))
 	}
-	trim, err := history.NewTrimmer(history.TrimmerConfig{Pool: h.pool, Retention: cfg.HistoryRetention, Logger: h.log})
-	if err != nil {
-		return nil, err
-	}
 	ret, err := h.retainer()
 	if err != nil {
 		return nil, err
 	}
-	background = append(background, lifecycle.Func("history-trim", trim.Run), lifecycle.Func("swap-trim", h.trimSwaps),
-		lifecycle.Func("retention", ret.Run))
+	background = append(background, lifecycle.Func("retention", ret.Run))
 	phases := []lifecycle.Phase{
 		{Name: "plugins", Services: []lifecycle.Service{lifecycle.Func("fleet", h.fleet.Run)}},
 		{Name: "background", Services: background},
@@ -90,13 +80,4 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 		phases = append(phases, lifecycle.Phase{Name: "admin", Services: []lifecycle.Service{lifecycle.FuncReady("admin", h.admin.Run)}})
 	}
 	return phases, nil
-}
-
-// trimSwaps deletes the swap history older than HistoryRetention, every
-// 10 minutes: a swap is kept as long as the jobs it ran.
-func (h *Host) trimSwaps(ctx context.Context) error {
-	return periodic.Run(ctx, 10*time.Minute, h.log, "plugin swap history trim failed", func(ctx context.Context) error {
-		_, err := swaps.Trim(ctx, h.pool, time.Now().Add(-h.cfg.HistoryRetention))
-		return err
-	})
 }

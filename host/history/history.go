@@ -4,13 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/usherhq/usher/host/deadletter"
-	"github.com/usherhq/usher/host/internal/periodic"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/outcome"
 )
@@ -85,71 +81,4 @@ func Trim(ctx context.Context, q outbox.Querier, before time.Time, batch int) (i
 		return 0, fmt.Errorf("history: trim: %w", err)
 	}
 	return tag.RowsAffected(), nil
-}
-
-// TrimmerConfig configures a Trimmer.
-type TrimmerConfig struct {
-	// Pool is the host's pool. Required.
-	Pool *pgxpool.Pool
-	// Retention is how long a record is kept. Default 7 days.
-	Retention time.Duration
-	// Interval between passes. Default 10 minutes.
-	Interval time.Duration
-	// Batch is the most records one statement deletes; a pass repeats it
-	// until fewer are left. Default 10,000.
-	Batch int
-	// Logger defaults to slog.Default().
-	Logger *slog.Logger
-	// Now defaults to time.Now.
-	Now func() time.Time
-}
-
-// Trimmer deletes history older than its retention, periodically.
-type Trimmer struct{ cfg TrimmerConfig }
-
-// NewTrimmer validates cfg and fills its defaults.
-func NewTrimmer(cfg TrimmerConfig) (*Trimmer, error) {
-	if cfg.Pool == nil {
-		return nil, errors.New("history: trimmer needs a pool")
-	}
-	if cfg.Retention <= 0 {
-		cfg.Retention = 7 * 24 * time.Hour
-	}
-	if cfg.Interval <= 0 {
-		cfg.Interval = 10 * time.Minute
-	}
-	if cfg.Batch <= 0 {
-		cfg.Batch = 10_000
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	return &Trimmer{cfg: cfg}, nil
-}
-
-// Run trims every Interval until ctx is done.
-func (t *Trimmer) Run(ctx context.Context) error {
-	return periodic.Run(ctx, t.cfg.Interval, t.cfg.Logger, "job history trim failed", func(ctx context.Context) error {
-		_, err := t.Pass(ctx)
-		return err
-	})
-}
-
-// Pass deletes every record older than the retention and returns how many.
-func (t *Trimmer) Pass(ctx context.Context) (int64, error) {
-	before := t.cfg.Now().Add(-t.cfg.Retention)
-	var total int64
-	for {
-		n, err := Trim(ctx, t.cfg.Pool, before, t.cfg.Batch)
-		total += n
-		if err != nil || n < int64(t.cfg.Batch) {
-			if total > 0 {
-				t.cfg.Logger.Info("job history trimmed", "deleted", total, "retention", t.cfg.Retention)
-			}
-			return total, err
-		}
-	}
 }

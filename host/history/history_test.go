@@ -5,13 +5,11 @@ import (
 	"errors"
 	"net/url"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/sandbox"
@@ -60,25 +58,4 @@ func TestPluginRoleCannotWriteHistory(t *testing.T) {
 	_, err = conn.Exec(ctx, logged, ids[0], "update_sales_counter", "1")
 	require.NoError(t, err)
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM job_history WHERE verdict = 'applied' AND job_id = '1'`))
-}
-
-// The trimmer deletes records older than the retention, in batches, and
-// keeps the others.
-func TestTrimmer(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool, _ := hosttest.DB(t)
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	for i, age := range []time.Duration{time.Hour, 47 * time.Hour, 49 * time.Hour, 50 * time.Hour, 72 * time.Hour} {
-		require.NoError(t, history.Write(ctx, pool, history.Record{JobID: "j", Kind: "k", Attempt: i, Verdict: history.Applied, StartedAt: now.Add(-age)}))
-		_, err := pool.Exec(ctx, `UPDATE job_history SET finished_at = started_at WHERE attempt = $1`, i)
-		require.NoError(t, err)
-	}
-	tr, err := history.NewTrimmer(history.TrimmerConfig{Pool: pool, Retention: 48 * time.Hour, Batch: 2, Now: func() time.Time { return now }})
-	require.NoError(t, err)
-	n, err := tr.Pass(ctx)
-	require.NoError(t, err)
-	require.EqualValues(t, 3, n)
-	require.EqualValues(t, 2, hosttest.Count(t, pool, `SELECT count(*) FROM job_history`))
-	require.EqualValues(t, 0, hosttest.Count(t, pool, `SELECT count(*) FROM job_history WHERE finished_at < $1`, now.Add(-48*time.Hour)))
 }

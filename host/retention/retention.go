@@ -34,7 +34,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/internal/periodic"
+	"github.com/usherhq/usher/host/swaps"
 )
 
 // DefaultMargin is Config.Margin's default.
@@ -70,6 +72,11 @@ type Config struct {
 	ProcessedJobs, Outbox, DeadLetters time.Duration
 	// Redelivery gives the bound the windows are checked against.
 	Redelivery Redelivery
+	// History and Swaps are the windows of the job history (job_history,
+	// by finished_at) and the plugins' swap history (plugin_swaps, by
+	// at): records of what happened, never read to decide a job, so not
+	// held to Redelivery's bound. 0: kept for ever.
+	History, Swaps time.Duration
 	// Margin is taken off the stream's low-water mark before it is
 	// compared with Postgres's times: it covers the clocks of Redis and
 	// Postgres drifting apart and the relay's transaction (published_at
@@ -157,6 +164,7 @@ func (r *Retainer) Run(ctx context.Context) error {
 // Cleanup removes gone consumers and applies the retention windows once.
 func (r *Retainer) Cleanup(ctx context.Context) error {
 	_, cerr := r.RemoveIdleConsumers(ctx)
+	cerr = errors.Join(cerr, r.trimRecords(ctx))
 	if r.cfg.ProcessedJobs == 0 && r.cfg.Outbox == 0 && r.cfg.DeadLetters == 0 {
 		return cerr
 	}
@@ -168,6 +176,37 @@ func (r *Retainer) Cleanup(ctx context.Context) error {
 	}
 	_, perr := r.Purge(ctx, low.Before)
 	return errors.Join(cerr, perr)
+}
+
+// trimRecords applies the History and Swaps windows.
+func (r *Retainer) trimRecords(ctx context.Context) error {
+	var errs []error
+	if r.cfg.History > 0 {
+		before := time.Now().Add(-r.cfg.History)
+		var total int64
+		for {
+			n, err := history.Trim(ctx, r.cfg.Pool, before, r.cfg.BatchSize)
+			total += n
+			if err != nil || n < int64(r.cfg.BatchSize) {
+				errs = append(errs, err)
+				break
+			}
+		}
+		if total > 0 {
+			if r.cfg.OnDeleted != nil {
+				r.cfg.OnDeleted("job_history", total)
+			}
+			r.cfg.Logger.Info("job history trimmed", "deleted", total, "retention", r.cfg.History)
+		}
+	}
+	if r.cfg.Swaps > 0 {
+		n, err := swaps.Trim(ctx, r.cfg.Pool, time.Now().Add(-r.cfg.Swaps))
+		errs = append(errs, err)
+		if n > 0 && r.cfg.OnDeleted != nil {
+			r.cfg.OnDeleted("plugin_swaps", n)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // trimScript trims KEYS[1] behind the oldest entry any group still owes:

@@ -3,6 +3,7 @@ package retention_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -12,8 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/retention"
+	"github.com/usherhq/usher/host/swaps"
 )
 
 type testBundle struct {
@@ -323,4 +326,31 @@ func TestPurgeKeepsWhatCouldComeBack(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string]int64{"dead_letters": 2, "processed_jobs": 1}, deleted)
 	require.ElementsMatch(t, []string{unpublished, unfinished, young, republishedLate, "s-retried", "s-waiting", "fresh"}, left())
+}
+
+// The job history and the swap history are trimmed by the one retainer:
+// records older than their window go, in batches, the others stay.
+func TestCleanupTrimsTheHistories(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	now := time.Now()
+	for i, age := range []time.Duration{time.Hour, 47 * time.Hour, 49 * time.Hour, 50 * time.Hour, 72 * time.Hour} {
+		require.NoError(t, history.Write(ctx, b.pool, history.Record{JobID: "j", Kind: "k", Attempt: i, Verdict: history.Applied, StartedAt: now.Add(-age)}))
+		_, err := b.pool.Exec(ctx, `UPDATE job_history SET finished_at = started_at WHERE attempt = $1`, i)
+		require.NoError(t, err)
+		require.NoError(t, swaps.Record(ctx, b.pool, swaps.Swap{Host: "h", Plugin: "p", Action: swaps.Swapped, From: "1", To: strconv.Itoa(i), Cause: swaps.CauseReload}))
+		_, err = b.pool.Exec(ctx, `UPDATE plugin_swaps SET at = $1 WHERE to_version = $2`, now.Add(-age), strconv.Itoa(i))
+		require.NoError(t, err)
+	}
+	deleted := map[string]int64{}
+	r, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Stream: b.stream, Group: "usher", Self: "self",
+		History: 48 * time.Hour, Swaps: 48 * time.Hour, BatchSize: 2,
+		OnDeleted: func(table string, n int64) { deleted[table] += n }})
+	require.NoError(t, err)
+	require.NoError(t, r.Cleanup(ctx))
+	require.Equal(t, map[string]int64{"job_history": 3, "plugin_swaps": 3}, deleted)
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history`))
+	require.EqualValues(t, 0, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE finished_at < $1`, now.Add(-48*time.Hour)))
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM plugin_swaps`))
 }
