@@ -194,8 +194,11 @@ type Config struct {
 	// MaxDeliveries: an entry delivered more often is dead-lettered.
 	// Default 10.
 	MaxDeliveries int64
-	// MaxAttempts: a job whose transient failures were retried this often
-	// is dead-lettered. Default 8.
+	// MaxAttempts: a job retried this often is dead-lettered, whether its
+	// handler failed or asked to run later (sdk.RetryLater, whose delay
+	// the host keeps within guard.MinRetryLater and MaxRetryLater, 100ms
+	// to 24h): a job that asks to run later for ever ends as a dead
+	// letter with the reason. Default 8.
 	MaxAttempts int
 	// StatementTimeout bounds each statement in a host transaction.
 	// Default 10s.

@@ -24,6 +24,11 @@ func (e *RetryLaterError) Error() string {
 
 // RetryLater returns an error that makes the host schedule another run of the
 // job after d. Match it with errors.As and *RetryLaterError.
+//
+// The host keeps d within 100ms and 24h (a shorter or negative one runs
+// after 100ms, a longer one after 24h), and every retry counts towards its
+// maximum attempts (8 by default): a job that asks to run later every time
+// ends as a dead letter that says so.
 func RetryLater(d time.Duration, reason string) error {
 	if d < 0 {
 		d = 0

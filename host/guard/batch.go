@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/usherhq/usher/host/pluginhost"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -380,7 +381,9 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 		open.err = tx.begin(ctx, r.recordJobs(batch, open.recorded))
 	}()
 	done := lap(&phases.Invoke)
-	answers, err := first.inv.Invoke(ctx, allCalls)
+	actx := pluginhost.WithAnswered(ctx)
+	answers, err := first.inv.Invoke(actx, allCalls)
+	version := pluginhost.AnsweredVersion(actx)
 	done()
 	<-open.done
 	if open.err != nil {
@@ -461,6 +464,9 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 	written()
 	jobs, ds := make([]*usherv1.Job, len(run)), make([]Delivery, len(run))
 	for i, q := range run {
+		if version != "" {
+			q.d.Version = version // the version that ran it, swapped in or not
+		}
 		jobs[i], ds[i] = q.job, q.d
 	}
 	done = lap(&phases.Commit)
@@ -474,7 +480,9 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 	done()
 	r.observe(first.db, len(run), &phases)
 	for _, q := range run {
-		finish(q, applied(q.d))
+		out := applied(q.d)
+		out.Version = q.d.Version
+		finish(q, out)
 	}
 }
 

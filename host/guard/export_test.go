@@ -41,7 +41,7 @@ func ClaimStatement(spec *usherv1.ClaimSpec) (string, []any, error) {
 // AppliedStatements are the statements an applied run's Commit sends to record its
 // outbox outcome and history record (none when d.OutboxID is 0).
 func AppliedStatements(r *Runner, job *usherv1.Job, d Delivery) []lastStatement {
-	return r.outcome(job, d)
+	return r.appliedStatement(job, d)
 }
 
 // IssueReadOnly issues a read-only handle for job on pool, as the check

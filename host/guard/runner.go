@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/usherhq/usher/host/pluginhost"
 	"log/slog"
 	"math"
 	"strings"
@@ -68,6 +69,12 @@ type Outcome struct {
 	// Recorded: the outbox row's outcome ('applied') was written in the
 	// job's own transaction, so the caller need not write it again.
 	Recorded bool
+	// Version is the plugin version that answered the job's last call;
+	// "" when no call completed. A swap between the job's routing and its
+	// call (a job run again alone after its batch was called off) makes it
+	// differ from the version the job was routed to: the history names
+	// this one.
+	Version string
 }
 
 // applied is the outcome of a run that committed its effect, and with it
@@ -190,6 +197,7 @@ func NewRunner(cfg Config) (*Runner, error) {
 // the outbox row the job came from: an applied run records its outcome and
 // its history record in the job's own transaction (Outcome.Recorded).
 func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, job *usherv1.Job, d Delivery) Outcome {
+	ctx = pluginhost.WithAnswered(ctx)
 	batched := g == usherv1.Guard_GUARD_JOB_ID && db.Pool != nil && r.batches(ctx)
 	if !batched {
 		d.arrive() // joins no batch; a batched job arrives once queued
@@ -213,6 +221,9 @@ func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, j
 	}
 	if out.Verdict == Absorbed && r.cfg.OnAbsorbed != nil {
 		r.cfg.OnAbsorbed(g, job.GetKind(), out.Reason)
+	}
+	if out.Version == "" {
+		out.Version = pluginhost.AnsweredVersion(ctx)
 	}
 	return out
 }
@@ -242,7 +253,7 @@ func (r *Runner) result(c *usherv1.Call, rs *usherv1.Result) (Outcome, bool) {
 	case usherv1.Outcome_OUTCOME_OK, usherv1.Outcome_OUTCOME_DONE:
 		return Outcome{}, true
 	case usherv1.Outcome_OUTCOME_RETRY_LATER:
-		return Outcome{Verdict: Retry, RetryAfter: time.Duration(rs.GetRetryAfterMs()) * time.Millisecond, Reason: rs.GetError()}, false
+		return Outcome{Verdict: Retry, RetryAfter: RetryLaterDelay(rs.GetRetryAfterMs()), Reason: rs.GetError()}, false
 	case usherv1.Outcome_OUTCOME_PERMANENT:
 		return permanent(fmt.Errorf("%s: %s", phaseName(c.GetPhase()), rs.GetError())), false
 	case usherv1.Outcome_OUTCOME_ERROR:
@@ -255,6 +266,21 @@ func (r *Runner) result(c *usherv1.Call, rs *usherv1.Result) (Outcome, bool) {
 
 // MaxBackoff caps the delay before a transient failure's retry.
 const MaxBackoff = 5 * time.Minute
+
+// The bounds of a delay a plugin asks for with RetryLater: a shorter one
+// (0, negative) runs after MinRetryLater, a longer one (up to MaxInt64
+// milliseconds, which would overflow) after MaxRetryLater. Every retry,
+// asked for or not, counts towards the host's MaxAttempts.
+const (
+	MinRetryLater = 100 * time.Millisecond
+	MaxRetryLater = 24 * time.Hour
+)
+
+// RetryLaterDelay is the delay of a RetryLater of ms milliseconds, within
+// [MinRetryLater, MaxRetryLater].
+func RetryLaterDelay(ms int64) time.Duration {
+	return time.Duration(min(max(ms, MinRetryLater.Milliseconds()), MaxRetryLater.Milliseconds())) * time.Millisecond
+}
 
 // Backoff is the delay before retrying a job's attempt after a transient
 // failure: TransientBackoff doubled per attempt, at most MaxBackoff.
@@ -333,7 +359,7 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 		}
 		return absorbed("conditional write lost to another run")
 	}
-	if err := tx.Commit(ctx, r.outcome(job, d)...); err != nil {
+	if err := tx.Commit(ctx, r.outcome(ctx, job, d)...); err != nil {
 		return abandoned(fmt.Errorf("commit: %w", err))
 	}
 	return applied(d)
@@ -374,7 +400,7 @@ func (r *Runner) jobIDOne(ctx context.Context, inv Invoker, db DB, job *usherv1.
 	if !ok {
 		return out
 	}
-	if err := tx.Commit(ctx, r.outcome(job, d)...); err != nil {
+	if err := tx.Commit(ctx, r.outcome(ctx, job, d)...); err != nil {
 		return abandoned(fmt.Errorf("commit: %w", err))
 	}
 	return applied(d)
@@ -443,7 +469,16 @@ func (r *Runner) written(job *usherv1.Job, p *writePart) (Outcome, bool) {
 // outcome is the statement that records an applied job's outbox outcome
 // and its history record in its own transaction, sent with the COMMIT;
 // none for a job with no outbox row (d.OutboxID 0).
-func (r *Runner) outcome(job *usherv1.Job, d Delivery) []lastStatement {
+func (r *Runner) outcome(ctx context.Context, job *usherv1.Job, d Delivery) []lastStatement {
+	if v := pluginhost.AnsweredVersion(ctx); v != "" {
+		d.Version = v // the version that ran it, swapped in or not
+	}
+	return r.appliedStatement(job, d)
+}
+
+// appliedStatement is usher_applied_logged for d's job; none without an
+// outbox row.
+func (r *Runner) appliedStatement(job *usherv1.Job, d Delivery) []lastStatement {
 	if d.OutboxID == 0 {
 		return nil
 	}
@@ -477,7 +512,7 @@ func (r *Runner) outcomes(jobs []*usherv1.Job, ds []Delivery) []lastStatement {
 		} else if d.Consumer != first.Consumer || d.Plugin != first.Plugin || d.Version != first.Version || d.Guard != first.Guard {
 			var last []lastStatement
 			for i, j := range jobs {
-				last = append(last, r.outcome(j, ds[i])...)
+				last = append(last, r.appliedStatement(j, ds[i])...)
 			}
 			return last
 		}
@@ -700,6 +735,9 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 		// again), and dead-letter the job with what was lost.
 		unkept = fmt.Errorf("%s job %s: the effect ran and is marked done, but its result was not kept: %d values for the claim's result columns %v",
 			job.GetKind(), job.GetId(), len(vals), c.results)
+	}
+	if v := pluginhost.AnsweredVersion(ctx); v != "" {
+		d.Version = v // the version that sent it, swapped in or not
 	}
 	if err := r.inTxReset(ctx, db, func(b *pgx.Batch) {
 		b.Queue(mark, args...)

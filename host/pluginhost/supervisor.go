@@ -251,6 +251,7 @@ func (s *Supervisor) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*ushe
 	switch {
 	case err == nil:
 		t.timeouts.Store(0)
+		answered(ctx, t.Manifest().Version)
 	case status.Code(err) == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded):
 		if n := t.timeouts.Add(1); n >= int64(s.cfg.HangLimit) {
 			s.cfg.Plugin.Logger.Error("plugin stopped answering; killing it so it is restarted",
@@ -482,4 +483,34 @@ func (s *Supervisor) Stop() {
 	cur := s.cur
 	s.mu.Unlock()
 	cur.kill()
+}
+
+// answeredKey carries where Invoke records the version that answered.
+type answeredKey struct{}
+
+// WithAnswered returns a context under which Supervisor.Invoke records the
+// version of the plugin that answered each call: a swap may replace the
+// version a job was routed to before its call goes out (a job run again
+// alone after its batch was called off, say), and what the job's history
+// names must be the version that ran it (AnsweredVersion).
+func WithAnswered(ctx context.Context) context.Context {
+	return context.WithValue(ctx, answeredKey{}, new(atomic.Pointer[string]))
+}
+
+// AnsweredVersion is the version that answered the last call made under
+// ctx (WithAnswered); "" when none did.
+func AnsweredVersion(ctx context.Context) string {
+	if p, ok := ctx.Value(answeredKey{}).(*atomic.Pointer[string]); ok {
+		if v := p.Load(); v != nil {
+			return *v
+		}
+	}
+	return ""
+}
+
+// answered records version in ctx's WithAnswered, when it has one.
+func answered(ctx context.Context, version string) {
+	if p, ok := ctx.Value(answeredKey{}).(*atomic.Pointer[string]); ok {
+		p.Store(&version)
+	}
 }

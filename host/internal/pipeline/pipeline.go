@@ -264,6 +264,9 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 	rt.Counters.InFlight.Add(1)
 	defer rt.Counters.InFlight.Add(-1) // counted until its outcome is written
 	out := p.cfg.Runner.Run(jobCtx, rt.Plugin, rt.DB, rt.Guard, job, d.Guard())
+	if out.Version != "" {
+		d.Record.PluginVersion = out.Version // the version that ran it
+	}
 	// The plugin's side of the call times out on the deadline the call
 	// carried, and its answer can arrive before this side's own timer
 	// has fired (a loaded machine runs timers late): the clock decides.
@@ -334,9 +337,15 @@ func (p *Pipeline) verdict(ctx context.Context, e stream.Entry, d *settle.Delive
 		return step{outcome: outcome.Absorbed, ack: true}
 	case guard.Retry:
 		d.Verdict(outcome.RetryScheduled, retryReason(out), errText(out.Err))
-		if out.Err != nil && e.Attempt+1 >= p.cfg.MaxAttempts {
+		if e.Attempt+1 >= p.cfg.MaxAttempts {
+			// Every retry counts, those the handler asked for too: a
+			// job that asks to run later for ever ends here.
+			why := "failed"
+			if out.Err == nil {
+				why = "ran without finishing (the last asked to run later)"
+			}
 			return p.deadLetter(ctx, e, d, "max_attempts",
-				fmt.Sprintf("failed %d attempts (max %d)", e.Attempt+1, p.cfg.MaxAttempts), out.Reason)
+				fmt.Sprintf("%s %d attempts (max %d)", why, e.Attempt+1, p.cfg.MaxAttempts), out.Reason)
 		}
 		return p.retry(ctx, e, d, out, jobLog())
 	case guard.Permanent:

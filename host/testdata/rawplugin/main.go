@@ -17,6 +17,8 @@
 //	whoami         check and commit each query current_user and
 //	               statement_timeout; the commit fails permanently with both
 //	bigerror       the commit fails (transient) with a 200 KiB error
+//	retry-later    the check phase asks to run later, in RAW_RETRY_MS
+//	               milliseconds (any int64: 0, negative, huge)
 //
 // RAW_PROTOCOL (comma-separated, default contract.ProtocolVersion) lists the
 // protocol versions it advertises in its VersionedPlugins map. The name
@@ -110,6 +112,13 @@ func (s *server) phase(ctx context.Context, call *usherv1.Call) *usherv1.Result 
 	switch call.GetPhase() {
 	case usherv1.Phase_PHASE_CHECK:
 		s.lastCheck = call.GetHandle()
+		if mode == "retry-later" {
+			ms, err := strconv.ParseInt(os.Getenv("RAW_RETRY_MS"), 10, 64)
+			if err != nil {
+				return fail(err)
+			}
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_RETRY_LATER, RetryAfterMs: ms, Error: "not yet"}
+		}
 		if mode == "whoami" {
 			who, err := s.whoami(ctx, call.GetHandle())
 			if err != nil {
