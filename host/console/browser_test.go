@@ -299,7 +299,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	deliveries, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](
 		`Array.from(document.querySelectorAll('#deliveries tbody tr')).map(r => r.querySelector('.verdict').textContent.trim() + " " + r.querySelector('.plugin-version').textContent.trim())`))
 	require.NoError(t, err)
-	require.ElementsMatch(t, []string{"dead_lettered counters 1.0.0", "applied counters 2.0.0"}, deliveries)
+	require.ElementsMatch(t, []string{"dead_letter counters 1.0.0", "applied counters 2.0.0"}, deliveries)
 	shot("job-history")
 	run("by request id", chromedp.Navigate(base+"/console/jobs?request=req-console-missing&outcome=applied"), chromedp.WaitVisible(chromedp.ID("jobs")))
 	require.Equal(t, []string{"applied", "applied"}, outcomes())

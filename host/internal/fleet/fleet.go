@@ -448,6 +448,13 @@ func (f *Fleet) load(ctx context.Context, pcfg pluginhost.Config, file *pluginho
 		}
 	}
 	l := &loaded{name: m.Name, sup: sup, path: pcfg.Path, pcfg: pcfg, file: file, db: db}
+	// A refusal at start of what loads now is forgotten before its kinds
+	// are served: whoever sees them served sees no refusal of them.
+	source := pcfg.Path
+	if file != nil {
+		source = file.ManifestPath
+	}
+	f.forgetRefusal(source)
 	f.routes.Update(func(t map[string]route.Route) {
 		for _, k := range m.Kinds {
 			t[k.Kind] = route.Route{Name: m.Name, Plugin: sup, DB: db, Guard: k.Guard, Counters: &l.counters}
@@ -811,7 +818,6 @@ func (f *Fleet) retryRefused(ctx context.Context) error {
 			for _, x := range res {
 				if x.Action == "loaded" || x.Action == "swapped" {
 					f.log.Info("plugin loaded on a retry", "plugin", x.Plugin, "version", x.To, "refused_for", r.reason)
-					f.forgetRefusal(r.p.ManifestPath)
 				}
 			}
 		}
@@ -822,7 +828,6 @@ func (f *Fleet) retryRefused(ctx context.Context) error {
 				continue
 			}
 			f.log.Info("plugin loaded on a retry", "source", path)
-			f.forgetRefusal(path)
 		}
 		return nil
 	})
@@ -839,11 +844,9 @@ func (f *Fleet) retryLater(path string, err error) {
 	f.retryPaths = append(f.retryPaths, path)
 }
 
-// forgetRefusal drops the start's refusal of the manifest at source: it
-// has loaded since.
+// forgetRefusal drops the start's refusal of the plugin at source (a
+// binary or a manifest): it loads now. The caller holds mu.
 func (f *Fleet) forgetRefusal(source string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.refusals = slices.DeleteFunc(f.refusals, func(r Refusal) bool { return r.Source == source })
 }
 
