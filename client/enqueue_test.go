@@ -27,7 +27,7 @@ import (
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/sandbox"
-	"github.com/usherhq/usher/internal/jobmsg"
+	"github.com/usherhq/usher/internal/entry"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
 
@@ -220,7 +220,7 @@ func TestEnqueueJobRefuses(t *testing.T) {
 	require.ErrorContains(t, err, "it may call usher_enqueue_job(text, jsonb, text, text), the applications' enqueue")
 
 	// The limits are the host's entry limit's.
-	require.Equal(t, 1<<20, jobmsg.EntryBytes)
+	require.Equal(t, 1<<20, entry.MaxBytes)
 	require.Equal(t, 1032192, client.MaxPayloadBytes, "the number usher_enqueue_job and the README state")
 	big := `{"pad": "` + strings.Repeat("a", client.MaxPayloadBytes) + `"}`
 	_, err = client.Enqueue(ctx, pool, client.Job{Kind: "k", Payload: json.RawMessage(big)})

@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/hosttest"
-	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/stream"
+	"github.com/usherhq/usher/internal/entry"
 )
 
 // An entry the host dead-letters arrives (stream.Entry.Arrived) before its
@@ -34,7 +34,7 @@ func TestEntryArrivesBeforeItsDeadLetter(t *testing.T) {
 	})
 
 	signed := func(id string, deliveries int64) stream.Entry {
-		f := outbox.Fields{JobID: id, OutboxID: "0", Kind: "update_sales_counter", Payload: `{"order_id":1}`, Attempt: "0"}
+		f := entry.Fields{JobID: id, OutboxID: "0", Kind: "update_sales_counter", Payload: `{"order_id":1}`, Attempt: "0"}
 		return stream.Entry{StreamID: "1-" + id, JobID: id, Kind: f.Kind, Payload: []byte(f.Payload), Deliveries: deliveries,
 			Signed: f, Sig: f.Sign(key)}
 	}

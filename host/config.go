@@ -12,8 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/usherhq/usher/host/outbox"
-	"github.com/usherhq/usher/internal/jobmsg"
+	"github.com/usherhq/usher/internal/entry"
 )
 
 // Config is everything a Host needs. Every field says its default; New fills
@@ -307,8 +306,8 @@ func (c *Config) setDefaults() error {
 	if c.Redis == nil && c.RedisURL == "" {
 		return errors.New("host: RedisURL (or Redis) is required")
 	}
-	if n := len(c.SigningKey); n > 0 && n < outbox.MinKeyLen {
-		return fmt.Errorf("host: SigningKey is %d bytes; at least %d are needed", n, outbox.MinKeyLen)
+	if n := len(c.SigningKey); n > 0 && n < entry.MinKeyLen {
+		return fmt.Errorf("host: SigningKey is %d bytes; at least %d are needed", n, entry.MinKeyLen)
 	}
 	if c.BatchMax < 0 {
 		return fmt.Errorf("host: BatchMax %d is negative; 1 runs every job in its own transaction", c.BatchMax)
@@ -347,7 +346,7 @@ func (c *Config) fill() {
 	if c.MaxEntryBytesHeld <= 0 {
 		c.MaxEntryBytesHeld = 64 << 20
 	}
-	c.MaxEntryBytesHeld = max(c.MaxEntryBytesHeld, jobmsg.EntryBytes)
+	c.MaxEntryBytesHeld = max(c.MaxEntryBytesHeld, entry.MaxBytes)
 	if c.IdlePoll <= 0 {
 		c.IdlePoll = 200 * time.Millisecond
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/internal/entry"
 )
 
 // Someone who can XADD to the stream but holds no key forges entries
@@ -45,9 +46,9 @@ func TestForgedEntriesDeadLettered(t *testing.T) {
 	// Each forgery claims a real job's identity with the other order's
 	// payload: absorbed as that job, it would count one order twice and
 	// lose the other.
-	claim := func(j, other job) outbox.Fields {
+	claim := func(j, other job) entry.Fields {
 		id := strconv.FormatInt(j.outboxID, 10)
-		return outbox.Fields{JobID: id, OutboxID: id, Kind: "update_sales_counter",
+		return entry.Fields{JobID: id, OutboxID: id, Kind: "update_sales_counter",
 			Payload: `{"order_id":` + strconv.FormatInt(other.orderID, 10) + `}`, Attempt: "0"}
 	}
 	xadd := func(vals []any) string {
@@ -57,10 +58,10 @@ func TestForgedEntriesDeadLettered(t *testing.T) {
 	}
 	unsigned := claim(a, c).Values(key)
 	unsignedID := xadd(unsigned[:len(unsigned)-2]) // no sig field
-	otherKeyID := xadd(claim(c, a).Values(bytes.Repeat([]byte{1}, outbox.MinKeyLen)))
+	otherKeyID := xadd(claim(c, a).Values(bytes.Repeat([]byte{1}, entry.MinKeyLen)))
 	altered := claim(a, a).Values(key) // the genuine entry, signed...
 	for i := 0; i < len(altered); i += 2 {
-		if altered[i] == outbox.FieldPayload {
+		if altered[i] == entry.FieldPayload {
 			altered[i+1] = claim(a, c).Payload // ...then its payload changed
 		}
 	}

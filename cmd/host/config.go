@@ -10,7 +10,7 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/admin"
-	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/internal/entry"
 )
 
 func env(k, def string) string {
@@ -200,9 +200,9 @@ func readSigningKey(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("signing key file: %w", err)
 	}
-	if len(key) < outbox.MinKeyLen {
+	if len(key) < entry.MinKeyLen {
 		return nil, fmt.Errorf("signing key file %s holds %d bytes; a signing key needs at least %d (e.g. head -c 32 /dev/urandom > %s)",
-			path, len(key), outbox.MinKeyLen, path)
+			path, len(key), entry.MinKeyLen, path)
 	}
 	return key, nil
 }

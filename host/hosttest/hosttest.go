@@ -32,6 +32,7 @@ import (
 	"github.com/usherhq/usher/host/plugindb"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/internal/entry"
 	"github.com/usherhq/usher/migrations"
 	"github.com/usherhq/usher/plugins/stagedoor/appdb"
 )
@@ -348,7 +349,7 @@ func Signed(key []byte, vals ...any) []any {
 		k, _ := vals[i].(string)
 		m[k] = vals[i+1]
 	}
-	return append(append([]any(nil), vals...), outbox.FieldSig, outbox.FieldsOf(m).Sign(key))
+	return append(append([]any(nil), vals...), entry.FieldSig, entry.FieldsOf(m).Sign(key))
 }
 
 // Logger returns a logger that writes through t.Log (only shown for failing

@@ -42,7 +42,7 @@ type Message struct {
 }
 
 // Limits of a message (the client's, see internal/jobmsg), so that its
-// stream entry always fits the host's entry limit (jobmsg.EntryBytes for
+// stream entry always fits the host's entry limit (entry.MaxBytes for
 // the whole entry): an entry over it cannot be verified and is
 // dead-lettered as a forgery would be.
 const (

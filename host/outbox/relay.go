@@ -13,22 +13,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/internal/entry"
 )
 
 // Channel is the LISTEN/NOTIFY channel the outbox trigger notifies.
 const Channel = "usher_outbox"
-
-// Stream entry field names. outbox_id and job_id are always present; the
-// stream entry id is never a job's identity. FieldSig signs the others.
-const (
-	FieldJobID     = "job_id"
-	FieldOutboxID  = "outbox_id"
-	FieldKind      = "kind"
-	FieldPayload   = "payload"
-	FieldRequestID = "request_id"
-	FieldTrace     = "trace"
-	FieldAttempt   = "attempt"
-)
 
 // RelayConfig configures a Relay.
 type RelayConfig struct {
@@ -38,8 +28,8 @@ type RelayConfig struct {
 	Redis redis.UniversalClient
 	// Stream is the stream key. Required.
 	Stream string
-	// Key signs every entry (Fields.Sign); consumers dead-letter an entry
-	// their key does not verify. At least MinKeyLen bytes. Required:
+	// Key signs every entry (entry.Fields.Sign); consumers dead-letter an entry
+	// their key does not verify. At least entry.MinKeyLen bytes. Required:
 	// LoadSigningKey reads the cluster's.
 	Key []byte
 	// BatchSize is how many rows one transaction takes. Default 256.
@@ -65,8 +55,8 @@ func (c *RelayConfig) setDefaults() error {
 	if c.Pool == nil || c.Redis == nil || c.Stream == "" {
 		return errors.New("outbox: relay needs Pool, Redis and Stream")
 	}
-	if len(c.Key) < MinKeyLen {
-		return fmt.Errorf("outbox: relay needs a signing Key of at least %d bytes (got %d)", MinKeyLen, len(c.Key))
+	if len(c.Key) < entry.MinKeyLen {
+		return fmt.Errorf("outbox: relay needs a signing Key of at least %d bytes (got %d)", entry.MinKeyLen, len(c.Key))
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 256
@@ -242,7 +232,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	pipe := r.cfg.Redis.Pipeline()
 	for i, x := range batch {
 		ids[i] = x.id
-		f := Fields{JobID: x.jobID, OutboxID: strconv.FormatInt(x.id, 10), Kind: x.kind, Payload: x.payload,
+		f := entry.Fields{JobID: x.jobID, OutboxID: strconv.FormatInt(x.id, 10), Kind: x.kind, Payload: x.payload,
 			RequestID: x.requestID, Trace: x.trace, Attempt: strconv.Itoa(int(x.attempt))}
 		pipe.XAdd(ctx, &redis.XAddArgs{Stream: r.cfg.Stream, Values: f.Values(r.cfg.Key)})
 	}

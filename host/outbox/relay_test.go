@@ -13,6 +13,7 @@ import (
 
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/internal/entry"
 )
 
 // Two relays over the same outbox: every row is published and marked, none
@@ -66,9 +67,9 @@ func TestTwoRelaysLoseNothing(t *testing.T) {
 	require.NoError(t, err)
 	seen := map[string]bool{}
 	for _, m := range msgs {
-		seen[m.Values[outbox.FieldOutboxID].(string)] = true
-		sig, _ := m.Values[outbox.FieldSig].(string)
-		require.True(t, outbox.FieldsOf(m.Values).Verify(key, sig), "entry %s is signed", m.ID)
+		seen[m.Values[entry.FieldOutboxID].(string)] = true
+		sig, _ := m.Values[entry.FieldSig].(string)
+		require.True(t, entry.FieldsOf(m.Values).Verify(key, sig), "entry %s is signed", m.ID)
 	}
 	require.Len(t, seen, n, "every outbox row is on the stream")
 	require.EqualValues(t, n, hosttest.Count(t, pool, `SELECT count(*) FROM outbox`))

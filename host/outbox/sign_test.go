@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"bytes"
 	"context"
 	"sync"
 	"testing"
@@ -11,81 +10,8 @@ import (
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/internal/entry"
 )
-
-var testKey = bytes.Repeat([]byte{7}, outbox.MinKeyLen)
-
-func sample() outbox.Fields {
-	return outbox.Fields{JobID: "41", OutboxID: "41", Kind: "update_sales_counter", Payload: `{"order_id":7}`,
-		RequestID: "req-1", Trace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Attempt: "0"}
-}
-
-func TestSignVerifies(t *testing.T) {
-	t.Parallel()
-	f := sample()
-	sig := f.Sign(testKey)
-	require.Len(t, sig, 64, "hex of an HMAC-SHA256")
-	require.True(t, f.Verify(testKey, sig))
-	// Pinned: a change of the encoding would make every host of a rolling
-	// upgrade dead-letter the other version's entries. (Checked against
-	// Python's hmac over the same length-prefixed bytes.)
-	require.Equal(t, "1b678f0bac22c368243c802900dc6555f2a9263b78efe203e43936ee7497b265", sig)
-}
-
-func TestSignCoversEveryField(t *testing.T) {
-	t.Parallel()
-	sig := sample().Sign(testKey)
-	alter := []func(*outbox.Fields){
-		func(f *outbox.Fields) { f.JobID = "42" },
-		func(f *outbox.Fields) { f.OutboxID = "42" },
-		func(f *outbox.Fields) { f.Kind = "send_tickets" },
-		func(f *outbox.Fields) { f.Payload = `{"order_id":8}` },
-		func(f *outbox.Fields) { f.RequestID = "req-2" },
-		func(f *outbox.Fields) { f.Trace = "" },
-		func(f *outbox.Fields) { f.Attempt = "1" },
-	}
-	for i, a := range alter {
-		f := sample()
-		a(&f)
-		require.False(t, f.Verify(testKey, sig), "alteration %d still verifies", i)
-	}
-}
-
-// Bytes moved from one field to the next change the signature: the
-// encoding is length-prefixed, not concatenated.
-func TestSignIsUnambiguous(t *testing.T) {
-	t.Parallel()
-	a := outbox.Fields{JobID: "1", Kind: "k", Payload: `{"a":1}`, RequestID: "r"}
-	b := outbox.Fields{JobID: "1", Kind: "k", Payload: `{"a":1}r`}
-	require.NotEqual(t, a.Sign(testKey), b.Sign(testKey))
-	c := outbox.Fields{JobID: "12", Kind: "k"}
-	d := outbox.Fields{JobID: "1", OutboxID: "2", Kind: "k"}
-	require.NotEqual(t, c.Sign(testKey), d.Sign(testKey))
-}
-
-func TestVerifyRefuses(t *testing.T) {
-	t.Parallel()
-	f := sample()
-	sig := f.Sign(testKey)
-	other := bytes.Repeat([]byte{8}, outbox.MinKeyLen)
-	require.False(t, f.Verify(other, sig), "another cluster's key")
-	require.False(t, f.Verify(testKey, ""), "no signature")
-	require.False(t, f.Verify(testKey, "zz"+sig[2:]), "not hex")
-	require.False(t, f.Verify(testKey, sig[:62]), "truncated")
-	require.False(t, f.Verify(testKey, sig+"00"), "extended")
-}
-
-// Values carries every field and a signature FieldsOf reads back.
-func TestValuesRoundTrip(t *testing.T) {
-	t.Parallel()
-	vals := sample().Values(testKey)
-	m := map[string]any{}
-	for i := 0; i < len(vals); i += 2 {
-		m[vals[i].(string)] = vals[i+1]
-	}
-	require.Equal(t, sample(), outbox.FieldsOf(m))
-	require.True(t, outbox.FieldsOf(m).Verify(testKey, m[outbox.FieldSig].(string)))
-}
 
 // Hosts starting at once on a new database agree on one generated key, and
 // a plugin's role cannot read it.
@@ -107,7 +33,7 @@ func TestLoadSigningKeyAgrees(t *testing.T) {
 	}
 	wg.Wait()
 	for _, k := range keys {
-		require.Len(t, k, outbox.MinKeyLen)
+		require.Len(t, k, entry.MinKeyLen)
 		require.Equal(t, keys[0], k)
 	}
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM runtime_secrets`))

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/usherhq/usher/internal/jobmsg"
+	"github.com/usherhq/usher/internal/entry"
 	"log/slog"
 	"runtime"
 	"strings"
@@ -33,10 +33,10 @@ type ConsumerConfig struct {
 	Concurrency int
 	// MaxBytes bounds the bytes of entries the consumer holds (read and
 	// not yet finished, its reclaimed entries included). Room for an
-	// entry, jobmsg.EntryBytes, is reserved before it is read, so the bound
+	// entry, entry.MaxBytes, is reserved before it is read, so the bound
 	// holds for the replies Redis sends too; once read, an entry holds
 	// what it costs (Entry.Held) until it is finished. Default 64 MiB; at
-	// least jobmsg.EntryBytes.
+	// least entry.MaxBytes.
 	MaxBytes int64
 	// IdlePoll is the longest wait between two reads that found nothing
 	// (the wait starts at 5ms and doubles up to it). The read is a script,
@@ -61,7 +61,7 @@ func (c *ConsumerConfig) setDefaults() error {
 	if c.MaxBytes <= 0 {
 		c.MaxBytes = 64 << 20
 	}
-	c.MaxBytes = max(c.MaxBytes, jobmsg.EntryBytes)
+	c.MaxBytes = max(c.MaxBytes, entry.MaxBytes)
 	if c.IdlePoll <= 0 {
 		c.IdlePoll = 200 * time.Millisecond
 	}
@@ -237,11 +237,11 @@ func wait(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Take reserves room for up to max entries, a slot and jobmsg.EntryBytes of
+// Take reserves room for up to max entries, a slot and entry.MaxBytes of
 // the budget each (waiting for the first, taking more only while they are
 // free), calls read with how many fit, starts every entry read returns,
 // and gives back the room they do not use. The reader (ReadNew, AutoClaim)
-// returns at most that many entries, each costing at most jobmsg.EntryBytes
+// returns at most that many entries, each costing at most entry.MaxBytes
 // (the read script cuts a larger one), so the bytes held never exceed
 // MaxBytes, replies in transit included. An entry already running here
 // (XAUTOCLAIM hands an entry back to the consumer still working on it) is
@@ -262,10 +262,10 @@ func (c *Consumer) Take(ctx context.Context, max int, read func(ctx context.Cont
 	}
 	c.addArriving(int64(len(entries) - n))
 	for _, e := range entries {
-		c.release(0, jobmsg.EntryBytes-min(e.Held, jobmsg.EntryBytes))
+		c.release(0, entry.MaxBytes-min(e.Held, entry.MaxBytes))
 		c.start(e)
 	}
-	c.release(n-len(entries), int64(n-len(entries))*jobmsg.EntryBytes)
+	c.release(n-len(entries), int64(n-len(entries))*entry.MaxBytes)
 	return len(entries), err
 }
 
@@ -277,11 +277,11 @@ func (c *Consumer) reserve(ctx context.Context, max int) int {
 	case <-ctx.Done():
 		return 0
 	}
-	if err := c.budget.Acquire(ctx, jobmsg.EntryBytes); err != nil {
+	if err := c.budget.Acquire(ctx, entry.MaxBytes); err != nil {
 		<-c.slots
 		return 0
 	}
-	c.hold(jobmsg.EntryBytes)
+	c.hold(entry.MaxBytes)
 	// The slots of a batch's jobs come back together, from as many
 	// workers: let those already runnable give theirs back first, so that
 	// one read takes them all instead of one read each (at 64 in flight,
@@ -303,11 +303,11 @@ func (c *Consumer) reserve(ctx context.Context, max int) int {
 			yields, took = yields+1, false
 			continue
 		}
-		if !c.budget.TryAcquire(jobmsg.EntryBytes) {
+		if !c.budget.TryAcquire(entry.MaxBytes) {
 			<-c.slots
 			return n
 		}
-		c.hold(jobmsg.EntryBytes)
+		c.hold(entry.MaxBytes)
 		n, took = n+1, true
 	}
 	return n
@@ -396,7 +396,7 @@ func (c *Consumer) PeakBytesHeld() int64 { return c.peak.Load() }
 // it, which are given back when e is finished. There are as many workers
 // as slots, so a worker is always free for a slot's entry.
 func (c *Consumer) start(e Entry) {
-	held := min(e.Held, jobmsg.EntryBytes)
+	held := min(e.Held, entry.MaxBytes)
 	c.mu.Lock()
 	if c.running[e.StreamID] != nil || c.unacked[e.StreamID] {
 		c.mu.Unlock()
@@ -448,7 +448,7 @@ func (c *Consumer) finish(e Entry) (detached bool) {
 		}
 		delete(c.running, e.StreamID)
 		c.mu.Unlock()
-		c.release(slots, min(e.Held, jobmsg.EntryBytes))
+		c.release(slots, min(e.Held, entry.MaxBytes))
 	}()
 	var arrived, committed atomic.Bool
 	e.Arrived = func() {

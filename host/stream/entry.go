@@ -1,7 +1,11 @@
-// Package stream reads jobs from a Redis stream in a consumer group and
-// hands them to a dispatcher with bounded concurrency. It acks only what the
-// dispatcher says is finished: an entry whose handler did not commit stays
-// pending, to be reclaimed.
+// Package stream is everything the host does with the Redis stream: it
+// reads jobs in a consumer group and hands them to a dispatcher with
+// bounded concurrency and a byte budget, acks only what the dispatcher says
+// is finished (an entry whose handler did not commit stays pending, to be
+// reclaimed), reclaims idle entries (XAUTOCLAIM), parks deliveries, counts
+// crashes and runs entries again when their plugin is back. Every Lua
+// script and every key it touches is in the stream's hash slot. It knows
+// nothing of plugins, guards or Postgres.
 package stream
 
 import (
@@ -14,7 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/internal/entry"
 )
 
 // Entry is one stream entry decoded into a job. Err is set when the entry is
@@ -38,13 +42,13 @@ type Entry struct {
 	// Sig the relay's signature of them (empty when the entry has none).
 	// Decode does not verify them: the dispatcher does, with the cluster's
 	// key, before anything else.
-	Signed outbox.Fields
+	Signed entry.Fields
 	Sig    string
 	Err    error
 	// Fields are the entry's fields in the order Redis holds them, bytes
 	// as received (set by the consumer's and reclaimer's reads).
 	Fields []Field
-	// Cut: the entry was over jobmsg.EntryBytes and only prefixes of its
+	// Cut: the entry was over entry.MaxBytes and only prefixes of its
 	// fields were read (Err says so).
 	Cut bool
 	// Held is what the entry's fields cost the host's memory, in bytes:
@@ -71,12 +75,12 @@ type Entry struct {
 // Decode turns a stream message into an Entry. It never fails: a missing or
 // malformed field is recorded in Entry.Err.
 func Decode(m redis.XMessage) Entry {
-	e := Entry{StreamID: m.ID, Deliveries: 1, Signed: outbox.FieldsOf(m.Values)}
+	e := Entry{StreamID: m.ID, Deliveries: 1, Signed: entry.FieldsOf(m.Values)}
 	for k, v := range m.Values {
 		s, _ := v.(string)
 		e.Size += len(k) + len(s)
 	}
-	e.Sig, _ = m.Values[outbox.FieldSig].(string)
+	e.Sig, _ = m.Values[entry.FieldSig].(string)
 	// Every value used below comes from Signed, so what is verified is
 	// what runs.
 	f := e.Signed
@@ -116,8 +120,8 @@ func Decode(m redis.XMessage) Entry {
 
 // textFields are the fields whose values must be text: they are stored in
 // text columns and logged.
-var textFields = []string{outbox.FieldJobID, outbox.FieldKind, outbox.FieldRequestID, outbox.FieldTrace,
-	outbox.FieldAttempt, outbox.FieldOutboxID, outbox.FieldPayload}
+var textFields = []string{entry.FieldJobID, entry.FieldKind, entry.FieldRequestID, entry.FieldTrace,
+	entry.FieldAttempt, entry.FieldOutboxID, entry.FieldPayload}
 
 // checkText refuses what Postgres's text and jsonb cannot hold, and what
 // would be retried for ever if it were let through: a value or a field

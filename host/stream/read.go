@@ -8,11 +8,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/usherhq/usher/internal/jobmsg"
+	"github.com/usherhq/usher/internal/entry"
 )
 
 // KeptBytes and keptElems bound what crosses the wire of an entry over
-// jobmsg.EntryBytes: the first KeptBytes of each of its first keptElems field
+// entry.MaxBytes: the first KeptBytes of each of its first keptElems field
 // names and values (so at most 128 KiB), enough to tell in its dead letter
 // what it was.
 const (
@@ -80,7 +80,7 @@ return {nextid, out}`)
 type Field struct {
 	Name, Value string
 	// NameLen and ValueLen are the full lengths; larger than len(Name) or
-	// len(Value) when the entry was over jobmsg.EntryBytes and only a prefix
+	// len(Value) when the entry was over entry.MaxBytes and only a prefix
 	// was read.
 	NameLen, ValueLen int
 }
@@ -142,13 +142,13 @@ func decodeReply(r any) (Entry, error) {
 		// Whatever else Decode found in the prefixes (a rune cut in
 		// two, a JSON document cut short) is the cut's doing.
 		e.Err = fmt.Errorf("entry %s of %d bytes exceeds the %d-byte limit (only the first %d bytes of each field were read, and are kept in its dead letter)",
-			id, size, jobmsg.EntryBytes, KeptBytes)
+			id, size, entry.MaxBytes, KeptBytes)
 	}
 	return e, nil
 }
 
 func readArgs(mode, group, consumer string, n int, minIdle time.Duration, start string) []any {
-	return []any{mode, group, consumer, n, jobmsg.EntryBytes, KeptBytes, keptElems,
+	return []any{mode, group, consumer, n, entry.MaxBytes, KeptBytes, keptElems,
 		strconv.FormatInt(minIdle.Milliseconds(), 10), start}
 }
 

@@ -3,8 +3,8 @@
 // version, the message limit, and the conversion between Go values and the
 // protobuf Value. It lives below both the host and the SDK, so neither
 // imports the other; handler authors never import it. The limit of a
-// stream entry is not the plugins' business: it is internal/jobmsg's
-// EntryBytes.
+// stream entry is not the plugins' business: it is internal/entry's
+// MaxBytes.
 package contract
 
 import (

@@ -9,20 +9,15 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+
+	"github.com/usherhq/usher/internal/entry"
 )
 
-// EntryBytes is the limit on a whole stream entry (the sum of its field
-// names and values): the largest entry the host runs (a larger one is
-// dead-lettered before any plugin sees it), what one entry can cost the
-// host's memory, and so the unit its byte budget is reserved in. The one
-// name of this limit.
-const EntryBytes = 1 << 20
-
-// Limits of a message, so that its stream entry always fits EntryBytes: an
+// Limits of a message, so that its stream entry always fits entry.MaxBytes: an
 // entry over it cannot be verified and is dead-lettered as a forgery
 // would be.
 const (
-	MaxPayloadBytes = EntryBytes - 16<<10
+	MaxPayloadBytes = entry.MaxBytes - 16<<10
 	MaxKindBytes    = 200
 	MaxMetaBytes    = 2 << 10 // request_id, trace, job_id each
 )

@@ -14,7 +14,7 @@ import (
 	"github.com/usherhq/usher/host/outcome"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/stream"
-	"github.com/usherhq/usher/internal/jobmsg"
+	"github.com/usherhq/usher/internal/entry"
 )
 
 // Dead-letter causes decided before any plugin sees the entry.
@@ -39,7 +39,7 @@ func (p *Pipeline) refuse(e stream.Entry) (cause, reason string) {
 		// of ours publishes an entry this large (outbox.Add refuses the
 		// payload), so it is handled as a forgery would be.
 		return causeForged, fmt.Sprintf("entry %s of %d bytes is over the %d-byte limit and cannot be verified: no relay of this cluster publishes one (%v)",
-			e.StreamID, e.Size, jobmsg.EntryBytes, e.Err)
+			e.StreamID, e.Size, entry.MaxBytes, e.Err)
 	}
 	if !e.Signed.Verify(p.cfg.Key, e.Sig) {
 		why := "its signature does not match its fields"
@@ -52,8 +52,8 @@ func (p *Pipeline) refuse(e stream.Entry) (cause, reason string) {
 	if e.Err != nil {
 		return causeBadInput, "malformed entry: " + e.Err.Error()
 	}
-	if e.Size > jobmsg.EntryBytes {
-		return causeBadInput, fmt.Sprintf("entry of %d bytes exceeds the %d-byte limit", e.Size, jobmsg.EntryBytes)
+	if e.Size > entry.MaxBytes {
+		return causeBadInput, fmt.Sprintf("entry of %d bytes exceeds the %d-byte limit", e.Size, entry.MaxBytes)
 	}
 	if _, known := p.cfg.Routes.Get(e.Kind); !known {
 		return p.unknownKind(e) // waits for a host that serves it, up to UnknownKindWait
