@@ -17,6 +17,7 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
 
 // A service that fails at start (the admin API, its port taken) stops the
@@ -58,16 +59,24 @@ func TestFailingServiceStopsTheHost(t *testing.T) {
 	goleak.VerifyNone(t, before)
 }
 
-// Run under a context that ends stops every service in reverse order and
-// returns nil; Close then leaves no goroutine behind.
+// Run under a context that ends, after it ran jobs, stops every service
+// in reverse order and returns nil; Close then leaves no goroutine behind
+// (the consumer's workers and acker included).
 func TestRunStopsCleanly(t *testing.T) {
-	_, dbURL := hosttest.DB(t)
+	owner, dbURL := hosttest.DB(t)
 	_, stream := hosttest.Redis(t)
 	counters := hosttest.Build(t, "./plugins/counters")
+	ev, err := orders.CreateEvent(context.Background(), owner, "Event", "Hall")
+	require.NoError(t, err)
+	for range 20 {
+		_, err := orders.Place(context.Background(), owner, orders.Order{EventID: ev, Buyer: "B", Email: "b@example.com", Seats: 1},
+			orders.Jobs{Counter: true})
+		require.NoError(t, err)
+	}
 	before := goleak.IgnoreCurrent()
 	h, err := host.New(context.Background(), host.Config{
 		DatabaseURL: dbURL, RedisURL: hosttest.RedisURL(), Stream: stream, Plugins: []string{counters},
-		AdminAddr: "127.0.0.1:0", AdminTokenFile: filepath.Join(t.TempDir(), "token"), Logger: hosttest.Logger(t, 0),
+		RelayPollInterval: 100 * time.Millisecond, AdminAddr: "127.0.0.1:0", AdminTokenFile: filepath.Join(t.TempDir(), "token"), Logger: hosttest.Logger(t, 0),
 	})
 	require.NoError(t, err)
 	pid := h.Plugins()[0].Pid
@@ -75,6 +84,9 @@ func TestRunStopsCleanly(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- h.Run(ctx) }()
 	hosttest.Eventually(t, 10*time.Second, "the admin API to listen", func() bool { return h.AdminAddr() != "" })
+	hosttest.Eventually(t, 30*time.Second, "the orders counted", func() bool {
+		return hosttest.Count(t, owner, `SELECT coalesce(sum(seats_sold), 0) FROM events`) == 20
+	})
 	cancel()
 	require.NoError(t, <-done)
 	h.Close()

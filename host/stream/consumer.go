@@ -108,6 +108,8 @@ type Consumer struct {
 	unacked map[string]bool
 	// detached counts the entries running without a slot (Detach).
 	detached int
+	// stopped: Run has drained; no entry starts.
+	stopped bool
 
 	// work feeds Concurrency long-lived workers (a goroutine per entry
 	// grows a fresh stack for every job); acks feeds the acker, which
@@ -117,6 +119,7 @@ type Consumer struct {
 	work         chan Entry
 	acks         chan ackRequest
 	acking       sync.WaitGroup
+	ackerDone    chan struct{}
 	// wake ends an idle wait early (Wake).
 	wake chan struct{}
 }
@@ -404,12 +407,21 @@ func (c *Consumer) start(e Entry) {
 		c.release(1, held)
 		return
 	}
+	if c.stopped {
+		// Run has drained: an entry taken now (a redispatch racing the
+		// shutdown) stays pending for the reclaimer.
+		c.mu.Unlock()
+		c.addArriving(-1)
+		c.release(1, held)
+		return
+	}
 	c.running[e.StreamID] = &running{}
 	c.mu.Unlock()
 	c.startWorkers.Do(func() {
 		for range c.cfg.Concurrency {
 			go c.worker()
 		}
+		c.ackerDone = make(chan struct{})
 		go c.acker()
 	})
 	c.wg.Add(1)
@@ -512,9 +524,11 @@ func (c *Consumer) Detach(streamID string) bool {
 
 // acker acks finished entries: the first waiting, and every other that is
 // waiting by then, in one XACK. No timer: under load the batches form by
-// themselves while the previous XACK is on the wire. It runs as long as
-// the process; an ack after shutdown still lets its entry rest.
+// themselves while the previous XACK is on the wire. It outlives Run's
+// context (an ack after shutdown still lets its entry rest) and ends once
+// Run has drained every entry and their acks.
 func (c *Consumer) acker() {
+	defer close(c.ackerDone)
 	batch := make([]ackRequest, 0, maxAckBatch)
 	ids := make([]string, 0, maxAckBatch)
 	for first := range c.acks {
@@ -565,4 +579,12 @@ func (c *Consumer) drain() {
 	c.cancelWork()
 	// The acks of what finished: each XACK is bounded by its own timeout.
 	c.acking.Wait()
+	c.mu.Lock()
+	c.stopped = true // no entry starts from here: none is acked after
+	c.mu.Unlock()
+	c.startWorkers.Do(func() {}) // none start later either
+	if c.ackerDone != nil {
+		close(c.acks)
+		<-c.ackerDone
+	}
 }
