@@ -39,8 +39,9 @@ const SwapHistory = fleet.SwapHistory
 // see sandbox.PluginRole.
 func PluginRole(name string) string { return sandbox.PluginRole(name) }
 
-// LoadPlugin starts the plugin binary at path (no manifest, no checksum)
-// and routes its kinds to it: see fleet.Fleet.LoadPlugin.
+// LoadPlugin starts the plugin binary at path (no manifest, no checksum:
+// the host keeps a copy of the bytes it read and restarts only that) and
+// routes its kinds to it: see fleet.Fleet.LoadPlugin.
 func (h *Host) LoadPlugin(ctx context.Context, path string) error {
 	return h.fleet.LoadPlugin(ctx, path)
 }
@@ -71,7 +72,8 @@ func (h *Host) PluginReport(ctx context.Context) []PluginStatus { return h.fleet
 func (h *Host) Refusals() []Refusal { return h.fleet.Refusals() }
 
 // Swap replaces the named plugin with the binary at path (no manifest, no
-// checksum) while jobs keep flowing; see pluginhost.Supervisor.Swap. The
+// checksum: a kept copy of the bytes read, as LoadPlugin) while jobs keep
+// flowing; see pluginhost.Supervisor.Swap. The
 // version it replaces stays restartable (Rollback), and the new one is on
 // probation for Config.RollbackWindow: rolled back by itself if it fails.
 func (h *Host) Swap(ctx context.Context, name, path string) (pluginhost.SwapResult, error) {

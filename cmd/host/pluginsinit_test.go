@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +17,8 @@ import (
 
 // `host plugins init` writes a module that builds, vets and passes its own
 // sdktest tests against this tree's usher (a replace directive), and whose
-// Makefile writes the plugin's manifest; it refuses a bad name, a bad
+// Makefile deploys each version's binary and migrations under versioned
+// names and replaces the manifest atomically; it refuses a bad name, a bad
 // module path, a non-empty directory and a flag of another command.
 func TestPluginsInit(t *testing.T) {
 	t.Parallel()
@@ -64,20 +66,76 @@ func TestPluginsInit(t *testing.T) {
 	}
 	require.Contains(t, string(out), "crashes_after_the_effect,_before_the_mark", "every scenario ran")
 
-	// The Makefile builds the binary and writes its manifest, with its
-	// migrations beside it.
-	make := exec.Command("make", "manifest", "HOST="+bin, "VERSION=0.2.0", "GOFLAGS=-mod=mod")
-	make.Dir = dir
-	make.Env = append(os.Environ(), "GOPROXY=off")
-	mout, err := make.CombinedOutput()
-	require.NoError(t, err, "%s", mout)
-	m, err := pluginhost.ReadManifest(filepath.Join(dir, "dist", "tplinit.plugin.json"))
+	// The Makefile builds the binary under a versioned name and writes its
+	// manifest, with its migrations beside it, also versioned.
+	makeIn := func(args ...string) {
+		t.Helper()
+		make := exec.Command("make", append(args, "HOST="+bin, "GOFLAGS=-mod=mod")...)
+		make.Dir = dir
+		make.Env = append(os.Environ(), "GOPROXY=off")
+		mout, err := make.CombinedOutput()
+		require.NoError(t, err, "make %v: %s", args, mout)
+	}
+	dist := filepath.Join(dir, "dist")
+	manifest := filepath.Join(dist, "tplinit.plugin.json")
+	makeIn("manifest", "VERSION=0.2.0")
+	m, err := pluginhost.ReadManifest(manifest)
 	require.NoError(t, err)
 	require.Equal(t, "0.2.0", m.Version)
 	require.ElementsMatch(t, []string{"tplinit_render", "tplinit_notify", "tplinit_count"}, m.Kinds)
-	require.DirExists(t, filepath.Join(dir, "dist", "tplinit-migrations"))
-	require.Equal(t, "tplinit-migrations", m.Migrations)
+	require.Equal(t, "tplinit-0.2.0", m.Binary)
+	binSum, err := pluginhost.FileSHA256(filepath.Join(dist, "tplinit-0.2.0"))
+	require.NoError(t, err)
+	require.Equal(t, binSum, m.SHA256)
+	require.NoFileExists(t, filepath.Join(dist, "tplinit"), "no unversioned binary to rename over")
+	require.DirExists(t, filepath.Join(dist, "tplinit-0.2.0-migrations"))
+	require.Equal(t, "tplinit-0.2.0-migrations", m.Migrations)
 	require.NotEmpty(t, m.MigrationsSHA256)
+
+	// The next version is deployed beside it: 0.2.0's binary is not
+	// touched (a host may still restart it), and the manifest is replaced
+	// by a rename, not written in place: a reader that opened 0.2.0's
+	// manifest reads all of it, and the path names another file.
+	before, err := os.Stat(manifest)
+	require.NoError(t, err)
+	open, err := os.Open(manifest)
+	require.NoError(t, err)
+	defer open.Close()
+	makeIn("manifest", "VERSION=0.3.0")
+	m3, err := pluginhost.ReadManifest(manifest)
+	require.NoError(t, err)
+	require.Equal(t, "0.3.0", m3.Version)
+	require.Equal(t, "tplinit-0.3.0", m3.Binary)
+	require.Equal(t, "tplinit-0.3.0-migrations", m3.Migrations)
+	after, err := os.Stat(manifest)
+	require.NoError(t, err)
+	require.False(t, os.SameFile(before, after), "the manifest was written in place, not replaced by a rename")
+	old, err := io.ReadAll(open)
+	require.NoError(t, err)
+	require.Contains(t, string(old), `"version": "0.2.0"`)
+	require.True(t, json.Valid(old), "the old manifest, whole: %s", old)
+	still, err := pluginhost.FileSHA256(filepath.Join(dist, "tplinit-0.2.0"))
+	require.NoError(t, err)
+	require.Equal(t, m.SHA256, still, "0.2.0's binary changed under a host that runs it")
+	entries, err := os.ReadDir(dist)
+	require.NoError(t, err)
+	for _, e := range entries {
+		require.False(t, strings.HasPrefix(e.Name(), "."), "a temporary file left behind: %s", e.Name())
+	}
+	scan, err := pluginhost.ScanDir(dist)
+	require.NoError(t, err)
+	require.Len(t, scan.Plugins, 1)
+	require.Equal(t, "0.3.0", scan.Plugins[0].Manifest.Version)
+
+	// make prune removes the version the manifest no longer names.
+	makeIn("prune")
+	require.NoFileExists(t, filepath.Join(dist, "tplinit-0.2.0"))
+	require.NoDirExists(t, filepath.Join(dist, "tplinit-0.2.0-migrations"))
+	require.FileExists(t, filepath.Join(dist, "tplinit-0.3.0"))
+	require.DirExists(t, filepath.Join(dist, "tplinit-0.3.0-migrations"))
+	scan, err = pluginhost.ScanDir(dist)
+	require.NoError(t, err)
+	require.Empty(t, scan.Problems, "no executable is left that no manifest names")
 
 	// Refusals: exit status 2 for a command line init does not take, 1 for
 	// a directory it will not write to; nothing is written either way.

@@ -4,24 +4,21 @@
 // directory, retries plugins refused for a reason that was not theirs,
 // swaps versions, judges a version just swapped in (its probation) from the
 // runs the pipeline reports, and rolls it back, all on its own goroutines:
-// never on a job's. It keeps the binaries of versions swapped out and the
-// swap history. It runs no job and writes no job's outcome.
+// never on a job's. It starts only copies of the plugins' binaries it
+// verified and kept itself (keep.go), and writes the swap history. It runs
+// no job and writes no job's outcome.
 package fleet
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,10 +85,12 @@ type loaded struct {
 	name string
 	sup  *pluginhost.Supervisor
 	// path, pcfg, prev, file and lastRollback change with swaps, under
-	// Fleet.mu. pcfg is how the running version was started; prev how the
-	// version it replaced would start again (for a rollback), nil when
-	// none; file the manifest it was loaded from, nil for one from
-	// Config.Plugins.
+	// Fleet.mu. path is the binary the running version was copied from;
+	// pcfg how it starts (its kept copy, which the supervisor restarts);
+	// prev how the version it replaced would start again (for a
+	// rollback), nil when none; file the manifest it was loaded from, nil
+	// for one from Config.Plugins. pcfg and prev each hold a reference to
+	// their kept copy.
 	path         string
 	pcfg         pluginhost.Config
 	prev         *previous
@@ -137,11 +136,9 @@ type Fleet struct {
 	// changeMu serialises the changes of the fleet (loads by the
 	// watcher, reloads, swaps and rollbacks).
 	changeMu sync.Mutex
-	// keepDir holds copies of the binaries of versions swapped out, for
-	// a rollback (keepBinary); removed by Close.
-	keepMu  sync.Mutex
-	keepDir string
-	keepSeq int
+	// kept holds the verified copies of the binaries the plugins start
+	// from (keep.go); removed by Close.
+	kept keeper
 
 	watcher *pluginhost.Watcher
 	// observations carries the pipeline's reports to judge; tasks are the
@@ -283,11 +280,7 @@ func (f *Fleet) Close() {
 		l.db.Pool.Close()
 	}
 	f.mu.RUnlock()
-	f.keepMu.Lock()
-	if f.keepDir != "" {
-		_ = os.RemoveAll(f.keepDir)
-	}
-	f.keepMu.Unlock()
+	f.kept.removeAll()
 }
 
 // loadPlugins starts Config.Plugins and every plugin PluginDir's manifests
@@ -377,10 +370,12 @@ func (f *Fleet) pluginConfig(path string) pluginhost.Config {
 }
 
 // LoadPlugin starts the plugin binary at path (no manifest, no checksum)
-// and routes its kinds to it. It refuses a plugin that declares a kind
-// without a guard or a kind another plugin serves (here, or pinned to
-// another plugin's role in the database), and one whose Postgres role is
-// missing or unfit (sandbox.CheckPluginRole).
+// and routes its kinds to it. The bytes read at load are the version: the
+// host keeps a copy of them and restarts only that copy, whatever becomes
+// of path. It refuses a plugin that declares a kind without a guard or a
+// kind another plugin serves (here, or pinned to another plugin's role in
+// the database), and one whose Postgres role is missing or unfit
+// (sandbox.CheckPluginRole).
 func (f *Fleet) LoadPlugin(ctx context.Context, path string) error {
 	if err := f.load(ctx, f.pluginConfig(path), nil); err != nil {
 		return fmt.Errorf("host: load plugin %s: %w", path, err)
@@ -417,9 +412,20 @@ func (f *Fleet) loadManifest(ctx context.Context, p pluginhost.DirPlugin) error 
 	return nil
 }
 
-func (f *Fleet) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhost.DirPlugin) error {
+// load starts the version pcfg describes from a kept copy of its binary
+// and routes its kinds to it.
+func (f *Fleet) load(ctx context.Context, pcfg pluginhost.Config, file *pluginhost.DirPlugin) (err error) {
+	kept, err := f.kept.keep(pcfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.kept.release(kept.Path)
+		}
+	}()
 	sup, err := pluginhost.NewSupervisor(ctx, pluginhost.SupervisorConfig{
-		Plugin: pcfg, CrashLoop: f.cfg.CrashLoop, CrashWindow: f.cfg.CrashWindow, UnhealthyRetry: f.cfg.UnhealthyRetry,
+		Plugin: kept, CrashLoop: f.cfg.CrashLoop, CrashWindow: f.cfg.CrashWindow, UnhealthyRetry: f.cfg.UnhealthyRetry,
 		DrainTimeout: f.cfg.DrainTimeout,
 		OnRestart: func(m pluginhost.Manifest, pid int) {
 			f.cfg.Metrics.Restarts.WithLabelValues(m.Name).Inc()
@@ -447,7 +453,7 @@ func (f *Fleet) load(ctx context.Context, pcfg pluginhost.Config, file *pluginho
 			return fmt.Errorf("plugin %s declares kind %q, already served by %s", m.Name, k.Kind, r.Name)
 		}
 	}
-	l := &loaded{name: m.Name, sup: sup, path: pcfg.Path, pcfg: pcfg, file: file, db: db}
+	l := &loaded{name: m.Name, sup: sup, path: pcfg.Path, pcfg: kept, file: file, db: db}
 	// A refusal at start of what loads now is forgotten before its kinds
 	// are served: whoever sees them served sees no refusal of them.
 	source := pcfg.Path
@@ -464,7 +470,7 @@ func (f *Fleet) load(ctx context.Context, pcfg pluginhost.Config, file *pluginho
 	f.publish()
 	f.supervise(sup)
 	f.log.Info("plugin loaded", "plugin", m.Name, "version", m.Version, "protocol", m.Protocol, "pid", sup.Pid(),
-		"kinds", len(m.Kinds), "db_role", db.Role, "db_pool_size", db.Pool.Config().MaxConns, "verified", file != nil)
+		"kinds", len(m.Kinds), "db_role", db.Role, "db_pool_size", db.Pool.Config().MaxConns, "verified", file != nil, "kept", kept.Path)
 	return nil
 }
 
@@ -538,10 +544,14 @@ type PluginStatus struct {
 	// Protocol is the host-plugin protocol negotiated with it.
 	Protocol int    `json:"protocol"`
 	Path     string `json:"path"`
-	// Manifest and SHA256: the manifest file it was loaded from and the
-	// checksum verified before it started; empty for Config.Plugins.
+	// Manifest is the manifest file it was loaded from, empty for
+	// Config.Plugins; SHA256 the checksum its binary was verified against
+	// (the manifest's, or for Config.Plugins the bytes read at load).
 	Manifest string `json:"manifest,omitempty"`
 	SHA256   string `json:"sha256,omitempty"`
+	// Kept is the host's verified copy of the binary, copied from Path,
+	// that it runs and restarts; empty for an in-process plugin.
+	Kept string `json:"kept,omitempty"`
 	// DBRole is the Postgres login role its statements run as, on a pool
 	// of its own of DBPoolSize connections.
 	DBRole     string `json:"db_role"`
@@ -619,7 +629,10 @@ func (f *Fleet) Plugins() []PluginStatus {
 		st := PluginStatus{Name: name, Version: m.Version, Protocol: m.Protocol, Path: l.path, DBRole: l.db.Role, DBPoolSize: l.db.Pool.Config().MaxConns,
 			Pid: l.sup.Pid(), Healthy: l.sup.Healthy(), Restarts: l.sup.Restarts(), Parked: l.counters.Parked.Load(), InFlight: l.counters.InFlight.Load()}
 		if l.file != nil {
-			st.Manifest, st.SHA256 = l.file.ManifestPath, l.file.Manifest.SHA256
+			st.Manifest = l.file.ManifestPath
+		}
+		if len(l.pcfg.SHA256) > 0 {
+			st.SHA256, st.Kept = hex.EncodeToString(l.pcfg.SHA256), l.pcfg.Path
 		}
 		if l.prev != nil {
 			st.Previous = l.prev.version
@@ -645,9 +658,10 @@ func (f *Fleet) Plugins() []PluginStatus {
 }
 
 // Swap replaces the named plugin with the binary at path (no manifest, no
-// checksum) while jobs keep flowing; see pluginhost.Supervisor.Swap. The
-// version it replaces stays restartable (Rollback), and the new one is on
-// probation for Config.RollbackWindow: rolled back by itself if it fails.
+// checksum: a kept copy of the bytes read, as LoadPlugin) while jobs keep
+// flowing; see pluginhost.Supervisor.Swap. The version it replaces stays
+// restartable (Rollback), and the new one is on probation for
+// Config.RollbackWindow: rolled back by itself if it fails.
 func (f *Fleet) Swap(ctx context.Context, name, path string) (pluginhost.SwapResult, error) {
 	f.changeMu.Lock()
 	defer f.changeMu.Unlock()
@@ -665,38 +679,26 @@ func (f *Fleet) swap(ctx context.Context, name string, pcfg pluginhost.Config, f
 	if l == nil {
 		return pluginhost.SwapResult{}, fmt.Errorf("host: no plugin %q is loaded", name)
 	}
-	return f.swapIn(ctx, l, pcfg, file, true)
+	return f.swapIn(ctx, l, pcfg, pcfg.Path, file, true)
 }
 
-// swapIn swaps l to the version pcfg starts. A forward swap keeps the
-// version it replaces restartable (l.prev) and puts the new one on
-// probation for RollbackWindow; a rollback (forward false) keeps neither.
-func (f *Fleet) swapIn(ctx context.Context, l *loaded, pcfg pluginhost.Config, file *pluginhost.DirPlugin, forward bool) (pluginhost.SwapResult, error) {
+// swapIn swaps l to the version pcfg starts, copied from the binary at
+// source. A forward swap keeps a verified copy of pcfg's binary and starts
+// that, keeps the version it replaces restartable (l.prev) and puts the new
+// one on probation for RollbackWindow; a rollback (forward false) starts
+// pcfg as it is (the previous version's kept copy) and keeps neither.
+func (f *Fleet) swapIn(ctx context.Context, l *loaded, pcfg pluginhost.Config, source string, file *pluginhost.DirPlugin, forward bool) (pluginhost.SwapResult, error) {
 	f.mu.RLock()
 	cur, old := l.pcfg, l.prev
-	prev := &previous{pcfg: cur, file: l.file, version: l.sup.Manifest().Version}
+	prev := &previous{pcfg: cur, source: l.path, file: l.file, version: l.sup.Manifest().Version}
 	f.mu.RUnlock()
 	if forward {
-		prev.pcfg = f.keepBinary(cur, l.sup.Pid())
-	}
-	// Kept binaries no version refers to after the swap are removed.
-	candidates := []string{cur.Path, prev.pcfg.Path}
-	if old != nil {
-		candidates = append(candidates, old.pcfg.Path)
-	}
-	defer func() {
-		f.mu.RLock()
-		inUse := map[string]bool{l.pcfg.Path: true}
-		if l.prev != nil {
-			inUse[l.prev.pcfg.Path] = true
+		kept, err := f.kept.keep(pcfg)
+		if err != nil {
+			return pluginhost.SwapResult{}, fmt.Errorf("swap refused, old version keeps serving: %w", err)
 		}
-		f.mu.RUnlock()
-		for _, c := range candidates {
-			if !inUse[c] {
-				f.dropKept(c)
-			}
-		}
-	}()
+		pcfg = kept
+	}
 	begin := time.Now()
 	res, err := l.sup.Swap(ctx, pcfg, func(m pluginhost.Manifest) error {
 		// A rollback keeps the schema and grants of the version it
@@ -705,24 +707,37 @@ func (f *Fleet) swapIn(ctx context.Context, l *loaded, pcfg pluginhost.Config, f
 		return err
 	})
 	if err != nil {
+		if forward {
+			f.kept.release(pcfg.Path)
+		}
 		return res, err
 	}
 	f.mu.Lock()
-	l.path, l.pcfg, l.file = pcfg.Path, pcfg, file
+	l.path, l.pcfg, l.file = source, pcfg, file
 	l.prev = nil
 	l.probation.Store(nil)
 	var window time.Duration
 	if forward {
+		// cur's reference moves to prev; the version before it is no
+		// longer restartable.
 		l.prev = prev
+		if old != nil {
+			f.kept.release(old.pcfg.Path)
+		}
 		if window = f.cfg.RollbackWindow; window > 0 {
 			// Judged from when new calls went to it.
 			since := begin.Add(res.StartTime)
 			l.probation.Store(&probation{version: res.To.Version, since: since, until: since.Add(window)})
 		}
+	} else {
+		// prev's reference (pcfg's) moves to the running version; the
+		// version rolled back from is not kept.
+		f.kept.release(cur.Path)
 	}
 	f.mu.Unlock()
 	f.log.Info("plugin swapped", "plugin", l.name, "from", res.From.Version, "to", res.To.Version,
-		"start_time", res.StartTime, "drained", res.Drained, "drain_time", res.DrainTime, "rollback", !forward, "probation", window)
+		"start_time", res.StartTime, "drained", res.Drained, "drain_time", res.DrainTime, "rollback", !forward, "probation", window,
+		"kept", pcfg.Path)
 	return res, nil
 }
 
@@ -1014,9 +1029,12 @@ const (
 	rollbackRequested = "requested"
 )
 
-// previous is the version a swap replaced: how to start it again.
+// previous is the version a swap replaced: how to start it again (pcfg
+// starts its kept copy), the binary that was copied from, and its
+// manifest.
 type previous struct {
 	pcfg    pluginhost.Config
+	source  string
 	file    *pluginhost.DirPlugin
 	version string
 }
@@ -1162,7 +1180,7 @@ func (f *Fleet) rollback(ctx context.Context, name string, p *probation, cause, 
 		return ReloadResult{}, fmt.Errorf("host: plugin %s has no previous version to roll back to (none since it loaded, or rolled back already)", name)
 	}
 	res := ReloadResult{Plugin: name, From: l.sup.Manifest().Version, To: prev.version}
-	sw, err := f.swapIn(ctx, l, prev.pcfg, prev.file, false)
+	sw, err := f.swapIn(ctx, l, prev.pcfg, prev.source, prev.file, false)
 	if err != nil {
 		return res, fmt.Errorf("host: roll back %s to %s: %w", name, prev.version, err)
 	}
@@ -1175,90 +1193,9 @@ func (f *Fleet) rollback(ctx context.Context, name string, p *probation, cause, 
 	}
 	f.mu.Unlock()
 	f.cfg.Metrics.Rollbacks.WithLabelValues(name, cause).Inc()
-	sha := ""
-	if prev.file != nil {
-		sha = prev.file.Manifest.SHA256
-	}
-	f.recordSwap(ctx, swaps.Swap{Plugin: name, Action: swaps.RolledBack, From: st.From, To: st.To, Cause: cause, Reason: reason, SHA256: sha})
+	f.recordSwap(ctx, swaps.Swap{Plugin: name, Action: swaps.RolledBack, From: st.From, To: st.To, Cause: cause, Reason: reason,
+		SHA256: hex.EncodeToString(prev.pcfg.SHA256)})
 	f.log.Error("plugin rolled back; the version rolled back from is refused until its manifest changes or a reload asks for it",
 		"plugin", name, "from", st.From, "to", st.To, "cause", cause, "reason", reason, "start_time", sw.StartTime, "drain_time", sw.DrainTime)
 	return res, nil
-}
-
-// keepBinary copies the binary of a version about to be swapped out into a
-// directory of the host's own and returns the config that starts the copy,
-// checked against the same SHA-256: a deploy replaces the plugin
-// directory's file (make plugins rebuilds it under the same name), and a
-// rollback must still find the bytes that ran. The copy is read from the
-// running process's executable (/proc/PID/exe, the bytes that ran even
-// when the file was renamed over), else from its path; a copy that does
-// not match the version's checksum is not kept, and the rollback then
-// starts the path as it is (refused if its checksum no longer matches).
-func (f *Fleet) keepBinary(pcfg pluginhost.Config, pid int) pluginhost.Config {
-	f.keepMu.Lock()
-	defer f.keepMu.Unlock()
-	if f.keepDir == "" {
-		dir, err := os.MkdirTemp("", "usher-plugins-*")
-		if err == nil {
-			// The plugins may run as another user (PluginUser): they
-			// must reach the files, not list them.
-			err = os.Chmod(dir, 0o711)
-		}
-		if err != nil {
-			f.log.Warn("cannot keep the binaries of swapped-out versions; a rollback starts them from the plugin directory", "err", err)
-			return pcfg
-		}
-		f.keepDir = dir
-	}
-	f.keepSeq++
-	dst := filepath.Join(f.keepDir, filepath.Base(pcfg.Path)+"."+strconv.Itoa(f.keepSeq))
-	var err error
-	for _, src := range []string{fmt.Sprintf("/proc/%d/exe", pid), pcfg.Path} {
-		if err = copyVerified(src, dst, pcfg.SHA256); err == nil {
-			kept := pcfg
-			kept.Path = dst
-			return kept
-		}
-	}
-	f.log.Warn("could not keep the binary of the version swapped out; a rollback starts it from its path", "path", pcfg.Path, "err", err)
-	return pcfg
-}
-
-// copyVerified copies src to dst, executable, and removes it unless its
-// SHA-256 is sum (any, when sum is empty).
-func copyVerified(src, dst string, sum []byte) (err error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if cerr := out.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			_ = os.Remove(dst)
-		}
-	}()
-	hash := sha256.New()
-	if _, err := io.Copy(io.MultiWriter(out, hash), in); err != nil {
-		return err
-	}
-	if got := hash.Sum(nil); len(sum) > 0 && !bytes.Equal(got, sum) {
-		return fmt.Errorf("%s has SHA-256 %x, not the version's %x", src, got, sum)
-	}
-	return nil
-}
-
-// dropKept removes a kept binary no version refers to any more.
-func (f *Fleet) dropKept(path string) {
-	f.keepMu.Lock()
-	defer f.keepMu.Unlock()
-	if f.keepDir != "" && filepath.Dir(path) == f.keepDir {
-		_ = os.Remove(path)
-	}
 }
