@@ -28,6 +28,9 @@ func (cl *cli) runFlags(fs *flag.FlagSet) runner {
 }
 
 func serve(ctx context.Context, f *hostFlags, tf *tokenFlags) error {
+	if err := undumpable(); err != nil {
+		return err
+	}
 	cfg, err := f.config()
 	if err != nil {
 		return err

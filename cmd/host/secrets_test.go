@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/hosttest"
+)
+
+// No password on a command line: every local user, a plugin too, reads a
+// process's command line in /proc/PID/cmdline. A URL flag holding one is
+// refused before anything runs, with where the password goes instead; the
+// same URL in the environment is accepted, and the Redis password comes
+// from a file only its owner can read. --plugin-env never passes the
+// host's secrets on.
+func TestNoSecretOnTheCommandLine(t *testing.T) {
+	t.Parallel()
+	bin := hosttest.Build(t, "./cmd/host")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--redis-url", "redis://usher:change-me@127.0.0.1:1/0"},
+			"--redis-url holds a password, and every local user can read a command line (/proc/PID/cmdline); give the password in a file only the host's user can read, --redis-password-file FILE"},
+		{[]string{"inspect", "--redis-url=redis://:change-me@127.0.0.1:1/0"}, "--redis-url holds a password"},
+		{[]string{"run", "--database-url", "postgres://usher:change-me@127.0.0.1:1/x"},
+			"--database-url holds a password, and every local user can read a command line (/proc/PID/cmdline); give the password in a passfile, PGPASSFILE=FILE"},
+		{[]string{"migrate", "--database-url", "host=127.0.0.1 user=usher password=change-me"}, "--database-url holds a password"},
+		{[]string{"setup", "--admin-url", "postgres://postgres:change-me@127.0.0.1:1/x"}, "--admin-url holds a password"},
+		{[]string{"run", "--plugin-env", "REDIS_URL"}, "REDIS_URL is the host's own secret (or where it is), never a plugin's"},
+		{[]string{"run", "--plugin-env", "PGPASSFILE"}, "PGPASSFILE is the host's own secret"},
+	} {
+		r := runHost(t, bin, []string{"REDIS_URL=redis://u:p@127.0.0.1:1/0", "PGPASSFILE=/nonexistent"}, c.args...)
+		require.Equal(t, 2, r.code, "%v: %s", c.args, r.stderr)
+		require.Contains(t, r.stderr, c.want, "%v", c.args)
+		require.NotContains(t, r.stderr, "change-me", "%v", c.args)
+	}
+
+	// The help shows the environment's URL as the default, masked.
+	r := runHost(t, bin, []string{"REDIS_URL=redis://u:change-me@127.0.0.1:1/0"}, "run", "-h")
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "redis://u:xxxxx@127.0.0.1:1/0")
+	require.NotContains(t, r.stdout, "change-me")
+
+	// A Redis ACL user's password from a file: a file group or others may
+	// read is refused; the owner's alone is used. The URL in REDIS_URL,
+	// password and all, is accepted too.
+	_, dbURL := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	ctx := context.Background()
+	require.NoError(t, rdb.XGroupCreateMkStream(ctx, stream, "usher", "0").Err())
+	user, pass := "usher_t_"+hosttest.Suffix(), hosttest.Suffix()
+	require.NoError(t, rdb.Do(ctx, "ACL", "SETUSER", user, "on", ">"+pass, "resetkeys", "~"+stream, "-@all",
+		"+ping", "+xlen", "+xpending", "+xinfo|groups").Err())
+	t.Cleanup(func() { _ = rdb.Do(context.Background(), "ACL", "DELUSER", user).Err() })
+	pwFile := filepath.Join(t.TempDir(), "redis.password")
+	require.NoError(t, os.WriteFile(pwFile, []byte(pass+"\n"), 0o600))
+	require.NoError(t, os.Chmod(pwFile, 0o644))
+	addr := rdb.Options().Addr
+	env := []string{"DATABASE_URL=" + dbURL, "USHER_STREAM=" + stream}
+	userURL := fmt.Sprintf("redis://%s@%s/0", user, addr)
+	r = runHost(t, bin, env, "inspect", "--redis-url", userURL, "--redis-password-file", pwFile)
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Contains(t, r.stderr, "redis password file "+pwFile+" has mode 0644: group or others may read it; refusing it")
+	require.NoError(t, os.Chmod(pwFile, 0o600))
+	r = runHost(t, bin, env, "inspect", "--redis-url", userURL, "--redis-password-file", pwFile)
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stdout, "pending")
+	r = runHost(t, bin, append(env, "REDIS_URL="+fmt.Sprintf("redis://%s:%s@%s/0", user, pass, addr)), "inspect")
+	require.Zero(t, r.code, r.stderr)
+	// The wrong password is Redis's refusal, not a silent default user.
+	require.NoError(t, os.WriteFile(pwFile, []byte("wrong"), 0o600))
+	r = runHost(t, bin, env, "inspect", "--redis-url", userURL, "--redis-password-file", pwFile)
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Contains(t, r.stderr, "WRONGPASS")
+}
