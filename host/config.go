@@ -94,6 +94,10 @@ type Config struct {
 	// host must run as root to switch). Use it where plugins are untrusted:
 	// a plugin running as the host's own user can read whatever the host
 	// can, its passfile, admin token and signing key files included.
+	// "{name}" in it stands for each plugin's name
+	// (pluginhost.DefaultUserPattern, "usher-p-{name}"): each plugin then
+	// runs as its own user and cannot signal, ptrace or read the /proc of
+	// another plugin either; one name for all lets them kill each other.
 	// Default: the host's user.
 	PluginUser string
 

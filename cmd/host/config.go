@@ -13,6 +13,7 @@ import (
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/admin"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/secretfile"
 )
 
@@ -167,7 +168,10 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 			}
 			return nil
 		})
-	fs.StringVar(&cfg.PluginUser, "plugin-user", env("USHER_PLUGIN_USER", ""), "OS user the plugins run as, so they cannot read the host's files (the host must run as root; USHER_PLUGIN_USER; default the host's user)")
+	fs.StringVar(&cfg.PluginUser, "plugin-user", env("USHER_PLUGIN_USER", ""),
+		"OS user the plugins run as, so they cannot read the host's files; {name} stands for each plugin's name: "+
+			pluginhost.DefaultUserPattern+" runs each as its own user (host setup-users creates them), so none can signal or read another "+
+			"(the host must run as root; USHER_PLUGIN_USER; default the host's user)")
 	fs.BoolVar(&cfg.AllowSuperuser, "allow-superuser", false, "run even when the database login is a superuser (refused by default: plugins run untrusted code)")
 	fs.IntVar(&cfg.PluginPoolSize, "plugin-pool-size", 0, "Postgres connections per plugin, each logged in as the plugin's role (USHER_PLUGIN_POOL_SIZE; default --concurrency)")
 	fromEnv(fs, "plugin-pool-size", "USHER_PLUGIN_POOL_SIZE")
