@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -78,4 +83,61 @@ func TestNoSecretOnTheCommandLine(t *testing.T) {
 	r = runHost(t, bin, env, "inspect", "--redis-url", userURL, "--redis-password-file", pwFile)
 	require.Equal(t, 1, r.code, r.stderr)
 	require.Contains(t, r.stderr, "WRONGPASS")
+}
+
+// host run marks its process non-dumpable: a process of its own OS user
+// (a plugin started without --plugin-user) cannot read the secrets in its
+// environment from /proc/PID/environ, although it can read those of any
+// other process of that user.
+func TestHostEnvironUnreadableToItsOwnUser(t *testing.T) {
+	t.Parallel()
+	require.Zero(t, os.Geteuid(), "the tests run as root, to run the host as another user")
+	_, dbURL := hosttest.DB(t)
+	_, stream := hosttest.Redis(t)
+	secret := "s3cret-" + hosttest.Suffix()
+	// The shared test Redis's default user takes any password.
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=/nonexistent", "DATABASE_URL=" + dbURL, "USHER_STREAM=" + stream,
+		"REDIS_URL=" + strings.Replace(hosttest.RedisURL(), "redis://", "redis://default:"+secret+"@", 1)}
+	nobody := &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}}}
+	hostCmd := exec.Command(hosttest.SharedBinary(t, hosttest.Build(t, "./cmd/host"), "host"), "run", "--admin-addr=")
+	hostCmd.Env, hostCmd.Dir, hostCmd.SysProcAttr = env, "/", nobody
+	stderr, err := hostCmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, hostCmd.Start())
+	t.Cleanup(func() { _ = hostCmd.Process.Kill(); _ = hostCmd.Wait() })
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), `"msg":"host ready"`) {
+				ready <- true
+			}
+		}
+		close(ready)
+	}()
+	select {
+	case ok := <-ready:
+		require.True(t, ok, "the host exited before it was ready")
+	case <-time.After(60 * time.Second):
+		t.Fatal("the host did not log that it was ready within 60s")
+	}
+	// Another process of the same user: the plugin's place.
+	readEnviron := func(pid int) (string, error) {
+		cat := exec.Command("cat", fmt.Sprintf("/proc/%d/environ", pid))
+		cat.SysProcAttr = nobody
+		out, err := cat.CombinedOutput()
+		return string(out), err
+	}
+	out, err := readEnviron(hostCmd.Process.Pid)
+	require.Error(t, err, "%s", out)
+	require.Contains(t, out, "Permission denied")
+	require.NotContains(t, out, secret)
+	// The control: a process of that user that did not mark itself so.
+	sleep := exec.Command("sleep", "60")
+	sleep.Env, sleep.SysProcAttr = env, nobody
+	require.NoError(t, sleep.Start())
+	t.Cleanup(func() { _ = sleep.Process.Kill(); _ = sleep.Wait() })
+	out, err = readEnviron(sleep.Process.Pid)
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, out, secret)
 }
