@@ -69,7 +69,9 @@ type hostileHost struct {
 	ids, probes   []string
 	password, key string
 	reasons       []string
-	cmd           *exec.Cmd
+	// log is what the host logged until it was ready.
+	log string
+	cmd *exec.Cmd
 }
 
 // runHostile starts the host with extra flags, the README's signing key
@@ -174,7 +176,8 @@ func runHostile(t *testing.T, pluginUser string, cases ...string) *hostileHost {
 	select {
 	case log, ok := <-ready:
 		require.True(t, ok, "the host exited before it was ready")
-		require.NotContains(t, strings.Join(log, "\n"), hh.password, "the host never logs the password")
+		hh.log = strings.Join(log, "\n")
+		require.NotContains(t, hh.log, hh.password, "the host never logs the password")
 	case <-time.After(60 * time.Second):
 		t.Fatal("the host did not log that it was ready within 60s")
 	}
@@ -208,6 +211,7 @@ func TestHostileFindsNoSecretOfTheHost(t *testing.T) {
 		pattern := hosttest.PluginUsers(t, "counters", "hostile")
 		hh := runHostile(t, pattern, "rewrite-redis", "siblings")
 		require.Empty(t, hh.reasons, "every attack was refused")
+		require.NotContains(t, hh.log, `"level":"WARN"`, "nothing to warn of")
 		require.EqualValues(t, 2, hosttest.Count(t, hh.pool, `SELECT count(*) FROM hostile_effects WHERE job_id = ANY($1)`, hh.ids))
 		// What the plugin read, the test reads too: nothing of the secrets
 		// is on the host's command line.
@@ -230,5 +234,6 @@ func TestHostileFindsNoSecretOfTheHost(t *testing.T) {
 		require.Contains(t, hh.reasons[0], "the file redis.password")
 		require.Contains(t, hh.reasons[0], "logged in to Redis as usher")
 		require.Contains(t, hh.reasons[0], "signed with a stolen key")
+		require.Contains(t, hh.log, "plugins run as the host's own OS user: a plugin can read the host's files and signal it and every other plugin", "host run warned")
 	})
 }

@@ -46,8 +46,17 @@ func TestNoSecretOnTheCommandLine(t *testing.T) {
 		require.NotContains(t, r.stderr, "change-me", "%v", c.args)
 	}
 
+	// A passfile group or others may read is refused at start, before
+	// anything connects.
+	passfile := filepath.Join(t.TempDir(), "pgpass")
+	require.NoError(t, os.WriteFile(passfile, []byte("*:*:*:usher:change-me\n"), 0o600))
+	require.NoError(t, os.Chmod(passfile, 0o644))
+	r := runHost(t, bin, []string{"PGPASSFILE=" + passfile}, "run", "--admin-addr=", "--database-url", "postgres://usher@127.0.0.1:1/x")
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Contains(t, r.stderr, "passfile "+passfile+" has mode 0644: group or others may read it; refusing it (chmod 600 "+passfile)
+
 	// The help shows the environment's URL as the default, masked.
-	r := runHost(t, bin, []string{"REDIS_URL=redis://u:change-me@127.0.0.1:1/0"}, "run", "-h")
+	r = runHost(t, bin, []string{"REDIS_URL=redis://u:change-me@127.0.0.1:1/0"}, "run", "-h")
 	require.Zero(t, r.code, r.stderr)
 	require.Contains(t, r.stdout, "redis://u:xxxxx@127.0.0.1:1/0")
 	require.NotContains(t, r.stdout, "change-me")
