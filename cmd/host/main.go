@@ -21,8 +21,11 @@
 // DATABASE_URL, REDIS_URL, USHER_STREAM, USHER_PLUGIN_DIR, USHER_CONSUMER,
 // USHER_RECLAIM_IDLE, USHER_CONCURRENCY, USHER_ADMIN_ADDR,
 // USHER_ADMIN_ALLOWED_HOSTS, USHER_SIGNING_KEY_FILE, USHER_REDIS_CA_FILE,
-// USHER_PLUGIN_POOL_SIZE. The admin API's token is USHER_ADMIN_TOKEN
-// (never a flag: a command line is visible to every user), else the file
+// USHER_REDIS_PASSWORD_FILE, USHER_PLUGIN_USER, USHER_PLUGIN_POOL_SIZE. A
+// URL flag holding a password is refused, since a command line is visible
+// to every user (the password goes in REDIS_URL, --redis-password-file or
+// PGPASSFILE), and so is a secret file group or others may read. The admin
+// API's token is USHER_ADMIN_TOKEN (never a flag), else the file
 // --admin-token-file names (default $XDG_STATE_HOME/usher/admin-token);
 // `run` creates that file when it is missing, `plugins` reads it.
 package main
