@@ -28,7 +28,7 @@ func TestREADMEPluginUsers(t *testing.T) {
 	pattern := "ut" + hosttest.Suffix()[:8] + "-{name}"
 	for _, p := range []string{"counters", "tickets"} {
 		name := pluginhost.UserFor(pattern, p)
-		t.Cleanup(func() { _ = exec.Command("userdel", name).Run() })
+		t.Cleanup(func() { require.NoError(t, pluginhost.UserDel(name)) })
 	}
 	dir := binDir(t)
 	line := lines[0] + " --plugin-user '" + pattern + "'"

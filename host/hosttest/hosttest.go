@@ -541,8 +541,8 @@ func PluginUsers(tb testing.TB, names ...string) string {
 			tb.Fatalf("hosttest: OS user %s exists already", u)
 		}
 		tb.Cleanup(func() {
-			if out, err := exec.Command("userdel", u).CombinedOutput(); err != nil {
-				tb.Logf("hosttest: userdel %s: %v: %s", u, err, out)
+			if err := pluginhost.UserDel(u); err != nil {
+				tb.Errorf("hosttest: %v", err)
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // NamePlaceholder in Config.User stands for the plugin's name: with
@@ -72,10 +73,28 @@ func UserAdd(name string) (created bool, err error) {
 	} else if !errors.As(err, new(user.UnknownUserError)) {
 		return false, fmt.Errorf("plugin user %s: %w", name, err)
 	}
-	out, err := exec.Command("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
-		"--shell", "/usr/sbin/nologin", "--comment", "usher plugin", name).CombinedOutput()
-	if err != nil {
-		return false, fmt.Errorf("useradd %s: %w: %s", name, err, strings.TrimSpace(string(out)))
+	if err := shadowTool("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+		"--shell", "/usr/sbin/nologin", "--comment", "usher plugin", name); err != nil {
+		return false, err
 	}
 	return true, nil
+}
+
+// UserDel deletes the OS user name and its group (what UserAdd created).
+func UserDel(name string) error { return shadowTool("userdel", name) }
+
+// shadowTool runs useradd or userdel, again while another one holds the
+// lock on /etc/passwd or /etc/group (two hosts set up at once, parallel
+// tests): they refuse at once rather than wait.
+func shadowTool(tool string, args ...string) error {
+	for wait := 10 * time.Millisecond; ; wait *= 2 {
+		out, err := exec.Command(tool, args...).CombinedOutput()
+		if err == nil {
+			return nil
+		}
+		if !strings.Contains(string(out), "cannot lock") || wait > 2*time.Second {
+			return fmt.Errorf("%s %s: %w: %s", tool, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		}
+		time.Sleep(wait)
+	}
 }
