@@ -77,7 +77,6 @@ func TestACLUserRunsRetentionReclaimParkingPoison(t *testing.T) {
 	cfg.ConsumerIdleRemove = time.Millisecond
 	cfg.OutboxRetention = time.Hour // the cleanup reads the low-water mark with the trim script too
 	hosttest.Start(t, cfg)
-	b.held(t, "counter.after_apply", stalledID)
 
 	hosttest.Eventually(t, 90*time.Second, "the poison dead-lettered, the 29 others applied, the stream trimmed to nothing", func() bool {
 		n, err := b.rdb.XLen(ctx, b.stream).Result()
@@ -86,6 +85,7 @@ func TestACLUserRunsRetentionReclaimParkingPoison(t *testing.T) {
 			hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`) == 29 &&
 			hosttest.Pending(t, b.rdb, b.stream, "usher") == 0
 	})
+	b.held(t, "counter.after_apply", stalledID) // it stalled past ReclaimIdle: reclaimed while it ran
 	letters, err := deadletter.List(ctx, b.pool, "", 10)
 	require.NoError(t, err)
 	require.Len(t, letters, 1)
