@@ -4,14 +4,17 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/usherhq/usher/host/secretfile"
 	"github.com/usherhq/usher/internal/entry"
 )
 
@@ -92,6 +95,10 @@ type Config struct {
 	// host must run as root to switch). Use it where plugins are untrusted:
 	// a plugin running as the host's own user can read whatever the host
 	// can, its passfile, admin token and signing key files included.
+	// "{name}" in it stands for each plugin's name
+	// (pluginhost.DefaultUserPattern, "usher-p-{name}"): each plugin then
+	// runs as its own user and cannot signal, ptrace or read the /proc of
+	// another plugin either; one name for all lets them kill each other.
 	// Default: the host's user.
 	PluginUser string
 
@@ -306,6 +313,9 @@ func (c *Config) setDefaults() error {
 	if c.Redis == nil && c.RedisURL == "" {
 		return errors.New("host: RedisURL (or Redis) is required")
 	}
+	if err := checkPassfile(); err != nil {
+		return fmt.Errorf("host: %w", err)
+	}
 	if n := len(c.SigningKey); n > 0 && n < entry.MinKeyLen {
 		return fmt.Errorf("host: SigningKey is %d bytes; at least %d are needed", n, entry.MinKeyLen)
 	}
@@ -445,6 +455,24 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("outbox_retention", c.OutboxRetention), slog.Duration("dead_letter_retention", c.DeadLetterRetention),
 		slog.Duration("retention_margin", c.RetentionMargin),
 	)
+}
+
+// checkPassfile refuses the passfile the host's pools read their passwords
+// from (PGPASSFILE, else ~/.pgpass when there is one, as libpq and pgx
+// find it) when group or others may read it.
+func checkPassfile() error {
+	path := os.Getenv("PGPASSFILE")
+	if path == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return nil
+		}
+		path = filepath.Join(home, ".pgpass")
+	}
+	if err := secretfile.Check("passfile", path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 func maskSecret(s string) string {

@@ -94,7 +94,8 @@ func TestHostRunsAsACLUser(t *testing.T) {
 	limited := redis.NewClient(&redis.Options{Addr: b.rdb.Options().Addr, Username: user, Password: pass})
 	defer limited.Close()
 	require.ErrorContains(t, limited.XAdd(ctx, &redis.XAddArgs{Stream: "other:" + hosttest.Suffix(), Values: []any{"a", "b"}}).Err(), "NOPERM")
-	require.ErrorContains(t, limited.Get(ctx, b.stream).Err(), "NOPERM")
+	require.ErrorContains(t, limited.XGroupDestroy(ctx, b.stream, "usher").Err(), "NOPERM")
+	require.ErrorContains(t, limited.Keys(ctx, "usher:*").Err(), "NOPERM")
 }
 
 // tlsRedis starts a redis-server of the test's own that speaks only TLS,

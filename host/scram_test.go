@@ -38,8 +38,13 @@ func TestPasswordAuthentication(t *testing.T) {
 	require.NoError(t, admin.Close(ctx))
 
 	passfile := filepath.Join(t.TempDir(), "pgpass")
-	out, err := exec.Command(hosttest.Build(t, "./cmd/host"), "setup", "--admin-url", cluster.AdminURL("stagedoor"),
-		"--plugin", "counters", "--plugin", "tickets", "--passfile", passfile).CombinedOutput()
+	// The administrator's password in the environment: a command line
+	// holding one is refused.
+	setup := exec.Command(hosttest.Build(t, "./cmd/host"), "setup",
+		"--admin-url", fmt.Sprintf("postgres://postgres@127.0.0.1:%d/stagedoor?sslmode=disable", cluster.Port),
+		"--plugin", "counters", "--plugin", "tickets", "--passfile", passfile)
+	setup.Env = append(os.Environ(), "PGPASSWORD="+cluster.AdminPassword)
+	out, err := setup.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "plugin counters: login role usher_plugin_counters")
 	st, err := os.Stat(passfile)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/usherhq/usher/host"
 )
 
 // cli is one invocation of the host command: where it writes and what time
@@ -190,6 +192,9 @@ func (cl *cli) exec(ctx context.Context, root *command, args []string) error {
 	if err != nil {
 		return badFlag(path, err)
 	}
+	if err := refuseSecretArgs(fs); err != nil {
+		return err
+	}
 	return run(ctx, pos[names:])
 }
 
@@ -232,14 +237,18 @@ func (cl *cli) printHelp(path []*command) {
 		if e, ok := f.Value.(envValue); ok {
 			g.Value = e.Value
 		}
+		if _, ok := secretFlags[f.Name]; ok {
+			// Its default may be the environment's URL: no password in help.
+			g.DefValue = host.MaskURL(g.DefValue)
+		}
 		typ, usage := flag.UnquoteUsage(&g)
 		fmt.Fprintf(cl.stdout, "  --%s", strings.TrimSpace(f.Name+" "+typ))
 		switch {
-		case f.DefValue == "" || f.DefValue == "0" || f.DefValue == "false" || f.DefValue == "0s":
+		case g.DefValue == "" || g.DefValue == "0" || g.DefValue == "false" || g.DefValue == "0s":
 		case typ == "string":
-			usage += fmt.Sprintf(" (default %q)", f.DefValue)
+			usage += fmt.Sprintf(" (default %q)", g.DefValue)
 		default:
-			usage += fmt.Sprintf(" (default %s)", f.DefValue)
+			usage += fmt.Sprintf(" (default %s)", g.DefValue)
 		}
 		fmt.Fprintf(cl.stdout, "\n    \t%s\n", strings.ReplaceAll(usage, "\n", "\n    \t"))
 	})

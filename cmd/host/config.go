@@ -4,12 +4,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/admin"
+	"github.com/usherhq/usher/host/pluginhost"
+	"github.com/usherhq/usher/host/secretfile"
 	"github.com/usherhq/usher/internal/entry"
 )
 
@@ -54,7 +58,7 @@ func applyEnv(fs *flag.FlagSet) error {
 
 // connFlags are the flags every command that talks to the stores takes.
 type connFlags struct {
-	databaseURL, redisURL, redisCAFile, stream, group string
+	databaseURL, redisURL, redisCAFile, redisPasswordFile, stream, group string
 }
 
 func (c *connFlags) register(fs *flag.FlagSet) {
@@ -72,7 +76,10 @@ func (c *connFlags) registerDB(fs *flag.FlagSet) {
 // registerRedis adds the flags that reach Redis, not which stream.
 func (c *connFlags) registerRedis(fs *flag.FlagSet) {
 	fs.StringVar(&c.redisURL, "redis-url", env("REDIS_URL", "redis://127.0.0.1:6379/0"),
-		"Redis URL, rediss:// for TLS, redis://USER:PASSWORD@... for an ACL user (REDIS_URL)")
+		"Redis URL, rediss:// for TLS, redis://USER@... for an ACL user, whose password is never on the command line: "+
+			"--redis-password-file, or the whole URL in REDIS_URL (REDIS_URL)")
+	fs.StringVar(&c.redisPasswordFile, "redis-password-file", env("USHER_REDIS_PASSWORD_FILE", ""),
+		"file holding the Redis user's password, mode 0600 (USHER_REDIS_PASSWORD_FILE)")
 	fs.StringVar(&c.redisCAFile, "redis-ca-file", env("USHER_REDIS_CA_FILE", ""),
 		"PEM file of the CAs trusted for a rediss:// Redis instead of the system's (USHER_REDIS_CA_FILE)")
 }
@@ -150,6 +157,8 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 				return errors.New("want NAME or NAME=VALUE")
 			case set:
 				cfg.PluginEnv = append(cfg.PluginEnv, v)
+			case slices.Contains(pluginEnvRefused, name):
+				return fmt.Errorf("%s is the host's own secret (or where it is), never a plugin's", name)
 			default:
 				val, ok := os.LookupEnv(name)
 				if !ok {
@@ -159,7 +168,10 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 			}
 			return nil
 		})
-	fs.StringVar(&cfg.PluginUser, "plugin-user", env("USHER_PLUGIN_USER", ""), "OS user the plugins run as, so they cannot read the host's files (the host must run as root; USHER_PLUGIN_USER; default the host's user)")
+	fs.StringVar(&cfg.PluginUser, "plugin-user", env("USHER_PLUGIN_USER", ""),
+		"OS user the plugins run as, so they cannot read the host's files; {name} stands for each plugin's name: "+
+			pluginhost.DefaultUserPattern+" runs each as its own user (host setup-users creates them), so none can signal or read another "+
+			"(the host must run as root; USHER_PLUGIN_USER; default the host's user)")
 	fs.BoolVar(&cfg.AllowSuperuser, "allow-superuser", false, "run even when the database login is a superuser (refused by default: plugins run untrusted code)")
 	fs.IntVar(&cfg.PluginPoolSize, "plugin-pool-size", 0, "Postgres connections per plugin, each logged in as the plugin's role (USHER_PLUGIN_POOL_SIZE; default --concurrency)")
 	fromEnv(fs, "plugin-pool-size", "USHER_PLUGIN_POOL_SIZE")
@@ -180,7 +192,11 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 // signing key read from its file.
 func (f *hostFlags) config() (host.Config, error) {
 	cfg, c := f.cfg, f.conn
-	cfg.DatabaseURL, cfg.RedisURL, cfg.RedisCAFile, cfg.Stream, cfg.Group = c.databaseURL, c.redisURL, c.redisCAFile, c.stream, c.group
+	redisURL, err := c.redis()
+	if err != nil {
+		return host.Config{}, err
+	}
+	cfg.DatabaseURL, cfg.RedisURL, cfg.RedisCAFile, cfg.Stream, cfg.Group = c.databaseURL, redisURL, c.redisCAFile, c.stream, c.group
 	cfg.Plugins = append(cfg.Plugins, splitList(f.plugins)...)
 	if f.signingKeyFile != "" {
 		key, err := readSigningKey(f.signingKeyFile)
@@ -194,18 +210,83 @@ func (f *hostFlags) config() (host.Config, error) {
 
 // readSigningKey reads a signing key file: its bytes, as they are (a
 // trailing newline is part of the key, the same on every host that reads
-// the same file).
+// the same file). A file group or others may read is refused.
 func readSigningKey(path string) ([]byte, error) {
-	key, err := os.ReadFile(path)
+	key, err := secretfile.Read("signing key file", path)
 	if err != nil {
-		return nil, fmt.Errorf("signing key file: %w", err)
+		return nil, err
 	}
 	if len(key) < entry.MinKeyLen {
-		return nil, fmt.Errorf("signing key file %s holds %d bytes; a signing key needs at least %d (e.g. head -c 32 /dev/urandom > %s)",
+		return nil, fmt.Errorf("signing key file %s holds %d bytes; a signing key needs at least %d (e.g. (umask 077; head -c 32 /dev/urandom > %s))",
 			path, len(key), entry.MinKeyLen, path)
 	}
 	return key, nil
 }
+
+// redis returns the Redis URL with the password of --redis-password-file
+// (its content, surrounding whitespace cut) when one is given.
+func (c *connFlags) redis() (string, error) {
+	if c.redisPasswordFile == "" {
+		return c.redisURL, nil
+	}
+	u, err := url.Parse(c.redisURL)
+	if err != nil {
+		return "", fmt.Errorf("redis url: %w", err)
+	}
+	if _, has := u.User.Password(); has {
+		return "", errors.New("the Redis URL holds a password and --redis-password-file gives one: use one")
+	}
+	b, err := secretfile.Read("redis password file", c.redisPasswordFile)
+	if err != nil {
+		return "", err
+	}
+	pw := strings.TrimSpace(string(b))
+	if pw == "" {
+		return "", fmt.Errorf("redis password file %s is empty", c.redisPasswordFile)
+	}
+	user := "default"
+	if u.User != nil && u.User.Username() != "" {
+		user = u.User.Username()
+	}
+	u.User = url.UserPassword(user, pw)
+	return u.String(), nil
+}
+
+// secretFlags are the flags whose value may hold a password, and where the
+// password goes instead: a command line is readable by every local user
+// (/proc/PID/cmdline), plugins included.
+var secretFlags = map[string]string{
+	"redis-url":    "give the password in a file only the host's user can read, --redis-password-file FILE (USHER_REDIS_PASSWORD_FILE), or the whole URL in REDIS_URL",
+	"database-url": "give the password in a passfile, PGPASSFILE=FILE (mode 0600; host setup --passfile writes one), or the whole URL in DATABASE_URL",
+	"admin-url":    "give the password in a passfile, PGPASSFILE=FILE (mode 0600), or in PGPASSWORD",
+}
+
+// refuseSecretArgs refuses a flag given on the command line (not from the
+// environment) whose URL holds a password.
+func refuseSecretArgs(fs *flag.FlagSet) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		where, ok := secretFlags[f.Name]
+		if !ok || err != nil {
+			return
+		}
+		v := f.Value.String()
+		has := strings.Contains(v, "password=")
+		if u, perr := url.Parse(v); perr == nil {
+			_, pw := u.User.Password()
+			has = has || pw
+		}
+		if has {
+			err = usageError{fmt.Sprintf("--%s holds a password, and every local user can read a command line (/proc/PID/cmdline); %s", f.Name, where)}
+		}
+	})
+	return err
+}
+
+// pluginEnvRefused are the host's variables --plugin-env NAME never passes
+// on: the host's own secrets, or where they are.
+var pluginEnvRefused = []string{"DATABASE_URL", "REDIS_URL", "PGPASSFILE", "PGPASSWORD", "USHER_ADMIN_TOKEN",
+	"USHER_ADMIN_TOKEN_FILE", "USHER_SIGNING_KEY_FILE", "USHER_REDIS_PASSWORD_FILE"}
 
 func splitList(s string) []string {
 	var out []string

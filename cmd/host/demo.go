@@ -227,6 +227,9 @@ func (d *demo) prepare(ctx context.Context) error {
 	if err := appdb.Migrate(ctx, d.pool); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
+	if d.conn.redisURL, err = d.conn.redis(); err != nil {
+		return err
+	}
 	opt, err := host.RedisOptions(d.conn.redisURL, d.conn.redisCAFile)
 	if err != nil {
 		return err
@@ -234,7 +237,7 @@ func (d *demo) prepare(ctx context.Context) error {
 	d.rdb = redis.NewClient(opt)
 	d.conn.stream = demoStream
 	if err := d.rdb.Del(ctx, d.conn.stream).Err(); err != nil {
-		return fmt.Errorf("demo: redis at %s: %w (run `make services`)", d.conn.redisURL, err)
+		return fmt.Errorf("demo: redis at %s: %w (run `make services`)", host.MaskURL(d.conn.redisURL), err)
 	}
 	d.say("fresh database usher_demo, stream %s, work dir %s", d.conn.stream, d.work)
 	return nil

@@ -2,6 +2,7 @@
 //
 //	host run          serve jobs (relay, consumer, reclaim, scheduler, plugins)
 //	host setup        create the owner and plugin roles (once, as an administrator)
+//	host setup-users  create an OS user for each plugin (once, as root)
 //	host migrate      apply the runtime's migrations (--stagedoor: the example app's too)
 //	host demo         the Stagedoor demo: everything, with faults, and a summary
 //	host inspect      pending entries, backlog, dead letters, absorbed duplicates
@@ -20,8 +21,11 @@
 // DATABASE_URL, REDIS_URL, USHER_STREAM, USHER_PLUGIN_DIR, USHER_CONSUMER,
 // USHER_RECLAIM_IDLE, USHER_CONCURRENCY, USHER_ADMIN_ADDR,
 // USHER_ADMIN_ALLOWED_HOSTS, USHER_SIGNING_KEY_FILE, USHER_REDIS_CA_FILE,
-// USHER_PLUGIN_POOL_SIZE. The admin API's token is USHER_ADMIN_TOKEN
-// (never a flag: a command line is visible to every user), else the file
+// USHER_REDIS_PASSWORD_FILE, USHER_PLUGIN_USER, USHER_PLUGIN_POOL_SIZE. A
+// URL flag holding a password is refused, since a command line is visible
+// to every user (the password goes in REDIS_URL, --redis-password-file or
+// PGPASSFILE), and so is a secret file group or others may read. The admin
+// API's token is USHER_ADMIN_TOKEN (never a flag), else the file
 // --admin-token-file names (default $XDG_STATE_HOME/usher/admin-token);
 // `run` creates that file when it is missing, `plugins` reads it.
 package main
@@ -67,6 +71,7 @@ func (cl *cli) commands() *command {
 	return &command{name: "host", summary: "usher's host: serve jobs and operate them", subs: []*command{
 		{name: "run", summary: "serve jobs", flags: cl.runFlags},
 		{name: "setup", summary: "create the runtime's owner role and the plugins' login roles (once, as a database administrator)", flags: cl.setupFlags},
+		{name: "setup-users", summary: "create an OS user of its own for each plugin, for run --plugin-user usher-p-{name} (once, as root)", flags: cl.setupUsersFlags},
 		{name: "migrate", summary: "apply the runtime's database migrations (--stagedoor: and the Stagedoor example's tables)", flags: cl.migrateFlags},
 		{name: "demo", summary: "run the Stagedoor demo with faults injected and print a summary", flags: cl.demoFlags},
 		{name: "inspect", summary: "show pending entries, backlog, dead letters and absorbed duplicates", flags: cl.inspectFlags},

@@ -31,7 +31,11 @@ func (cl *cli) inspectFlags(fs *flag.FlagSet) runner {
 		if len(pos) > 0 {
 			return usageError{fmt.Sprintf("inspect takes no arguments, got %q", pos)}
 		}
-		opt, err := host.RedisOptions(conn.redisURL, conn.redisCAFile)
+		redisURL, err := conn.redis()
+		if err != nil {
+			return err
+		}
+		opt, err := host.RedisOptions(redisURL, conn.redisCAFile)
 		if err != nil {
 			return err
 		}

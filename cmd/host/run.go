@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/migrations"
 	"github.com/usherhq/usher/plugins/stagedoor/appdb"
 )
@@ -28,6 +30,9 @@ func (cl *cli) runFlags(fs *flag.FlagSet) runner {
 }
 
 func serve(ctx context.Context, f *hostFlags, tf *tokenFlags) error {
+	if err := undumpable(); err != nil {
+		return err
+	}
 	cfg, err := f.config()
 	if err != nil {
 		return err
@@ -42,6 +47,14 @@ func serve(ctx context.Context, f *hostFlags, tf *tokenFlags) error {
 	}
 	if f.signingKeyFile != "" {
 		cfg.Logger.Info("stream signing key read from a file", "path", f.signingKeyFile)
+	}
+	switch {
+	case cfg.PluginUser == "":
+		cfg.Logger.Warn("plugins run as the host's own OS user: a plugin can read the host's files and signal it and every other plugin; " +
+			"run each as its own user (host setup-users, --plugin-user " + pluginhost.DefaultUserPattern + ")")
+	case !strings.Contains(cfg.PluginUser, pluginhost.NamePlaceholder):
+		cfg.Logger.Warn("every plugin runs as the same OS user: a plugin can signal and read every other plugin; "+
+			"run each as its own user (host setup-users, --plugin-user "+pluginhost.DefaultUserPattern+")", "plugin_user", cfg.PluginUser)
 	}
 	h, err := host.New(ctx, cfg)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
 )
 
@@ -110,4 +111,33 @@ func writePassfile(path string, entries []string) error {
 		return fmt.Errorf("setup: passfile: %w", err)
 	}
 	return os.Rename(tmp, path)
+}
+
+// setupUsersFlags is `host setup-users`: an OS user of its own for each
+// plugin, for `host run --plugin-user` to start it as (run as root).
+func (cl *cli) setupUsersFlags(fs *flag.FlagSet) runner {
+	pattern := fs.String("plugin-user", pluginhost.DefaultUserPattern, "the users' names, {name} the plugin's (as host run's --plugin-user)")
+	var plugins listFlag
+	fs.Var(&plugins, "plugin", "a plugin whose OS user to create (repeat for each)")
+	return func(ctx context.Context, pos []string) error {
+		if len(pos) > 0 || len(plugins) == 0 {
+			return usageError{"usage: host setup-users --plugin NAME [--plugin NAME ...] [--plugin-user PATTERN]"}
+		}
+		if !strings.Contains(*pattern, pluginhost.NamePlaceholder) {
+			return usageError{fmt.Sprintf("--plugin-user %q has no %s: the plugins would share one user and could signal each other", *pattern, pluginhost.NamePlaceholder)}
+		}
+		for _, p := range plugins {
+			name := pluginhost.UserFor(*pattern, p)
+			created, err := pluginhost.UserAdd(name)
+			if err != nil {
+				return fmt.Errorf("setup-users: %w", err)
+			}
+			what := "exists"
+			if created {
+				what = "created"
+			}
+			fmt.Fprintf(cl.stdout, "plugin %s: OS user %s (%s)\n", p, name, what)
+		}
+		return nil
+	}
 }

@@ -41,6 +41,9 @@ func TestSigningKeyFileFromReadme(t *testing.T) {
 	key, err := os.ReadFile(filepath.Join(dir, "signing.key"))
 	require.NoError(t, err)
 	require.Len(t, key, 32)
+	st, err := os.Stat(filepath.Join(dir, "signing.key"))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), st.Mode().Perm(), "the README's command makes the key only its owner's")
 
 	run := sh("exec " + lines[1])
 	stderr, err := run.StderrPipe()
@@ -76,6 +79,14 @@ func TestSigningKeyFileFromReadme(t *testing.T) {
 	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM runtime_secrets`), "the database holds no key")
 	require.NoError(t, run.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, run.Wait())
+
+	// A key group or others may read is refused (the README's command
+	// without its umask), naming the file and the fix.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "open.key"), key, 0o644))
+	require.NoError(t, os.Chmod(filepath.Join(dir, "open.key"), 0o644))
+	out, err = sh("bin/host run --signing-key-file open.key").CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "signing key file open.key has mode 0644: group or others may read it; refusing it (chmod 600 open.key")
 
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "short.key"), []byte("12345"), 0o600))
 	out, err = sh("bin/host run --signing-key-file short.key").CombinedOutput()

@@ -5,11 +5,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/usherhq/usher/host/secretfile"
 )
 
 // MinTokenLen is the shortest token accepted, in characters. A generated
@@ -43,26 +44,9 @@ func DefaultTokenFile() (string, error) {
 // whitespace (a trailing newline) is ignored. A missing file is an error
 // matching fs.ErrNotExist.
 func ReadTokenFile(path string) (string, error) {
-	f, err := os.Open(path)
+	b, err := secretfile.Read("admin token file", path)
 	if err != nil {
-		return "", fmt.Errorf("admin token file: %w", err)
-	}
-	defer f.Close()
-	// Checked on the open file, so the mode and the content are the same
-	// file's.
-	st, err := f.Stat()
-	if err != nil {
-		return "", fmt.Errorf("admin token file: %w", err)
-	}
-	if !st.Mode().IsRegular() {
-		return "", fmt.Errorf("admin token file %s is not a regular file", path)
-	}
-	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return "", fmt.Errorf("admin token file %s has mode %04o: group or others may read it; refusing it (chmod 600 %s)", path, perm, path)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, 4096))
-	if err != nil {
-		return "", fmt.Errorf("admin token file %s: %w", path, err)
+		return "", err
 	}
 	tok := strings.TrimSpace(string(b))
 	if err := CheckToken(tok); err != nil {

@@ -521,3 +521,55 @@ func ParseWriter(tb testing.TB, owner *pgxpool.Pool, name, role string) {
 		tb.Fatalf("hosttest: a domain that writes at parse time: %v", err)
 	}
 }
+
+// PluginUsers creates an OS user of its own for each plugin name, as `host
+// setup-users` does, under a pattern unique to the test
+// ("ut<random>-{name}", for Config.PluginUser), and deletes them (and their
+// groups) when the test ends. The test must run as root.
+func PluginUsers(tb testing.TB, names ...string) string {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Fatalf("hosttest: creating plugin users needs root; the tests run as root (uid %d here)", os.Geteuid())
+	}
+	pattern := "ut" + Suffix()[:8] + "-" + pluginhost.NamePlaceholder
+	for _, n := range names {
+		u := pluginhost.UserFor(pattern, n)
+		created, err := pluginhost.UserAdd(u)
+		if err != nil {
+			tb.Fatalf("hosttest: %v", err)
+		}
+		if !created {
+			tb.Fatalf("hosttest: OS user %s exists already", u)
+		}
+		tb.Cleanup(func() {
+			if err := pluginhost.UserDel(u); err != nil {
+				tb.Errorf("hosttest: %v", err)
+			}
+		})
+	}
+	return pattern
+}
+
+// SharedBinary copies the executable at path into a directory every user
+// may read and run files in (a test's temporary directory is its own) as
+// name, for a plugin that runs as another OS user, and returns its path.
+func SharedBinary(tb testing.TB, path, name string) string {
+	tb.Helper()
+	dir, err := os.MkdirTemp("", "usher-plugin-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dst := filepath.Join(dir, name)
+	if err := os.WriteFile(dst, b, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	return dst
+}

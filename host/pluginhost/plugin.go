@@ -23,7 +23,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"os/user"
 	"slices"
 	"strconv"
 	"strings"
@@ -115,7 +114,11 @@ type Config struct {
 	Env []string
 	// User, when set, is the OS user the plugin process runs as (the host
 	// must be root to switch): a plugin then cannot read the host's
-	// files, its passfile, token or signing key. Default: the host's user.
+	// files, its passfile, token or signing key. NamePlaceholder in it
+	// stands for the plugin's name (Name, else the binary's file name):
+	// with DefaultUserPattern each plugin has a user of its own and cannot
+	// signal, ptrace or read another's /proc either. Never root. Default:
+	// the host's user.
 	User string
 	// Dir is the plugin process's working directory. Default: the host's.
 	Dir string
@@ -144,23 +147,6 @@ func Environ(env []string) []string {
 	}
 	out = append(out, env...)
 	return append(out, contract.ParentPIDEnv+"="+strconv.Itoa(os.Getpid()))
-}
-
-// credential is the uid and gid of the OS user name.
-func credential(name string) (*syscall.Credential, error) {
-	u, err := user.Lookup(name)
-	if err != nil {
-		return nil, fmt.Errorf("plugin user: %w", err)
-	}
-	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-	if err1 != nil || err2 != nil {
-		return nil, fmt.Errorf("plugin user %s: uid %q, gid %q are not numbers", name, u.Uid, u.Gid)
-	}
-	if os.Geteuid() != 0 && uint64(os.Geteuid()) != uid {
-		return nil, fmt.Errorf("plugin user %s: the host runs as uid %d and only root can start a process as another user", name, os.Geteuid())
-	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, nil
 }
 
 // Instance is one running plugin process.
@@ -201,12 +187,14 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 	cmd := exec.Command(cfg.Path)
 	cmd.Dir = cfg.Dir
 	cmd.Env = Environ(cfg.Env)
-	if cfg.User != "" {
-		cred, err := credential(cfg.User)
+	if u := cfg.osUser(); u != "" {
+		cred, home, err := credential(u)
 		if err != nil {
 			return nil, err
 		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+		// Its own user's, not the host's.
+		cmd.Env = append(cmd.Env, "USER="+u, "LOGNAME="+u, "HOME="+home)
 	}
 	// The end of the plugin's stderr goes into the error of a plugin that
 	// exited at start: it usually said why there.

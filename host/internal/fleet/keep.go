@@ -81,6 +81,11 @@ func (k *keeper) keep(pcfg pluginhost.Config) (pluginhost.Config, error) {
 	k.refs[dst]++
 	kept := pcfg
 	kept.Path, kept.SHA256 = dst, sum
+	if kept.Name == "" {
+		// A binary with no manifest is named by its file (its OS user
+		// with --plugin-user usher-p-{name}), not by its copy's.
+		kept.User = pluginhost.UserFor(pcfg.User, filepath.Base(pcfg.Path))
+	}
 	return kept, nil
 }
 

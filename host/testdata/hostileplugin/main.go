@@ -243,6 +243,30 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			if found := secrets(); found != "" {
 				return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_PERMANENT, Error: "found the host's secrets: " + found}
 			}
+		case "siblings":
+			// Another plugin's process, and its host's, through the OS.
+			if r := remember(job.GetId(), func() *usherv1.Result {
+				done, err := siblings()
+				switch {
+				case err != nil:
+					return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_PERMANENT, Error: "siblings: " + err.Error()}
+				case done != "":
+					return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_PERMANENT, Error: "siblings: " + done}
+				}
+				return nil
+			}); r != nil {
+				return r
+			}
+		case "rewrite-redis":
+			// Another plugin's jobs, through Redis, with the host's secrets.
+			if r := remember(job.GetId(), func() *usherv1.Result {
+				if done := rewrite(); len(done) > 0 {
+					return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_PERMANENT, Error: "rewrite: " + strings.Join(done, ", ")}
+				}
+				return nil
+			}); r != nil {
+				return r
+			}
 		case "stall":
 			s.exec(h, plain, "SET LOCAL statement_timeout = 0", "SELECT pg_sleep(600)")
 		default:
