@@ -17,7 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/internal/entry"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
@@ -25,7 +25,7 @@ import (
 // process can do to its siblings and its host through the OS and Redis.
 
 // siblings looks for the processes of the plugin HOSTILE_SIBLING (by the
-// file name of their command, which every local user reads in
+// file name of their command, the host's kept copy of it included, which every local user reads in
 // /proc/PID/cmdline) and tries, on each, what a plugin of the same OS user
 // could: SIGKILL, reading its environment, attaching to it with ptrace.
 // It also signals its host with signal 0 (a permission check that harms
@@ -43,7 +43,8 @@ func siblings() (string, error) {
 			continue
 		}
 		cmd, _, _ := bytes.Cut(argv, []byte{0})
-		if want != "" && filepath.Base(string(cmd)) == want {
+		// The host runs kept copies named <sha256>-<name>.
+		if base := filepath.Base(string(cmd)); want != "" && (base == want || strings.HasSuffix(base, "-"+want)) {
 			pids = append(pids, pid)
 		}
 	}
@@ -230,12 +231,12 @@ func rewrite() []string {
 		fields[k] = v
 	}
 	fields["payload"] = os.Getenv("HOSTILE_PAYLOAD")
-	delete(fields, outbox.FieldSig)
+	delete(fields, entry.FieldSig)
 	for _, key := range l.keys {
-		if len(key) < outbox.MinKeyLen {
+		if len(key) < entry.MinKeyLen {
 			continue
 		}
-		fields[outbox.FieldSig] = outbox.FieldsOf(fields).Sign(key)
+		fields[entry.FieldSig] = entry.FieldsOf(fields).Sign(key)
 		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: fields}).Err(); err == nil {
 			_ = rdb.XAck(ctx, stream, group, m.ID).Err()
 			return append(done, "re-added entry "+m.ID+" signed with a stolen key")
