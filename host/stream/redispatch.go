@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/usherhq/usher/host/internal/lifecycle"
 )
 
 // RedispatcherConfig configures a Redispatcher.
@@ -39,7 +41,7 @@ type Redispatcher struct {
 	cfg     RedispatcherConfig
 	mu      sync.Mutex
 	ctx     context.Context
-	wg      sync.WaitGroup
+	tasks   lifecycle.Tasks
 	waiting sync.Map
 	n       atomic.Int64
 }
@@ -71,7 +73,7 @@ func (r *Redispatcher) Run(ctx context.Context) error {
 	r.mu.Lock()
 	r.ctx = nil
 	r.mu.Unlock()
-	r.wg.Wait()
+	r.tasks.Wait()
 	return nil
 }
 
@@ -93,10 +95,8 @@ func (r *Redispatcher) Later(e Entry) {
 		return
 	}
 	r.n.Add(1)
-	r.wg.Add(1) // under mu: Run's Wait starts after ctx is cleared
-	r.mu.Unlock()
-	go func() {
-		defer r.wg.Done()
+	// Started under mu: Run waits for the tasks after clearing ctx.
+	r.tasks.Go(func() {
 		defer r.n.Add(-1)
 		defer r.waiting.Delete(id)
 		if !r.wait(ctx, kind) {
@@ -108,7 +108,8 @@ func (r *Redispatcher) Later(e Entry) {
 		}
 		r.cfg.Logger.Debug("entry run again now that its plugin is ready", "stream_id", id, "job_id", e.JobID, "deliveries", e.Deliveries)
 		_, _ = r.cfg.Take(ctx, 1, func(context.Context, int) ([]Entry, error) { return []Entry{e}, nil })
-	}()
+	})
+	r.mu.Unlock()
 }
 
 // wait polls Ready(kind) with a growing pause until it holds (true), or

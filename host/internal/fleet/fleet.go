@@ -28,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/usherhq/usher/host/guard"
+	"github.com/usherhq/usher/host/internal/lifecycle"
 	"github.com/usherhq/usher/host/internal/periodic"
 	"github.com/usherhq/usher/host/internal/pipeline"
 	"github.com/usherhq/usher/host/internal/route"
@@ -144,7 +145,7 @@ type Fleet struct {
 	// observations carries the pipeline's reports to judge; tasks are the
 	// rollbacks under way.
 	observations chan pipeline.Observation
-	tasks        sync.WaitGroup
+	tasks        lifecycle.Tasks
 }
 
 var _ pipeline.Fleet = (*Fleet)(nil)
@@ -1129,11 +1130,10 @@ func (f *Fleet) autoRollback(name string, p *probation, cause, reason string) {
 		f.mu.Unlock()
 		return // stopping: the next start loads what the directory says
 	}
-	f.tasks.Add(1) // under mu: Run waits for tasks after clearing runCtx
-	f.mu.Unlock()
 	f.log.Warn("plugin version on probation fails; rolling back", "plugin", name, "version", p.version, "cause", cause, "reason", reason)
-	go func() {
-		defer f.tasks.Done()
+	defer f.mu.Unlock()
+	// Started under mu: Run waits for the tasks after clearing runCtx.
+	f.tasks.Go(func() {
 		f.changeMu.Lock()
 		defer f.changeMu.Unlock()
 		f.mu.RLock()
@@ -1145,7 +1145,7 @@ func (f *Fleet) autoRollback(name string, p *probation, cause, reason string) {
 		if _, err := f.rollback(context.WithoutCancel(ctx), name, p, cause, reason); err != nil {
 			f.log.Error("automatic rollback failed; the new version keeps serving", "plugin", name, "version", p.version, "err", err)
 		}
-	}()
+	})
 }
 
 // Rollback swaps plugin name back to the version its last swap replaced,
