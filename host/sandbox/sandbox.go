@@ -26,7 +26,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -276,6 +275,15 @@ type PoolConfig struct {
 	// first on the search_path, so its handlers name their tables
 	// unqualified. Optional (then only Schema is on the path).
 	Plugin string
+	// LockTimeout is each connection's lock_timeout: a statement of the
+	// plugin's that waits longer on a lock fails. Default 5s.
+	LockTimeout time.Duration
+	// IdleInTransactionTimeout is each connection's
+	// idle_in_transaction_session_timeout: the server ends a session left
+	// inside a transaction, sending nothing, for longer (its host frozen
+	// or gone), and frees its locks. It must exceed the longest run of a
+	// job (the host's JobTimeout). Default 60s.
+	IdleInTransactionTimeout time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -299,6 +307,12 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	if c.Schema == "" {
 		c.Schema = "public"
 	}
+	if c.LockTimeout <= 0 {
+		c.LockTimeout = 5 * time.Second
+	}
+	if c.IdleInTransactionTimeout <= 0 {
+		c.IdleInTransactionTimeout = time.Minute
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -315,7 +329,7 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	// Given at login, these win over what the role set for itself with
 	// ALTER ROLE ... SET (which RESET ALL does not undo), and are what
 	// RESET comes back to.
-	cc.RuntimeParams = maps.Clone(cc.RuntimeParams)
+	Bound(&cc.Config, SessionLimits{IdleInTransaction: c.IdleInTransactionTimeout, Lock: c.LockTimeout})
 	cc.RuntimeParams["statement_timeout"] = fmt.Sprint(c.StatementTimeout.Milliseconds())
 	schema := c.Schema
 	if CheckPluginName(schema) != nil { // not a plain lower-case name: quoted
@@ -366,6 +380,9 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
+		if msg, full := TooManyConnections(err); full {
+			return nil, fmt.Errorf("sandbox: log in as %s: the server has no connection slot for it (%s, SQLSTATE 53300): the role's CONNECTION LIMIT (`host setup --plugin-connection-limit`) or the server's max_connections is spent; see README, \"Connection budget\"", c.Role, msg)
+		}
 		return nil, fmt.Errorf("sandbox: log in as %s: %w (give the host the role's password in its passfile, PGPASSFILE; see README, \"Database roles\")", c.Role, err)
 	}
 	return pool, nil
