@@ -1,6 +1,7 @@
 package host
 
 import (
+	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/host/stream"
 )
 
@@ -102,8 +104,24 @@ type Config struct {
 	// PluginPoolSize is how many Postgres connections each plugin's pool
 	// holds at most. A plugin's statements run only on its own pool,
 	// logged in as its role (usher_plugin_<name>), so a plugin that stalls
-	// exhausts only its own connections. Default: Concurrency.
+	// exhausts only its own connections. Default 4 (at most Concurrency):
+	// what the batcher needs, two for its batches (one sending its writes
+	// while the one before it commits, see host/guard) and two for what
+	// runs beside them (read-only checks, state-first commits, claims, a
+	// split batch's jobs run alone). Every host holds at most
+	// ConnectionBudget connections, logged at start.
 	PluginPoolSize int
+	// LockTimeout is the lock_timeout of every plugin session: a plugin's
+	// statement that waits longer on a lock (another host's batch holding
+	// the row) fails, and its job is retried. Default 5s.
+	LockTimeout time.Duration
+	// IdleInTransactionTimeout is the idle_in_transaction_session_timeout
+	// of every session the host opens, its own pool's and the plugins':
+	// the server ends a session left inside a transaction, sending
+	// nothing, that long, so a host frozen with a batch open (SIGSTOP)
+	// does not hold its row locks for ever over the host that reclaimed
+	// its entries. Must exceed JobTimeout. Default JobTimeout + 10s.
+	IdleInTransactionTimeout time.Duration
 	// PluginCrashLoop crashes within PluginCrashWindow mark a plugin
 	// unhealthy: its entries wait in the stream until it is restarted on
 	// probation PluginUnhealthyRetry later (twice as long after each
@@ -353,7 +371,16 @@ func (c *Config) setDefaults() error {
 		c.MaxAttempts = 8
 	}
 	if c.PluginPoolSize <= 0 {
-		c.PluginPoolSize = c.Concurrency
+		c.PluginPoolSize = min(DefaultPluginPoolSize, c.Concurrency)
+	}
+	if c.LockTimeout <= 0 {
+		c.LockTimeout = 5 * time.Second
+	}
+	if c.IdleInTransactionTimeout <= 0 {
+		c.IdleInTransactionTimeout = c.JobTimeout + 10*time.Second
+	}
+	if c.IdleInTransactionTimeout <= c.JobTimeout {
+		return fmt.Errorf("host: IdleInTransactionTimeout %s must exceed JobTimeout %s: the server would end a job's session while it runs", c.IdleInTransactionTimeout, c.JobTimeout)
 	}
 	if c.StatementTimeout <= 0 {
 		c.StatementTimeout = 10 * time.Second
@@ -403,6 +430,38 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
+// DefaultPluginPoolSize is PluginPoolSize's default.
+const DefaultPluginPoolSize = 4
+
+// ConnectionBudget is the most Postgres connections one host holds: its
+// own pool's hostPool, and pluginPool for each of plugins plugins. N hosts
+// hold N times that; the server's max_connections, less its
+// superuser_reserved_connections and whatever else connects to it (the
+// applications), must cover them (README, "Connection budget").
+func ConnectionBudget(hostPool, plugins, pluginPool int) int { return hostPool + plugins*pluginPool }
+
+// newHostPool opens the host's own pool on DatabaseURL, its sessions
+// bounded like the plugins' (sandbox.Bound): TCP keepalives and
+// IdleInTransactionTimeout.
+func newHostPool(ctx context.Context, c Config) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(c.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	sandbox.Bound(&pc.ConnConfig.Config, sandbox.SessionLimits{IdleInTransaction: c.IdleInTransactionTimeout})
+	return pgxpool.NewWithConfig(ctx, pc)
+}
+
+// postgresError says why the host could not reach Postgres: a server out
+// of connection slots (SQLSTATE 53300) is told apart from one that does
+// not answer.
+func postgresError(err error) error {
+	if msg, full := sandbox.TooManyConnections(err); full {
+		return fmt.Errorf("host: postgres refused the connection: no connection slot left (%s, SQLSTATE 53300): the hosts, their plugins' pools and the applications hold the server's max_connections; see README, \"Connection budget\" for what each host holds (host pool + each plugin's pool, logged at start as max_connections)", msg)
+	}
+	return fmt.Errorf("host: cannot connect to postgres: %w", err)
+}
+
 // LogValue prints the configuration with secrets masked.
 func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
@@ -412,7 +471,8 @@ func (c Config) LogValue() slog.Value {
 		slog.String("stream", c.Stream), slog.String("group", c.Group), slog.String("consumer", c.Consumer),
 		slog.String("plugin_dir", c.PluginDir), slog.Bool("plugin_watch", c.PluginDir != "" && !c.DisablePluginWatch),
 		slog.Any("plugins", c.Plugins), slog.Bool("allow_superuser", c.AllowSuperuser),
-		slog.Int("plugin_pool_size", c.PluginPoolSize), slog.Duration("rollback_window", c.RollbackWindow),
+		slog.Int("plugin_pool_size", c.PluginPoolSize), slog.Duration("lock_timeout", c.LockTimeout),
+		slog.Duration("idle_in_transaction_timeout", c.IdleInTransactionTimeout), slog.Duration("rollback_window", c.RollbackWindow),
 		slog.Float64("rollback_failure_share", c.RollbackFailureShare), slog.Int("rollback_min_jobs", c.RollbackMinJobs),
 		slog.Int("concurrency", c.Concurrency), slog.Int64("max_entry_bytes_held", c.MaxEntryBytesHeld),
 		slog.Duration("reclaim_idle", c.ReclaimIdle), slog.Duration("history_retention", c.HistoryRetention),

@@ -167,7 +167,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	h.metrics.entryBytes(func() int64 { held, _ := h.EntryBytes(); return held })
 	h.metrics.kindWait(h)
 	if h.pool == nil {
-		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+		pool, err := newHostPool(ctx, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("host: postgres: %w", err)
 		}
@@ -183,7 +183,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	if err := h.pool.Ping(ctx); err != nil {
 		h.Close()
-		return nil, fmt.Errorf("host: postgres unreachable: %w", err)
+		return nil, postgresError(err)
 	}
 	if err := h.rdb.Ping(ctx).Err(); err != nil {
 		h.Close()
@@ -240,7 +240,8 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	// The host's own pool serves the relay, scheduler, reconciler and
 	// bookkeeping; each plugin's jobs run on its own (logged at load).
 	h.log.Info("host ready", "config", cfg, "kinds", h.Kinds(), "protocols", pluginhost.Protocols(),
-		"host_pool_size", h.pool.Config().MaxConns)
+		"host_pool_size", h.pool.Config().MaxConns, "plugin_pool_size", cfg.PluginPoolSize,
+		"max_connections", ConnectionBudget(int(h.pool.Config().MaxConns), len(h.Plugins()), cfg.PluginPoolSize))
 	return h, nil
 }
 
@@ -472,7 +473,8 @@ func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhos
 		return l.db, nil
 	}
 	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: h.pool.Config(), Role: role,
-		Size: int32(h.cfg.PluginPoolSize), StatementTimeout: h.cfg.StatementTimeout, Schema: h.schema, Plugin: m.Name, Logger: h.log})
+		Size: int32(h.cfg.PluginPoolSize), StatementTimeout: h.cfg.StatementTimeout, Schema: h.schema, Plugin: m.Name, Logger: h.log,
+		LockTimeout: h.cfg.LockTimeout, IdleInTransactionTimeout: h.cfg.IdleInTransactionTimeout})
 	if err != nil {
 		return guard.DB{}, err
 	}

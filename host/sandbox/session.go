@@ -1,12 +1,15 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"net"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -87,4 +90,28 @@ func TooManyConnections(err error) (string, bool) {
 		return pg.Message, true
 	}
 	return "", false
+}
+
+// LogsInWithoutPassword reports whether the server lets role log in with
+// no password from where base connects (trust authentication, on the
+// host's machine): then a plugin running there can open sessions of its
+// own, outside the host's transactions, deadlines and pools, whatever the
+// host does. base is the host's own connection configuration; only its
+// server, database and TLS settings are used.
+func LogsInWithoutPassword(ctx context.Context, base *pgx.ConnConfig, role string) (bool, error) {
+	cc := base.Copy()
+	cc.User, cc.Password = role, ""
+	cc.ValidateConnect, cc.AfterConnect = nil, nil
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := pgx.ConnectConfig(ctx, cc)
+	if err == nil {
+		_ = c.Close(ctx)
+		return true, nil
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && strings.HasPrefix(pg.Code, "28") { // invalid authorization, password failed
+		return false, nil
+	}
+	return false, err
 }
