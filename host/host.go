@@ -442,7 +442,10 @@ func (h *Host) admit(ctx context.Context, m pluginhost.Manifest, file *pluginhos
 	if err := sandbox.CheckPluginName(m.Name); err != nil {
 		return guard.DB{}, err
 	}
-	role := sandbox.PluginRole(m.Name)
+	role, err := sandbox.PluginRoleOf(ctx, h.pool, m.Name)
+	if err != nil {
+		return guard.DB{}, err
+	}
 	if err := sandbox.CheckPluginRole(ctx, h.pool, m.Name, role); err != nil {
 		return guard.DB{}, err
 	}

@@ -154,8 +154,17 @@ func Install(ctx context.Context, pool *pgxpool.Pool, s Spec) (Result, error) {
 		_ = c.Close(context.WithoutCancel(ctx))
 	}()
 	err = pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
-		in := installer{tx: tx, s: s, name: s.Name, schema: sandbox.Schema(s.Name), schemaRole: sandbox.SchemaRole(s.Name),
-			role: sandbox.PluginRole(s.Name), res: &res}
+		// The roles are the database's deployment's (host setup
+		// --deployment).
+		d, err := sandbox.DeploymentOf(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if err := sandbox.CheckPluginNameIn(d, s.Name); err != nil {
+			return err
+		}
+		in := installer{tx: tx, s: s, name: s.Name, schema: sandbox.Schema(s.Name), schemaRole: sandbox.SchemaRoleIn(d, s.Name),
+			role: sandbox.PluginRoleIn(d, s.Name), res: &res}
 		return in.run(ctx, migs, sum, grants, grantsJSON)
 	})
 	if err != nil {
