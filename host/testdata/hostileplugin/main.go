@@ -88,7 +88,7 @@ func effect(job *usherv1.Job) string {
 // dirty lists what an earlier job left on the connection; a clean
 // connection answers an empty string.
 const dirty = `SELECT concat_ws(', ',
-	CASE WHEN current_setting('search_path') <> 'plugin_hostile, public' THEN 'search_path ' || current_setting('search_path') END,
+	CASE WHEN current_setting('search_path') <> 'plugin_' || regexp_replace(session_user, '^usher_plugin_', '') || ', public' THEN 'search_path ' || current_setting('search_path') END,
 	CASE WHEN current_setting('default_transaction_read_only') = 'on' THEN 'default_transaction_read_only' END,
 	CASE WHEN current_setting('application_name') = 'hostile' THEN 'application_name' END,
 	CASE WHEN current_user <> session_user THEN 'role ' || current_user END,
@@ -270,6 +270,8 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			// As many sessions of its own as the server gives it, held
 			// through the job; how many it got is its effect.
 			conns := flood(50)
+			// Long enough for the test to see them.
+			time.Sleep(2 * time.Second)
 			defer func() {
 				for _, c := range conns {
 					_ = c.Close(context.Background())
