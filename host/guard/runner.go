@@ -344,7 +344,7 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 func commitFailed(job *usherv1.Job, err error) Outcome {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) && pg.Code == gateRefused {
-		return permanent(fmt.Errorf("refused: %s job %s: %s; rolled back", job.GetKind(), job.GetId(), pg.Message))
+		return permanent(fmt.Errorf("refused: %s job %s: %s", job.GetKind(), job.GetId(), pg.Message))
 	}
 	return abandoned(fmt.Errorf("commit: %w", err))
 }

@@ -288,7 +288,7 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 				set = attacks["alter-password-do"]
 			}
 			s.exec(h, plain, set...)
-			go loginAndLock("hostile")
+			go s.loginAndLock("hostile")
 		default:
 			s.exec(h, plain, attacks[a.Case]...)
 		}
@@ -374,20 +374,25 @@ func flood(n int) []*pgx.Conn {
 	return conns
 }
 
-// loginAndLock tries for 10s to log in at HOSTILE_DSN with password; once
+// loginAndLock tries for 5s to log in at HOSTILE_DSN with password; once
 // in, it records that it got in (a row 'direct-login' in hostile_effects)
-// and holds a row lock on event 1 for a minute.
-func loginAndLock(password string) {
-	for range 20 {
+// and holds a row lock on event 1 for a minute. It says how it went in the
+// host's log: "hostile: direct login", or "hostile: no direct login".
+func (s *server) loginAndLock(password string) {
+	say := func(msg string) {
+		_, _ = s.broker.Client().Log(context.Background(), &usherv1.LogRequest{Records: []*usherv1.LogRecord{{Level: 4, Message: msg}}})
+	}
+	var err error
+	for range 10 {
 		time.Sleep(500 * time.Millisecond)
-		cfg, err := pgx.ParseConfig(os.Getenv("HOSTILE_DSN"))
-		if err != nil {
-			return
+		var cfg *pgx.ConnConfig
+		if cfg, err = pgx.ParseConfig(os.Getenv("HOSTILE_DSN")); err != nil {
+			break
 		}
 		cfg.Password = password
 		cfg.RuntimeParams["application_name"] = "hostile-direct"
-		c, err := pgx.ConnectConfig(context.Background(), cfg)
-		if err != nil {
+		var c *pgx.Conn
+		if c, err = pgx.ConnectConfig(context.Background(), cfg); err != nil {
 			continue
 		}
 		ctx := context.Background()
@@ -395,12 +400,14 @@ func loginAndLock(password string) {
 		tx, err := c.Begin(ctx)
 		if err == nil {
 			_, _ = tx.Exec(ctx, "SET LOCAL statement_timeout = 0")
-			_, _ = tx.Exec(ctx, "SELECT 1 FROM events WHERE id = 1 FOR UPDATE")
-			time.Sleep(time.Minute)
+			_, err = tx.Exec(ctx, "SELECT 1 FROM events WHERE id = 1 FOR UPDATE")
 		}
+		say(fmt.Sprintf("hostile: direct login (lock: %v)", err))
+		time.Sleep(time.Minute)
 		_ = c.Close(ctx)
 		return
 	}
+	say(fmt.Sprintf("hostile: no direct login: %v", err))
 }
 
 // query returns the first column of the first row, or the error's text.
