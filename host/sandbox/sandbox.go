@@ -276,7 +276,8 @@ type PoolConfig struct {
 	// unqualified. Optional (then only Schema is on the path).
 	Plugin string
 	// LockTimeout is each connection's lock_timeout: a statement of the
-	// plugin's that waits longer on a lock fails. Default 5s.
+	// plugin's that waits longer on a lock fails. Default
+	// StatementTimeout (the host sets its own, host.Config.LockTimeout).
 	LockTimeout time.Duration
 	// IdleInTransactionTimeout is each connection's
 	// idle_in_transaction_session_timeout: the server ends a session left
@@ -308,7 +309,7 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 		c.Schema = "public"
 	}
 	if c.LockTimeout <= 0 {
-		c.LockTimeout = 5 * time.Second
+		c.LockTimeout = c.StatementTimeout
 	}
 	if c.IdleInTransactionTimeout <= 0 {
 		c.IdleInTransactionTimeout = time.Minute
