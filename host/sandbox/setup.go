@@ -36,6 +36,11 @@ type SetupConfig struct {
 	// were named). Default false: such a role is refused, since it may
 	// be another deployment's.
 	Adopt bool
+	// SkipRecord leaves the database admin is connected to without the
+	// deployment's record (DeploymentSetting): for a kit that makes the
+	// roles from one database and records each database it creates
+	// itself (hosttest). Default false.
+	SkipRecord bool
 	// OwnerPassword, when set, is the owner's password (stored as a
 	// SCRAM-SHA-256 verifier computed here: the password never reaches
 	// the server in clear).
@@ -100,8 +105,10 @@ func Setup(ctx context.Context, admin *pgx.Conn, c SetupConfig) error {
 			return err
 		}
 	}
-	if err := recordDeployment(ctx, admin, c.Deployment, db); err != nil {
-		return err
+	if !c.SkipRecord {
+		if err := recordDeployment(ctx, admin, c.Deployment, db); err != nil {
+			return err
+		}
 	}
 	if err := ensureRole(ctx, admin, c.Owner, "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS", c.OwnerPassword, mark); err != nil {
 		return err
