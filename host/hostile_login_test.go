@@ -171,7 +171,7 @@ func TestHostileOwnPassword(t *testing.T) {
 	watch := logWatch{Handler: hosttest.Logger(t, slog.LevelWarn).Handler(), prefix: "hostile:", got: make(chan string, 4)}
 	hosttest.Start(t, host.Config{DatabaseURL: ownerURL, Redis: rdb, Stream: stream,
 		Plugins: []string{hosttest.Build(t, "./plugins/counters"), b.bin}, MaxAttempts: 1,
-		PluginEnv: []string{fmt.Sprintf("HOSTILE_DSN=postgres://usher_plugin_hostile@127.0.0.1:%d/stagedoor?sslmode=disable", cluster.Port)},
+		PluginEnv:   []string{fmt.Sprintf("HOSTILE_DSN=postgres://usher_plugin_hostile@127.0.0.1:%d/stagedoor?sslmode=disable", cluster.Port)},
 		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond, Logger: slog.New(watch)})
 
 	hosttest.Eventually(t, 60*time.Second, "both attacks dead-lettered", func() bool {

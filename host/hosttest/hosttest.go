@@ -117,11 +117,12 @@ func EnsureRoles(tb testing.TB, plugins ...string) {
 	// The tests' databases share these roles (each is created by the
 	// owner and granted to the plugin roles): adopted as the test
 	// deployment's, with no connection limit, since test binaries run at
-	// once on one cluster. The database connected to is only where the
-	// administrator logs in: EmptyDB records the deployment on each
-	// database it creates.
+	// once on one cluster. In a named deployment the database connected
+	// to is only where the administrator logs in (its plugin schemas are
+	// the default deployment's): EmptyDB records the deployment on each
+	// database it creates, and installs make their schemas there.
 	if err := sandbox.Setup(ctx, admin, sandbox.SetupConfig{Deployment: Deployment, Owner: Owner, Plugins: plugins,
-		PluginConnectionLimit: -1, Adopt: true, SkipRecord: true}); err != nil {
+		PluginConnectionLimit: -1, Adopt: true, RolesOnly: Deployment != ""}); err != nil {
 		tb.Fatalf("hosttest: roles: %v", err)
 	}
 }

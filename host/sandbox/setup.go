@@ -36,11 +36,12 @@ type SetupConfig struct {
 	// were named). Default false: such a role is refused, since it may
 	// be another deployment's.
 	Adopt bool
-	// SkipRecord leaves the database admin is connected to without the
-	// deployment's record (DeploymentSetting): for a kit that makes the
-	// roles from one database and records each database it creates
-	// itself (hosttest). Default false.
-	SkipRecord bool
+	// RolesOnly makes, marks and checks the roles and nothing in the
+	// database admin is connected to (no grant, no plugin schema, no
+	// record of the deployment): for a kit that makes the roles from one
+	// database and sets up each database it creates itself (hosttest).
+	// Default false.
+	RolesOnly bool
 	// OwnerPassword, when set, is the owner's password (stored as a
 	// SCRAM-SHA-256 verifier computed here: the password never reaches
 	// the server in clear).
@@ -105,7 +106,7 @@ func Setup(ctx context.Context, admin *pgx.Conn, c SetupConfig) error {
 			return err
 		}
 	}
-	if !c.SkipRecord {
+	if !c.RolesOnly {
 		if err := recordDeployment(ctx, admin, c.Deployment, db); err != nil {
 			return err
 		}
@@ -118,6 +119,9 @@ func Setup(ctx context.Context, admin *pgx.Conn, c SetupConfig) error {
 		fmt.Sprintf("GRANT CONNECT, TEMPORARY ON DATABASE %s TO %s", pgx.Identifier{db}.Sanitize(), owner),
 		fmt.Sprintf("GRANT USAGE, CREATE ON SCHEMA %s TO %s", pgx.Identifier{schema}.Sanitize(), owner),
 	} {
+		if c.RolesOnly {
+			break
+		}
 		if _, err := admin.Exec(ctx, q); err != nil {
 			return fmt.Errorf("sandbox: setup: %s: %w", q, err)
 		}
@@ -131,7 +135,7 @@ func Setup(ctx context.Context, admin *pgx.Conn, c SetupConfig) error {
 		if err := ensureRole(ctx, admin, role, attrs, c.PluginPasswords[p], mark); err != nil {
 			return err
 		}
-		if err := setupSchema(ctx, admin, c.Deployment, c.Owner, p, mark); err != nil {
+		if err := setupSchema(ctx, admin, c.Deployment, c.Owner, p, mark, c.RolesOnly); err != nil {
 			return err
 		}
 	}
@@ -143,18 +147,20 @@ func Setup(ctx context.Context, admin *pgx.Conn, c SetupConfig) error {
 // migrations as it (SET ROLE), and creates the schema plugin_<p> it owns
 // on admin's database. The plugin's login role is not a member: it gets
 // only what an install grants it on the schema's tables.
-func setupSchema(ctx context.Context, admin *pgx.Conn, deployment, owner, p, mark string) error {
+func setupSchema(ctx context.Context, admin *pgx.Conn, deployment, owner, p, mark string, rolesOnly bool) error {
 	role := SchemaRoleIn(deployment, p)
 	if err := ensureRole(ctx, admin, role, "NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT", "", mark); err != nil {
 		return err
 	}
 	r, o, schema := pgx.Identifier{role}.Sanitize(), pgx.Identifier{owner}.Sanitize(), pgx.Identifier{Schema(p)}.Sanitize()
-	for _, q := range []string{
-		"GRANT " + r + " TO " + o,
-		"CREATE SCHEMA IF NOT EXISTS " + schema + " AUTHORIZATION " + r,
-		"ALTER SCHEMA " + schema + " OWNER TO " + r,
-		"REVOKE ALL ON SCHEMA " + schema + " FROM PUBLIC",
-	} {
+	qs := []string{"GRANT " + r + " TO " + o}
+	if !rolesOnly {
+		qs = append(qs,
+			"CREATE SCHEMA IF NOT EXISTS "+schema+" AUTHORIZATION "+r,
+			"ALTER SCHEMA "+schema+" OWNER TO "+r,
+			"REVOKE ALL ON SCHEMA "+schema+" FROM PUBLIC")
+	}
+	for _, q := range qs {
 		if _, err := admin.Exec(ctx, q); err != nil {
 			return fmt.Errorf("sandbox: setup: %s: %w", q, err)
 		}

@@ -33,9 +33,16 @@ func TestKitNamesAreConfigurable(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx := context.Background()
-		for _, r := range []string{sandbox.PluginRoleIn(dep, "bonus"), sandbox.SchemaRoleIn(dep, "bonus"), "usher_" + dep + "_test_owner"} {
-			_, _ = admin.Exec(ctx, "DROP OWNED BY "+r)
-			_, _ = admin.Exec(ctx, "DROP ROLE IF EXISTS "+r)
+		// Every role of the deployment (the kit makes all its plugins'),
+		// the owner last: it owns nothing left once the kit's databases
+		// are dropped.
+		rows, err := admin.Query(ctx, `SELECT rolname FROM pg_roles WHERE starts_with(rolname, $1) ORDER BY rolname = $2, rolname`,
+			"usher_"+dep+"_", "usher_"+dep+"_test_owner")
+		if err == nil {
+			roles, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+			for _, r := range roles {
+				_, _ = admin.Exec(ctx, "DROP ROLE IF EXISTS "+r)
+			}
 		}
 		_ = admin.Close(ctx)
 	})
@@ -44,7 +51,7 @@ func TestKitNamesAreConfigurable(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "PASS")
-	require.Zero(t, count(t, admin, `SELECT count(*) FROM pg_database WHERE datname LIKE $1 || '%'`, prefix), "the kit's databases are dropped")
+	require.Zero(t, count(t, admin, `SELECT count(*) FROM pg_database WHERE starts_with(datname, $1)`, prefix), "the kit's databases are dropped")
 }
 
 func kitInDeployment(t *testing.T, dep string) {
