@@ -457,10 +457,20 @@ func newHostPool(ctx context.Context, c Config) (*pgxpool.Pool, error) {
 // not answer.
 func postgresError(err error) error {
 	if msg, full := sandbox.TooManyConnections(err); full {
-		return fmt.Errorf("host: postgres refused the connection: no connection slot left (%s, SQLSTATE 53300): the hosts, their plugins' pools and the applications hold the server's max_connections; see README, \"Connection budget\" for what each host holds (host pool + each plugin's pool, logged at start as max_connections)", msg)
+		return wrapped{fmt.Sprintf("host: postgres refused the connection: no connection slot left (%s, SQLSTATE 53300): the hosts, their plugins' pools and the applications hold the server's max_connections; see README, \"Connection budget\" for what each host holds (host pool + each plugin's pool, logged at start as max_connections)", msg), err}
 	}
 	return fmt.Errorf("host: cannot connect to postgres: %w", err)
 }
+
+// wrapped is an error that says msg and wraps err (whose own text msg
+// already tells).
+type wrapped struct {
+	msg string
+	err error
+}
+
+func (w wrapped) Error() string { return w.msg }
+func (w wrapped) Unwrap() error { return w.err }
 
 // LogValue prints the configuration with secrets masked.
 func (c Config) LogValue() slog.Value {

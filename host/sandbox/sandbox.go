@@ -381,8 +381,8 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		if msg, full := TooManyConnections(err); full {
-			return nil, fmt.Errorf("sandbox: log in as %s: the server has no connection slot for it (%s, SQLSTATE 53300): the role's CONNECTION LIMIT (`host setup --plugin-connection-limit`) or the server's max_connections is spent; see README, \"Connection budget\"", c.Role, msg)
+		if _, full := TooManyConnections(err); full {
+			return nil, fmt.Errorf("sandbox: log in as %s: the server has no connection slot for it: the role's CONNECTION LIMIT (`host setup --plugin-connection-limit`) or the server's max_connections is spent; see README, \"Connection budget\": %w", c.Role, err)
 		}
 		return nil, fmt.Errorf("sandbox: log in as %s: %w (give the host the role's password in its passfile, PGPASSFILE; see README, \"Database roles\")", c.Role, err)
 	}
