@@ -118,7 +118,8 @@ type Config struct {
 	// the server ends a session left inside a transaction, sending
 	// nothing, that long, so a host frozen with a batch open (SIGSTOP)
 	// does not hold its row locks for ever over the host that reclaimed
-	// its entries. Must exceed JobTimeout. Default JobTimeout + 10s.
+	// its entries (with Pool set, the application's pool keeps its own
+	// settings). Must exceed JobTimeout. Default JobTimeout + 10s.
 	IdleInTransactionTimeout time.Duration
 	// PluginCrashLoop crashes within PluginCrashWindow mark a plugin
 	// unhealthy: its entries wait in the stream until it is restarted on
