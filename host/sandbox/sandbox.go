@@ -17,8 +17,17 @@
 //     goes back to its pool, and one that is still inside a transaction is
 //     destroyed.
 //
+//   - Every session the host opens is bounded by the server too
+//     (session.go): idle_in_transaction_session_timeout, TCP keepalives
+//     and, for a plugin's, lock_timeout, so a frozen host frees its locks.
+//
 // Setup, run once by an administrator, creates the owner and the plugins'
-// roles.
+// roles, each with a CONNECTION LIMIT, named and marked for their
+// deployment (one per database on a shared cluster), and refuses roles
+// another deployment owns. What the database lets any role do to itself
+// (change its own password or settings, which would give a plugin a login
+// of its own) is refused by the host's commit gate (migration 00037) and
+// by the command tags guard refuses.
 package sandbox
 
 import (
