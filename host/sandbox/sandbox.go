@@ -4,14 +4,17 @@
 //
 //   - The host logs in as the runtime's owner, a role that owns the
 //     runtime's tables and is not a superuser (CheckHostLogin).
+//
 //   - Each plugin's statements run on a pool of its own (OpenPluginPool)
 //     whose connections log in as the plugin's role, usher_plugin_<name>:
 //     session_user is the plugin, so no RESET ROLE, SET ROLE or set_config
 //     can raise it, and the pool's size is all it can ever hold.
+//
 //   - Before a plugin is served, CheckPluginRole proves its role is a plain
 //     login role, a member of no other role, with no privilege on the
 //     runtime's tables; Prepare pins its kinds and lets it call the
 //     runtime's SECURITY DEFINER functions.
+//
 //   - Every connection is reset (ResetSession: DISCARD ALL but for its
 //     plans and the writes the host prepared, statements.go) before it
 //     goes back to its pool, and one that is still inside a transaction is
