@@ -110,8 +110,25 @@ type Config struct {
 	// PluginPoolSize is how many Postgres connections each plugin's pool
 	// holds at most. A plugin's statements run only on its own pool,
 	// logged in as its role (usher_plugin_<name>), so a plugin that stalls
-	// exhausts only its own connections. Default: Concurrency.
+	// exhausts only its own connections. Default 4 (at most Concurrency):
+	// what the batcher needs, two for its batches (one sending its writes
+	// while the one before it commits, see host/guard) and two for what
+	// runs beside them (read-only checks, state-first commits, claims, a
+	// split batch's jobs run alone). Every host holds at most
+	// ConnectionBudget connections, logged at start.
 	PluginPoolSize int
+	// LockTimeout is the lock_timeout of every plugin session: a plugin's
+	// statement that waits longer on a lock (another host's batch holding
+	// the row) fails, and its job is retried. Default 5s.
+	LockTimeout time.Duration
+	// IdleInTransactionTimeout is the idle_in_transaction_session_timeout
+	// of every session the host opens, its own pool's and the plugins':
+	// the server ends a session left inside a transaction, sending
+	// nothing, that long, so a host frozen with a batch open (SIGSTOP)
+	// does not hold its row locks for ever over the host that reclaimed
+	// its entries (with Pool set, the application's pool keeps its own
+	// settings). Must exceed JobTimeout. Default JobTimeout + 10s.
+	IdleInTransactionTimeout time.Duration
 	// PluginCrashLoop crashes within PluginCrashWindow mark a plugin
 	// unhealthy: its entries wait in the stream until it is restarted on
 	// probation PluginUnhealthyRetry later (twice as long after each
@@ -326,6 +343,9 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("host: RollbackFailureShare %v is not within (0, 1]", c.RollbackFailureShare)
 	}
 	c.fill()
+	if c.IdleInTransactionTimeout <= c.JobTimeout {
+		return fmt.Errorf("host: IdleInTransactionTimeout %s must exceed JobTimeout %s: the server would end a job's session while it runs", c.IdleInTransactionTimeout, c.JobTimeout)
+	}
 	return c.checkRetention()
 }
 
@@ -379,7 +399,13 @@ func (c *Config) fill() {
 		c.MaxAttempts = 8
 	}
 	if c.PluginPoolSize <= 0 {
-		c.PluginPoolSize = c.Concurrency
+		c.PluginPoolSize = min(DefaultPluginPoolSize, c.Concurrency)
+	}
+	if c.LockTimeout <= 0 {
+		c.LockTimeout = 5 * time.Second
+	}
+	if c.IdleInTransactionTimeout <= 0 {
+		c.IdleInTransactionTimeout = c.JobTimeout + 10*time.Second
 	}
 	if c.StatementTimeout <= 0 {
 		c.StatementTimeout = 10 * time.Second
@@ -440,7 +466,8 @@ func (c Config) LogValue() slog.Value {
 		slog.String("stream", c.Stream), slog.String("group", c.Group), slog.String("consumer", c.Consumer),
 		slog.String("plugin_dir", c.PluginDir), slog.Bool("plugin_watch", c.PluginDir != "" && !c.DisablePluginWatch),
 		slog.Any("plugins", c.Plugins), slog.Bool("allow_superuser", c.AllowSuperuser),
-		slog.Int("plugin_pool_size", c.PluginPoolSize), slog.Duration("rollback_window", c.RollbackWindow),
+		slog.Int("plugin_pool_size", c.PluginPoolSize), slog.Duration("lock_timeout", c.LockTimeout),
+		slog.Duration("idle_in_transaction_timeout", c.IdleInTransactionTimeout), slog.Duration("rollback_window", c.RollbackWindow),
 		slog.Float64("rollback_failure_share", c.RollbackFailureShare), slog.Int("rollback_min_jobs", c.RollbackMinJobs),
 		slog.Int("concurrency", c.Concurrency), slog.Int64("max_entry_bytes_held", c.MaxEntryBytesHeld),
 		slog.Duration("reclaim_idle", c.ReclaimIdle), slog.Duration("history_retention", c.HistoryRetention),

@@ -81,7 +81,8 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	// The host's own pool serves the relay, scheduler, reconciler and
 	// bookkeeping; each plugin's jobs run on its own (logged at load).
 	h.log.Info("host ready", "config", cfg, "kinds", h.Kinds(), "protocols", pluginhost.Protocols(),
-		"host_pool_size", h.pool.Config().MaxConns)
+		"host_pool_size", h.pool.Config().MaxConns, "plugin_pool_size", cfg.PluginPoolSize,
+		"max_connections", ConnectionBudget(int(h.pool.Config().MaxConns), len(h.Plugins()), cfg.PluginPoolSize))
 	return h, nil
 }
 
@@ -91,7 +92,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 func (h *Host) connect(ctx context.Context) (string, error) {
 	cfg := h.cfg
 	if h.pool == nil {
-		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+		pool, err := newHostPool(ctx, cfg)
 		if err != nil {
 			return "", fmt.Errorf("host: postgres: %w", err)
 		}
@@ -105,7 +106,7 @@ func (h *Host) connect(ctx context.Context) (string, error) {
 		h.rdb, h.ownRdb = redis.NewClient(opt), true
 	}
 	if err := h.pool.Ping(ctx); err != nil {
-		return "", fmt.Errorf("host: postgres unreachable: %w", err)
+		return "", postgresError(err)
 	}
 	if err := h.rdb.Ping(ctx).Err(); err != nil {
 		return "", fmt.Errorf("host: redis unreachable: %w", err)
@@ -170,6 +171,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		Env: cfg.PluginEnv, User: cfg.PluginUser,
 		CrashLoop: cfg.PluginCrashLoop, CrashWindow: cfg.PluginCrashWindow, UnhealthyRetry: cfg.PluginUnhealthyRetry, DrainTimeout: cfg.PluginDrainTimeout,
 		PoolSize: cfg.PluginPoolSize, StatementTimeout: cfg.StatementTimeout,
+		LockTimeout: cfg.LockTimeout, IdleInTransactionTimeout: cfg.IdleInTransactionTimeout,
 		RollbackWindow: cfg.RollbackWindow, RollbackMinJobs: cfg.RollbackMinJobs, RollbackFailureShare: cfg.RollbackFailureShare,
 		RetryInterval: cfg.PluginRetryInterval, Metrics: h.metrics, Logger: h.log,
 	})

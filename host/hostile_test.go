@@ -50,6 +50,15 @@ var hostileCases = []hostileCase{
 	{"hostile_apply", "alter-role", "must be superuser to alter superuser roles", false},
 	{"hostile_apply", "create-table", "permission denied for schema public", false},
 	{"hostile_apply", "swallow-error", "a statement failed and the plugin answered OK: division by zero", false},
+	// A login of its own, role settings that stick, objects outside its
+	// schema: refused by the command's tag, or at commit by what the
+	// database counts the transaction wrote (a DO block, a function).
+	{"hostile_apply", "alter-password", "may not run ALTER ROLE", false},
+	{"hostile_apply", "alter-password-do", "changed a role, its password or settings", false},
+	{"hostile_apply", "role-setting", "may not run ALTER ROLE", false},
+	{"hostile_apply", "role-setting-do", "changed a role, its password or settings", false},
+	{"hostile_apply", "large-object", "or a large object", false},
+	{"hostile_apply", "grant", "may not run GRANT", false},
 	// The transaction is the host's.
 	{"hostile_apply", "commit", "ended the host's transaction", false},
 	{"hostile_apply", "commit-chain", "ended the host's transaction", false},
@@ -193,6 +202,9 @@ func TestHostilePlugin(t *testing.T) {
 		require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM plugin_kinds WHERE kind = 'stolen'`))
 		require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM pg_roles WHERE rolname = 'usher_plugin_hostile' AND rolsuper`))
 		require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM pg_class WHERE relname = 'processed_jobs_shadow'`))
+		// What it tried on its role and outside its schema was rolled back.
+		require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM pg_largeobject_metadata WHERE lomowner = 'usher_plugin_hostile'::regrole`))
+		require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM pg_db_role_setting WHERE setrole = 'usher_plugin_hostile'::regrole`))
 		_, err := os.Stat("/tmp/usher-hostile-was-here")
 		require.True(t, os.IsNotExist(err), "COPY TO PROGRAM ran")
 		for _, p := range h.Plugins() {

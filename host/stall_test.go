@@ -55,6 +55,10 @@ func TestStalledPluginSlowsOnlyItself(t *testing.T) {
 			// batches, the jobs of a batch share one connection, and
 			// a batch that stalls lets the next one start.
 			cfg.BatchMax = tc.batchMax
+			// A connection for each job in flight, to count them by
+			// (the default pool, 4, would hold the rest waiting for
+			// one).
+			cfg.PluginPoolSize = cfg.Concurrency
 			admin, err := pgxpool.New(ctx, hosttest.AdminURL(t, b.dbURL))
 			require.NoError(t, err)
 			defer admin.Close()

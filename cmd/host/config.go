@@ -173,8 +173,14 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 			pluginhost.DefaultUserPattern+" runs each as its own user (host setup-users creates them), so none can signal or read another "+
 			"(the host must run as root; USHER_PLUGIN_USER; default the host's user)")
 	fs.BoolVar(&cfg.AllowSuperuser, "allow-superuser", false, "run even when the database login is a superuser (refused by default: plugins run untrusted code)")
-	fs.IntVar(&cfg.PluginPoolSize, "plugin-pool-size", 0, "Postgres connections per plugin, each logged in as the plugin's role (USHER_PLUGIN_POOL_SIZE; default --concurrency)")
+	fs.IntVar(&cfg.PluginPoolSize, "plugin-pool-size", 0, "Postgres connections per plugin, each logged in as the plugin's role (USHER_PLUGIN_POOL_SIZE; default 4, at most --concurrency: what the batcher needs)")
 	fromEnv(fs, "plugin-pool-size", "USHER_PLUGIN_POOL_SIZE")
+	fs.DurationVar(&cfg.LockTimeout, "lock-timeout", 5*time.Second,
+		"lock_timeout of every plugin session: a plugin's statement waiting longer on a lock fails and its job is retried (USHER_LOCK_TIMEOUT)")
+	fromEnv(fs, "lock-timeout", "USHER_LOCK_TIMEOUT")
+	fs.DurationVar(&cfg.IdleInTransactionTimeout, "idle-in-transaction-timeout", 0,
+		"idle_in_transaction_session_timeout of every session the host opens, so a frozen host's locks are freed; must exceed --job-timeout (USHER_IDLE_IN_TRANSACTION_TIMEOUT; default --job-timeout + 10s)")
+	fromEnv(fs, "idle-in-transaction-timeout", "USHER_IDLE_IN_TRANSACTION_TIMEOUT")
 	fs.DurationVar(&cfg.RollbackWindow, "rollback-window", time.Minute,
 		"how long a hot-swapped version is on probation, rolled back by itself if it crash-loops or fails --rollback-failure-share of its jobs; negative turns that off (USHER_ROLLBACK_WINDOW)")
 	fromEnv(fs, "rollback-window", "USHER_ROLLBACK_WINDOW")

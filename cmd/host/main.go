@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -55,7 +56,8 @@ func (cl *cli) main(args []string) int {
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	fmt.Fprintln(cl.stderr, "host:", err)
+	// The library's errors say "host: " already: printed once.
+	fmt.Fprintln(cl.stderr, "host:", strings.TrimPrefix(err.Error(), "host: "))
 	if errors.As(err, new(usageError)) {
 		return 2
 	}

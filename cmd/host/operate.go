@@ -21,6 +21,7 @@ import (
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/ops"
+	"github.com/usherhq/usher/host/sandbox"
 )
 
 func (cl *cli) inspectFlags(fs *flag.FlagSet) runner {
@@ -183,7 +184,10 @@ func withPool(ctx context.Context, conn *connFlags, f func(*pgxpool.Pool) error)
 	}
 	defer pool.Close()
 	if err := pool.Ping(ctx); err != nil {
-		return fmt.Errorf("postgres unreachable: %w", err)
+		if msg, full := sandbox.TooManyConnections(err); full {
+			return fmt.Errorf("postgres refused the connection: no connection slot left (%s, SQLSTATE 53300); see README, \"Connection budget\"", msg)
+		}
+		return fmt.Errorf("cannot connect to postgres: %w", err)
 	}
 	return noSchema(f(pool), conn.databaseURL)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/pluginhost"
+	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/migrations"
 	"github.com/usherhq/usher/plugins/stagedoor/appdb"
 )
@@ -61,7 +62,25 @@ func serve(ctx context.Context, f *hostFlags, tf *tokenFlags) error {
 		return err
 	}
 	defer h.Close()
+	warnPasswordless(ctx, cfg.Logger, h)
 	return h.Run(ctx)
+}
+
+// warnPasswordless warns of each plugin role the server lets in with no
+// password from this machine (trust authentication): a plugin running
+// here can then log in by itself, and nothing the host does stops it.
+func warnPasswordless(ctx context.Context, log *slog.Logger, h *host.Host) {
+	for _, p := range h.Plugins() {
+		open, err := sandbox.LogsInWithoutPassword(ctx, h.Pool().Config().ConnConfig, p.DBRole)
+		if err != nil {
+			log.Warn("could not check whether a plugin's role logs in without a password", "plugin", p.Name, "role", p.DBRole, "err", err)
+			continue
+		}
+		if open {
+			log.Warn("postgres lets this plugin's role log in from this machine without a password (trust authentication): the plugin can open sessions of its own, outside the host's transactions, deadlines and pools; "+
+				"require scram-sha-256 for the plugin roles in pg_hba.conf (README, \"Security\")", "plugin", p.Name, "role", p.DBRole)
+		}
+	}
 }
 
 func (cl *cli) migrateFlags(fs *flag.FlagSet) runner {

@@ -21,25 +21,39 @@ import (
 // role per plugin, on the database the admin URL names.
 func (cl *cli) setupFlags(fs *flag.FlagSet) runner {
 	adminURL := fs.String("admin-url", "", "an administrator's URL (superuser or CREATEROLE) for the database to set up (required)")
-	owner := fs.String("owner", "usher", "the runtime's owner role: the host's login")
+	deployment := fs.String("deployment", "", "this deployment's name, for a Postgres cluster that holds more than one usher database: its roles are then usher_<deployment>_... and recorded on the database, where its hosts find them (default: none, roles usher and usher_plugin_<name>)")
+	owner := fs.String("owner", "", "the runtime's owner role: the host's login (default usher, or usher_<deployment>)")
 	passfile := fs.String("passfile", "", "give each role created a random password and record it in this passfile (libpq format, mode 0600); empty: no passwords (trust or certificate authentication)")
+	connLimit := fs.Int("plugin-connection-limit", sandbox.DefaultPluginConnectionLimit, "CONNECTION LIMIT of every plugin role: the sessions it may hold, all hosts' pools together (at least hosts x --plugin-pool-size); -1: none")
+	adopt := fs.Bool("adopt", false, "take over existing roles that carry no deployment's mark although another database uses them (a deployment set up before deployments were named)")
 	var plugins listFlag
 	fs.Var(&plugins, "plugin", "a plugin whose login role usher_plugin_<name> to create (repeat for each)")
 	return func(ctx context.Context, pos []string) error {
 		if len(pos) > 0 || *adminURL == "" {
-			return usageError{"usage: host setup --admin-url URL [--owner NAME] [--plugin NAME ...] [--passfile FILE]"}
+			return usageError{"usage: host setup --admin-url URL [--deployment NAME] [--owner NAME] [--plugin NAME ...] [--passfile FILE] [--plugin-connection-limit N] [--adopt]"}
 		}
-		return cl.setup(ctx, *adminURL, *owner, *passfile, plugins)
+		if *connLimit == 0 {
+			return usageError{"--plugin-connection-limit 0 would let no plugin log in; -1 sets no limit"}
+		}
+		cfg := sandbox.SetupConfig{Deployment: *deployment, Owner: *owner, Plugins: plugins, PluginConnectionLimit: *connLimit, Adopt: *adopt}
+		return cl.setup(ctx, *adminURL, *passfile, cfg)
 	}
 }
 
-func (cl *cli) setup(ctx context.Context, adminURL, owner, passfile string, plugins []string) error {
+func (cl *cli) setup(ctx context.Context, adminURL, passfile string, cfg sandbox.SetupConfig) error {
+	if err := sandbox.CheckDeployment(cfg.Deployment); err != nil {
+		return usageError{err.Error()}
+	}
+	if cfg.Owner == "" {
+		cfg.Owner = sandbox.OwnerIn(cfg.Deployment)
+	}
+	owner, plugins := cfg.Owner, cfg.Plugins
 	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
 		return fmt.Errorf("setup: %w", err)
 	}
 	defer admin.Close(ctx)
-	cfg := sandbox.SetupConfig{Owner: owner, Plugins: plugins, PluginPasswords: map[string]string{}}
+	cfg.PluginPasswords = map[string]string{}
 	var entries []string
 	cc := admin.Config()
 	entry := func(role, pw string) string {
@@ -51,7 +65,7 @@ func (cl *cli) setup(ctx context.Context, adminURL, owner, passfile string, plug
 		for _, p := range plugins {
 			pw := newPassword()
 			cfg.PluginPasswords[p] = pw
-			entries = append(entries, entry(sandbox.PluginRole(p), pw))
+			entries = append(entries, entry(sandbox.PluginRoleIn(cfg.Deployment, p), pw))
 		}
 	}
 	if err := sandbox.Setup(ctx, admin, cfg); err != nil {
@@ -62,9 +76,12 @@ func (cl *cli) setup(ctx context.Context, adminURL, owner, passfile string, plug
 			return err
 		}
 	}
+	if cfg.Deployment != "" {
+		fmt.Fprintf(cl.stdout, "deployment %s (recorded on database %s)\n", cfg.Deployment, cc.Database)
+	}
 	fmt.Fprintf(cl.stdout, "owner %s (the host's login, no superuser)\n", owner)
 	for _, p := range plugins {
-		fmt.Fprintf(cl.stdout, "plugin %s: login role %s\n", p, sandbox.PluginRole(p))
+		fmt.Fprintf(cl.stdout, "plugin %s: login role %s\n", p, sandbox.PluginRoleIn(cfg.Deployment, p))
 	}
 	if passfile != "" {
 		fmt.Fprintf(cl.stdout, "passwords in %s: run the host with PGPASSFILE=%s\n", passfile, passfile)

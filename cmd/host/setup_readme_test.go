@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/sandbox"
 )
 
 // The README's set-up commands, as written: only the README's server
@@ -36,9 +37,19 @@ func TestReadmeSetup(t *testing.T) {
 	db := "usher_t_" + hosttest.Suffix()
 	_, err = admin.Exec(ctx, "CREATE DATABASE "+db)
 	require.NoError(t, err)
+	// The README's setup has one deployment on its cluster; the test's
+	// cluster is shared (by other tests, other checkouts), so the test's
+	// deployment has a name of its own, and its roles are dropped after.
+	dep := "t" + hosttest.Suffix()
+	ownerRole := sandbox.OwnerIn(dep)
 	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
-		_ = admin.Close(context.Background())
+		ctx := context.Background()
+		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
+		for _, p := range []string{"counters", "tickets"} {
+			_, _ = admin.Exec(ctx, "DROP ROLE IF EXISTS "+sandbox.PluginRoleIn(dep, p)+", "+sandbox.SchemaRoleIn(dep, p))
+		}
+		_, _ = admin.Exec(ctx, "DROP ROLE IF EXISTS "+ownerRole)
+		_ = admin.Close(ctx)
 	})
 
 	dir := t.TempDir()
@@ -68,10 +79,11 @@ func TestReadmeSetup(t *testing.T) {
 	ours := strings.Replace(hosttest.DatabaseURL(), "/test?", "/"+db+"?", 1)
 	ours = strings.TrimSuffix(strings.TrimPrefix(ours, "postgres://postgres@"), "?sslmode=disable")
 	local := func(line string) []string {
-		return strings.Fields(strings.ReplaceAll(line, "127.0.0.1:5432/stagedoor", ours))
+		line = strings.ReplaceAll(line, "127.0.0.1:5432/stagedoor", ours)
+		return strings.Fields(strings.ReplaceAll(line, "//usher@", "//"+ownerRole+"@"))
 	}
 
-	cmd := exec.Command(filepath.Join(dir, "bin", "host"), local(setup)[1:]...)
+	cmd := exec.Command(filepath.Join(dir, "bin", "host"), append(local(setup)[1:], "--deployment", dep)...)
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
@@ -112,17 +124,24 @@ func TestReadmeSetup(t *testing.T) {
 	sc := bufio.NewScanner(stderr)
 	deadline := time.AfterFunc(60*time.Second, func() { _ = cmd.Process.Kill() })
 	defer deadline.Stop()
-	for sc.Scan() && len(loaded) < 2 {
+	// This cluster trusts every login from this machine, so the host
+	// warns, for each plugin, that it could log in by itself.
+	warned := map[string]bool{}
+	for sc.Scan() && (len(loaded) < 2 || len(warned) < 2) {
 		line := sc.Text()
 		require.NotContains(t, line, "plugin refused", line)
 		for _, p := range []string{"counters", "tickets"} {
 			if strings.Contains(line, `"msg":"plugin loaded","plugin":"`+p+`"`) {
-				require.Contains(t, line, `"db_role":"usher_plugin_`+p+`"`)
+				require.Contains(t, line, `"db_role":"`+sandbox.PluginRoleIn(dep, p)+`"`)
 				loaded[p] = true
+			}
+			if strings.Contains(line, "without a password (trust authentication)") && strings.Contains(line, `"plugin":"`+p+`"`) {
+				warned[p] = true
 			}
 		}
 	}
 	require.Len(t, loaded, 2, "both plugins loaded as their own roles")
+	require.Len(t, warned, 2, "a warning for each plugin role trust lets in")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	var tail []string
 	for sc.Scan() {

@@ -352,6 +352,8 @@ results:
 				p.err = p.h.noteDenied(sqlStatus(werr))
 			case controlsTransaction(tag):
 				p.err = p.h.breach("a statement controlled the host's transaction (%s)", tag.String())
+			case refusedCommand(tag):
+				p.err = p.h.breach("a plugin may not run %s in a job (it changes roles, privileges or the schema); rolled back", tag.String())
 			case checked[i]:
 				if _, cerr := br.Exec(); cerr != nil {
 					p.err = p.h.breach("a statement ended the host's transaction (%v); the job is aborted", cerr)
@@ -479,6 +481,9 @@ func (hs *Handles) queryReadOnly(ctx context.Context, h *handle, st *usherv1.Sta
 		}
 		if controlsTransaction(tag) {
 			return h.breach("a statement controlled the host's transaction (%s)", tag.String())
+		}
+		if refusedCommand(tag) {
+			return h.breach("a plugin may not run %s in a job (it changes roles, privileges or the schema); rolled back", tag.String())
 		}
 		var w bool
 		if err := br.QueryRow().Scan(&w); err != nil {
@@ -634,6 +639,26 @@ func controlsTransaction(tag pgconn.CommandTag) bool {
 	return transactionControl[tag.String()] || strings.HasPrefix(tag.String(), "ROLLBACK")
 }
 
+// refusedCommands are the first words of the command tags of statements a
+// plugin may not run in a job: they change roles (ALTER ROLE ... PASSWORD
+// would give it a login of its own), privileges, the schema or comments.
+// A job reads and writes rows. The database itself refuses most of them
+// to a plugin's role; what it allows any role (its own password and
+// settings, objects in pg_temp, grants on what it owns) is refused here,
+// by the tag the database answered with, and the job's transaction is
+// rolled back with it. The same change made from a DO block or a function
+// is refused at commit by the gate (usher_gate_close counts what the
+// transaction wrote to the catalogs of roles, settings and large objects).
+var refusedCommands = map[string]bool{"ALTER": true, "CREATE": true, "DROP": true, "GRANT": true, "REVOKE": true,
+	"COMMENT": true, "SECURITY": true, "REASSIGN": true, "IMPORT": true, "REFRESH": true}
+
+// refusedCommand reports whether a statement answered with tag is one of
+// refusedCommands.
+func refusedCommand(tag pgconn.CommandTag) bool {
+	word, _, _ := strings.Cut(tag.String(), " ")
+	return refusedCommands[word]
+}
+
 // run runs one plugin statement in tx, then checks with the connection that
 // tx is still the transaction the host opened. When before is set, the
 // rows tx wrote so far (rowWrites) are read into it first, in the same
@@ -657,6 +682,8 @@ func (hs *Handles) run(ctx context.Context, h *handle, tx txConn, st *usherv1.St
 		return nil, tag, h.breach("a statement ended the host's transaction (the connection reports status %q, not inside a transaction); the job is aborted", string(ts))
 	case err == nil && controlsTransaction(tag):
 		return nil, tag, h.breach("a statement controlled the host's transaction (%s)", tag.String())
+	case err == nil && refusedCommand(tag):
+		return nil, tag, h.breach("a plugin may not run %s in a job (it changes roles, privileges or the schema); rolled back", tag.String())
 	}
 	return res, tag, err
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc/codes"
@@ -360,10 +361,26 @@ func (r *Runner) stateFirst(ctx context.Context, inv Invoker, db DB, job *usherv
 		return absorbed("conditional write lost to another run")
 	}
 	if err := tx.Commit(ctx, r.outcome(ctx, job, d)...); err != nil {
-		return abandoned(fmt.Errorf("commit: %w", err))
+		return commitFailed(job, err)
 	}
 	return applied(d)
 }
+
+// commitFailed is the outcome of a job whose commit failed: a refusal of
+// the commit gate (SQLSTATE UG001: the plugin's statements changed a role,
+// its settings or a large object, see usher_gate_close) fails it for
+// good; anything else abandons the run, to be tried again.
+func commitFailed(job *usherv1.Job, err error) Outcome {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == gateRefused {
+		return permanent(fmt.Errorf("refused: %s job %s: %s", job.GetKind(), job.GetId(), pg.Message))
+	}
+	return abandoned(fmt.Errorf("commit: %w", err))
+}
+
+// gateRefused is the SQLSTATE of usher_gate_close's refusal of what the
+// transaction wrote to the catalogs.
+const gateRefused = "UG001"
 
 // batches reports whether a job that records its id runs in a batch: when
 // batching is on and the job is not to run alone (Config.Solo).
@@ -401,7 +418,7 @@ func (r *Runner) jobIDOne(ctx context.Context, inv Invoker, db DB, job *usherv1.
 		return out
 	}
 	if err := tx.Commit(ctx, r.outcome(ctx, job, d)...); err != nil {
-		return abandoned(fmt.Errorf("commit: %w", err))
+		return commitFailed(job, err)
 	}
 	return applied(d)
 }

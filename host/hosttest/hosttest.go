@@ -61,9 +61,42 @@ func Suffix() string {
 	return hex.EncodeToString(b)
 }
 
-// Owner is the runtime's owner role the tests' hosts log in as: no
-// superuser, as in production (host.New refuses a superuser).
-const Owner = "usher_test_owner"
+// The names the tests give the cluster's roles and their databases,
+// configurable for a cluster shared with others (sdktest run against a
+// team's server, two checkouts' tests at once):
+//
+//   - Deployment (USHER_TEST_DEPLOYMENT, default none) is the deployment
+//     the tests' roles belong to (sandbox.SetupConfig.Deployment): plugin
+//     roles usher_<deployment>_plugin_<name>, recorded on every database
+//     the tests create;
+//   - Owner (USHER_TEST_OWNER, default usher_test_owner, or
+//     usher_<deployment>_test_owner) is the runtime's owner role the
+//     tests' hosts log in as: no superuser, as in production (host.New
+//     refuses a superuser);
+//   - DatabasePrefix (USHER_TEST_DATABASE_PREFIX, default usher_t_)
+//     begins the name of every database a test creates.
+var (
+	Deployment     = os.Getenv("USHER_TEST_DEPLOYMENT")
+	Owner          = envOr("USHER_TEST_OWNER", testOwner(Deployment))
+	DatabasePrefix = envOr("USHER_TEST_DATABASE_PREFIX", "usher_t_")
+)
+
+func testOwner(deployment string) string {
+	if deployment == "" {
+		return "usher_test_owner"
+	}
+	return "usher_" + deployment + "_test_owner"
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// PluginRole is plugin name's login role in the tests' Deployment.
+func PluginRole(name string) string { return sandbox.PluginRoleIn(Deployment, name) }
 
 // PluginNames are the plugins the tests load; DB makes sure each has its
 // login role (roles are cluster-wide: created once, kept).
@@ -82,7 +115,15 @@ func EnsureRoles(tb testing.TB, plugins ...string) {
 		tb.Fatalf("hosttest: postgres: %v", err)
 	}
 	defer admin.Close(ctx)
-	if err := sandbox.Setup(ctx, admin, sandbox.SetupConfig{Owner: Owner, Plugins: plugins}); err != nil {
+	// The tests' databases share these roles (each is created by the
+	// owner and granted to the plugin roles): adopted as the test
+	// deployment's, with no connection limit, since test binaries run at
+	// once on one cluster. In a named deployment the database connected
+	// to is only where the administrator logs in (its plugin schemas are
+	// the default deployment's): EmptyDB records the deployment on each
+	// database it creates, and installs make their schemas there.
+	if err := sandbox.Setup(ctx, admin, sandbox.SetupConfig{Deployment: Deployment, Owner: Owner, Plugins: plugins,
+		PluginConnectionLimit: -1, Adopt: true, RolesOnly: Deployment != ""}); err != nil {
 		tb.Fatalf("hosttest: roles: %v", err)
 	}
 }
@@ -112,7 +153,7 @@ func DB(tb testing.TB) (*pgxpool.Pool, string) {
 	}
 	// The raw test plugin's default commit writes the events counter.
 	for _, p := range []string{"raw", "flaky"} {
-		if _, err := pool.Exec(ctx, `GRANT SELECT (id, seats_sold), UPDATE (seats_sold) ON events TO `+sandbox.PluginRole(p)); err != nil {
+		if _, err := pool.Exec(ctx, `GRANT SELECT (id, seats_sold), UPDATE (seats_sold) ON events TO `+PluginRole(p)); err != nil {
 			tb.Fatalf("hosttest: grant: %v", err)
 		}
 	}
@@ -130,9 +171,14 @@ func EmptyDB(tb testing.TB) (*pgxpool.Pool, string) {
 		tb.Fatalf("hosttest: postgres: %v", err)
 	}
 	defer admin.Close(ctx)
-	name := "usher_t_" + Suffix()
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" OWNER "+Owner); err != nil {
+	name := DatabasePrefix + Suffix()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" OWNER "+pgx.Identifier{Owner}.Sanitize()); err != nil {
 		tb.Fatalf("hosttest: create database: %v", err)
+	}
+	if Deployment != "" {
+		if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET "+sandbox.DeploymentSetting+" = '"+Deployment+"'"); err != nil {
+			tb.Fatalf("hosttest: record the deployment: %v", err)
+		}
 	}
 	u, err := url.Parse(DatabaseURL())
 	if err != nil {
@@ -156,7 +202,7 @@ func EmptyDB(tb testing.TB) (*pgxpool.Pool, string) {
 			return
 		}
 		defer c.Close(context.Background())
-		_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+		_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 	})
 	return pool, u.String()
 }

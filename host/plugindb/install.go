@@ -153,9 +153,19 @@ func Install(ctx context.Context, pool *pgxpool.Pool, s Spec) (Result, error) {
 		c := conn.Hijack()
 		_ = c.Close(context.WithoutCancel(ctx))
 	}()
+	// The roles are the database's deployment's (host setup
+	// --deployment). Read before the transaction: its snapshot must be
+	// taken after the lock that makes installs take turns (run).
+	d, err := sandbox.DeploymentOf(ctx, conn)
+	if err != nil {
+		return res, err
+	}
+	if err := sandbox.CheckPluginNameIn(d, s.Name); err != nil {
+		return res, err
+	}
 	err = pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
-		in := installer{tx: tx, s: s, name: s.Name, schema: sandbox.Schema(s.Name), schemaRole: sandbox.SchemaRole(s.Name),
-			role: sandbox.PluginRole(s.Name), res: &res}
+		in := installer{tx: tx, s: s, name: s.Name, schema: sandbox.Schema(s.Name), schemaRole: sandbox.SchemaRoleIn(d, s.Name),
+			role: sandbox.PluginRoleIn(d, s.Name), res: &res}
 		return in.run(ctx, migs, sum, grants, grantsJSON)
 	})
 	if err != nil {

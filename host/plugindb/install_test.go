@@ -259,3 +259,24 @@ func TestHostileMigrationsLeaveNothing(t *testing.T) {
 	_, err := plugindb.Install(b.ctx, b.pool, spec(t, fstest.MapFS{"00001_refunds.sql": {Data: []byte(refundsSQL)}}, walletGrant))
 	require.NoError(t, err)
 }
+
+// Hosts that start at once install the same plugin at once: they take
+// turns, and each finds what the one before it installed (the chaos
+// suite's three hosts found a lookup taken before the lock: the later
+// installs ran the migrations again, "relation already exists").
+func TestConcurrentInstallsTakeTurns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := spec(t, fstest.MapFS{"00001_refunds.sql": {Data: []byte(refundsSQL)}}, walletGrant)
+	errs := make(chan error, 4)
+	for range cap(errs) {
+		go func() {
+			_, err := plugindb.Install(b.ctx, b.pool, s)
+			errs <- err
+		}()
+	}
+	for range cap(errs) {
+		require.NoError(t, <-errs)
+	}
+	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM plugin_refunds.goose_db_version WHERE version_id = 1`))
+}

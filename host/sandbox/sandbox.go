@@ -4,21 +4,33 @@
 //
 //   - The host logs in as the runtime's owner, a role that owns the
 //     runtime's tables and is not a superuser (CheckHostLogin).
+//
 //   - Each plugin's statements run on a pool of its own (OpenPluginPool)
 //     whose connections log in as the plugin's role, usher_plugin_<name>:
 //     session_user is the plugin, so no RESET ROLE, SET ROLE or set_config
 //     can raise it, and the pool's size is all it can ever hold.
+//
 //   - Before a plugin is served, CheckPluginRole proves its role is a plain
 //     login role, a member of no other role, with no privilege on the
 //     runtime's tables; Prepare pins its kinds and lets it call the
 //     runtime's SECURITY DEFINER functions.
+//
 //   - Every connection is reset (ResetSession: DISCARD ALL but for its
 //     plans and the writes the host prepared, statements.go) before it
 //     goes back to its pool, and one that is still inside a transaction is
 //     destroyed.
 //
+//   - Every session the host opens is bounded by the server too
+//     (session.go): idle_in_transaction_session_timeout, TCP keepalives
+//     and, for a plugin's, lock_timeout, so a frozen host frees its locks.
+//
 // Setup, run once by an administrator, creates the owner and the plugins'
-// roles.
+// roles, each with a CONNECTION LIMIT, named and marked for their
+// deployment (one per database on a shared cluster), and refuses roles
+// another deployment owns. What the database lets any role do to itself
+// (change its own password or settings, which would give a plugin a login
+// of its own) is refused by the host's commit gate (migration 00037) and
+// by the command tags guard refuses.
 package sandbox
 
 import (
@@ -26,7 +38,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -276,6 +287,16 @@ type PoolConfig struct {
 	// first on the search_path, so its handlers name their tables
 	// unqualified. Optional (then only Schema is on the path).
 	Plugin string
+	// LockTimeout is each connection's lock_timeout: a statement of the
+	// plugin's that waits longer on a lock fails. Default
+	// StatementTimeout (the host sets its own, host.Config.LockTimeout).
+	LockTimeout time.Duration
+	// IdleInTransactionTimeout is each connection's
+	// idle_in_transaction_session_timeout: the server ends a session left
+	// inside a transaction, sending nothing, for longer (its host frozen
+	// or gone), and frees its locks. It must exceed the longest run of a
+	// job (the host's JobTimeout). Default 60s.
+	IdleInTransactionTimeout time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -299,6 +320,12 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	if c.Schema == "" {
 		c.Schema = "public"
 	}
+	if c.LockTimeout <= 0 {
+		c.LockTimeout = c.StatementTimeout
+	}
+	if c.IdleInTransactionTimeout <= 0 {
+		c.IdleInTransactionTimeout = time.Minute
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -315,7 +342,7 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	// Given at login, these win over what the role set for itself with
 	// ALTER ROLE ... SET (which RESET ALL does not undo), and are what
 	// RESET comes back to.
-	cc.RuntimeParams = maps.Clone(cc.RuntimeParams)
+	Bound(&cc.Config, SessionLimits{IdleInTransaction: c.IdleInTransactionTimeout, Lock: c.LockTimeout})
 	cc.RuntimeParams["statement_timeout"] = fmt.Sprint(c.StatementTimeout.Milliseconds())
 	schema := c.Schema
 	if CheckPluginName(schema) != nil { // not a plain lower-case name: quoted
@@ -366,6 +393,9 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
+		if _, full := TooManyConnections(err); full {
+			return nil, fmt.Errorf("sandbox: log in as %s: the server has no connection slot for it: the role's CONNECTION LIMIT (`host setup --plugin-connection-limit`) or the server's max_connections is spent; see README, \"Connection budget\": %w", c.Role, err)
+		}
 		return nil, fmt.Errorf("sandbox: log in as %s: %w (give the host the role's password in its passfile, PGPASSFILE; see README, \"Database roles\")", c.Role, err)
 	}
 	return pool, nil

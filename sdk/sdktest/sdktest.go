@@ -320,7 +320,7 @@ func guardOf(p *sdk.Plugin, kind string, handles *guard.Handles) (*usherv1.Manif
 // role lacks fails here as it would in production.
 func (c Case[T]) pluginDB(tb testing.TB, pool *pgxpool.Pool, m *usherv1.ManifestResponse) (guard.DB, error) {
 	ctx := context.Background()
-	role := sandbox.PluginRole(m.GetName())
+	role := hosttest.PluginRole(m.GetName())
 	hosttest.EnsureRoles(tb, m.GetName())
 	var kinds []string
 	for _, k := range m.GetKinds() {
@@ -371,10 +371,12 @@ func runToEnd(ctx context.Context, pool *pgxpool.Pool, runner *guard.Runner, inv
 
 // ageClaim moves a claim's timestamp back past its lease, as time would.
 func ageClaim(ctx context.Context, pool *pgxpool.Pool, role string, spec *usherv1.ClaimSpec) error {
+	// The plugin's name is its role's, less the deployment's prefix.
+	plugin := strings.TrimPrefix(role, strings.TrimSuffix(hosttest.PluginRole("p"), "p"))
 	// The table as the plugin's search_path finds it: its own schema first.
 	var table string
 	err := pool.QueryRow(ctx, `SELECT coalesce(to_regclass(quote_ident($1) || '.' || quote_ident($2)), to_regclass(quote_ident($2)))::text`,
-		sandbox.Schema(strings.TrimPrefix(role, sandbox.RolePrefix)), spec.GetTable()).Scan(&table)
+		sandbox.Schema(plugin), spec.GetTable()).Scan(&table)
 	if err != nil {
 		return fmt.Errorf("sdktest: claim table %s: %w", spec.GetTable(), err)
 	}

@@ -66,9 +66,10 @@ type Config struct {
 	// each plugin's supervisor.
 	CrashLoop                                 int
 	CrashWindow, UnhealthyRetry, DrainTimeout time.Duration
-	// PoolSize is each plugin's pool; StatementTimeout its sessions'.
-	PoolSize         int
-	StatementTimeout time.Duration
+	// PoolSize is each plugin's pool; StatementTimeout, LockTimeout and
+	// IdleInTransactionTimeout bound its sessions (host.Config says each).
+	PoolSize                                                int
+	StatementTimeout, LockTimeout, IdleInTransactionTimeout time.Duration
 	// RollbackWindow, RollbackMinJobs and RollbackFailureShare judge a
 	// version swapped in (its probation).
 	RollbackWindow       time.Duration
@@ -497,7 +498,10 @@ func (f *Fleet) admit(ctx context.Context, m pluginhost.Manifest, file *pluginho
 	if err := sandbox.CheckPluginName(m.Name); err != nil {
 		return guard.DB{}, err
 	}
-	role := sandbox.PluginRole(m.Name)
+	role, err := sandbox.PluginRoleOf(ctx, f.cfg.Pool, m.Name)
+	if err != nil {
+		return guard.DB{}, err
+	}
 	if err := sandbox.CheckPluginRole(ctx, f.cfg.Pool, m.Name, role); err != nil {
 		return guard.DB{}, err
 	}
@@ -528,7 +532,8 @@ func (f *Fleet) admit(ctx context.Context, m pluginhost.Manifest, file *pluginho
 		return l.db, nil
 	}
 	pool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: f.cfg.Pool.Config(), Role: role,
-		Size: int32(f.cfg.PoolSize), StatementTimeout: f.cfg.StatementTimeout, Schema: f.cfg.Schema, Plugin: m.Name, Logger: f.log})
+		Size: int32(f.cfg.PoolSize), StatementTimeout: f.cfg.StatementTimeout, LockTimeout: f.cfg.LockTimeout,
+		IdleInTransactionTimeout: f.cfg.IdleInTransactionTimeout, Schema: f.cfg.Schema, Plugin: m.Name, Logger: f.log})
 	if err != nil {
 		return guard.DB{}, err
 	}

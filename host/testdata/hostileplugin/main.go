@@ -6,7 +6,11 @@
 //
 // Kinds: hostile_apply (job id recorded: the attack runs in apply) and
 // hostile_state (state first: the attack runs in check or commit).
-// HOSTILE_KINDS (comma-separated) replaces the kinds it declares.
+// HOSTILE_KINDS (comma-separated) replaces the kinds it declares, and
+// HOSTILE_NAME its name (so a test can give it a role of its own).
+// HOSTILE_DSN is where it tries to log in to Postgres by itself (the
+// "flood" and "own-password" attacks): the server, database and its own
+// role, with no password.
 package main
 
 import (
@@ -17,6 +21,9 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/usherhq/usher/host/testdata/rawcontract"
 	"github.com/usherhq/usher/internal/contract"
@@ -34,6 +41,9 @@ type server struct {
 }
 
 func (s *server) Manifest(context.Context, *usherv1.ManifestRequest) (*usherv1.ManifestResponse, error) {
+	if n := os.Getenv("HOSTILE_NAME"); n != "" {
+		name = n
+	}
 	kinds := []*usherv1.KindInfo{
 		{Kind: "hostile_apply", Guard: usherv1.Guard_GUARD_JOB_ID},
 		{Kind: "hostile_state", Guard: usherv1.Guard_GUARD_STATE_FIRST},
@@ -78,7 +88,7 @@ func effect(job *usherv1.Job) string {
 // dirty lists what an earlier job left on the connection; a clean
 // connection answers an empty string.
 const dirty = `SELECT concat_ws(', ',
-	CASE WHEN current_setting('search_path') <> 'plugin_hostile, public' THEN 'search_path ' || current_setting('search_path') END,
+	CASE WHEN current_setting('search_path') <> 'plugin_' || regexp_replace(session_user, '^usher_plugin_', '') || ', public' THEN 'search_path ' || current_setting('search_path') END,
 	CASE WHEN current_setting('default_transaction_read_only') = 'on' THEN 'default_transaction_read_only' END,
 	CASE WHEN current_setting('application_name') = 'hostile' THEN 'application_name' END,
 	CASE WHEN current_user <> session_user THEN 'role ' || current_user END,
@@ -118,7 +128,9 @@ var poison = []string{
 	"SET search_path = pg_temp, public",
 	"SET default_transaction_read_only = on",
 	"SET application_name = 'hostile'",
-	"CREATE TEMP TABLE outbox (id bigint, kind text, payload jsonb, request_id text, trace text, job_id text, attempt int, enqueued_by name)",
+	// CREATE is refused by its tag: from a DO block, which may create in
+	// pg_temp, a temporary table that would shadow the runtime's.
+	"DO $$ BEGIN CREATE TEMP TABLE outbox (id bigint, kind text, payload jsonb, request_id text, trace text, job_id text, attempt int, enqueued_by name); END $$",
 	"LISTEN hostile",
 	"SELECT pg_try_advisory_lock(666)",
 	"PREPARE hostile AS SELECT 1",
@@ -151,6 +163,15 @@ var attacks = map[string][]string{
 	"create-table": {"CREATE TABLE public.processed_jobs_shadow (job_id text)"},
 	// An error it ignores: its transaction is lost with it.
 	"swallow-error": {"SELECT 1/0"},
+	// A login of its own: any role may change its own password and
+	// settings, by the statement or from a DO block; and large objects
+	// persist outside any schema.
+	"alter-password":    {"ALTER ROLE CURRENT_USER PASSWORD 'hostile'"},
+	"alter-password-do": {"DO $$ BEGIN EXECUTE format('ALTER ROLE %I PASSWORD %L', current_user, 'hostile'); END $$"},
+	"role-setting":      {"ALTER ROLE CURRENT_USER SET statement_timeout = 0"},
+	"role-setting-do":   {"DO $$ BEGIN EXECUTE format('ALTER ROLE %I SET search_path = pg_temp', current_user); END $$"},
+	"large-object":      {"SELECT lo_from_bytea(0, 'hostile')"},
+	"grant":             {"GRANT SELECT ON hostile_effects TO PUBLIC"},
 }
 
 type args struct {
@@ -269,6 +290,29 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			}
 		case "stall":
 			s.exec(h, plain, "SET LOCAL statement_timeout = 0", "SELECT pg_sleep(600)")
+		case "flood":
+			// As many sessions of its own as the server gives it, held
+			// through the job; how many it got is its effect.
+			conns := flood(50)
+			// Long enough for the test to see them.
+			time.Sleep(2 * time.Second)
+			defer func() {
+				for _, c := range conns {
+					_ = c.Close(context.Background())
+				}
+			}()
+			s.exec(h, plain, fmt.Sprintf("INSERT INTO hostile_effects (job_id, n) VALUES ('%s', %d)", job.GetId(), len(conns)))
+			return ok
+		case "own-password", "own-password-do":
+			// Its own password, then a login with it: outside any host
+			// transaction it would hold a row lock of the application's
+			// for as long as it likes.
+			set := attacks["alter-password"]
+			if a.Case == "own-password-do" {
+				set = attacks["alter-password-do"]
+			}
+			s.exec(h, plain, set...)
+			go s.loginAndLock("hostile")
 		default:
 			s.exec(h, plain, attacks[a.Case]...)
 		}
@@ -339,6 +383,55 @@ func secrets() string {
 		}
 	}
 	return strings.Join(found, ", ")
+}
+
+// flood opens up to n sessions of its own at HOSTILE_DSN.
+func flood(n int) []*pgx.Conn {
+	var conns []*pgx.Conn
+	for range n {
+		c, err := pgx.Connect(context.Background(), os.Getenv("HOSTILE_DSN"))
+		if err != nil {
+			continue
+		}
+		conns = append(conns, c)
+	}
+	return conns
+}
+
+// loginAndLock tries for 5s to log in at HOSTILE_DSN with password; once
+// in, it records that it got in (a row 'direct-login' in hostile_effects)
+// and holds a row lock on event 1 for a minute. It says how it went in the
+// host's log: "hostile: direct login", or "hostile: no direct login".
+func (s *server) loginAndLock(password string) {
+	say := func(msg string) {
+		_, _ = s.broker.Client().Log(context.Background(), &usherv1.LogRequest{Records: []*usherv1.LogRecord{{Level: 4, Message: msg}}})
+	}
+	var err error
+	for range 10 {
+		time.Sleep(500 * time.Millisecond)
+		var cfg *pgx.ConnConfig
+		if cfg, err = pgx.ParseConfig(os.Getenv("HOSTILE_DSN")); err != nil {
+			break
+		}
+		cfg.Password = password
+		cfg.RuntimeParams["application_name"] = "hostile-direct"
+		var c *pgx.Conn
+		if c, err = pgx.ConnectConfig(context.Background(), cfg); err != nil {
+			continue
+		}
+		ctx := context.Background()
+		_, _ = c.Exec(ctx, "INSERT INTO hostile_effects (job_id) VALUES ('direct-login')")
+		tx, err := c.Begin(ctx)
+		if err == nil {
+			_, _ = tx.Exec(ctx, "SET LOCAL statement_timeout = 0")
+			_, err = tx.Exec(ctx, "SELECT 1 FROM events WHERE id = 1 FOR UPDATE")
+		}
+		say(fmt.Sprintf("hostile: direct login (lock: %v)", err))
+		time.Sleep(time.Minute)
+		_ = c.Close(ctx)
+		return
+	}
+	say(fmt.Sprintf("hostile: no direct login: %v", err))
 }
 
 // query returns the first column of the first row, or the error's text.
