@@ -219,6 +219,9 @@ func (h *Host) Close() {
 	if h.fleet != nil {
 		h.fleet.Close()
 	}
+	if h.admin != nil {
+		h.admin.Close() // a listener Run never served on
+	}
 	if h.ownRdb && h.rdb != nil {
 		_ = h.rdb.Close()
 	}
