@@ -67,7 +67,7 @@ const Owner = "usher_test_owner"
 
 // PluginNames are the plugins the tests load; DB makes sure each has its
 // login role (roles are cluster-wide: created once, kept).
-var PluginNames = []string{"counters", "tickets", "raw", "rolecheck", "flaky", "hostile", "sdktest", "fanout", "lateload"}
+var PluginNames = []string{"counters", "tickets", "raw", "rolecheck", "flaky", "hostile", "sdktest", "fanout", "lateload", "flows"}
 
 var rolesOnce sync.Once
 

@@ -1,0 +1,134 @@
+// Command flows is the workflow test plugin: workflow type "trip", whose
+// steps are record-the-job-id jobs writing one flow_effects row each (the
+// test creates the table and grants the plugin INSERT on it).
+//
+// A trip reserves and holds (two steps at once) and sets a 300 ms timer
+// "grace"; once both steps ended, the timer fired and a "paid" signal came,
+// it notifies, with the number of paid signals it saw; once notified it
+// completes. Asked to cancel, it releases what it reserved (the
+// compensation) and ends cancelled. Its input can make it misbehave:
+// Crash exits the process in its first decision (once, marked in
+// $FLOWS_CRASH_DIR), BadKind schedules the counters plugin's kind, TooMany
+// schedules more steps than one decision may, FailStep schedules a step
+// whose job fails permanently (the workflow then fails on step_failed).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/usherhq/usher/sdk"
+)
+
+// Trip is the workflow's input.
+type Trip struct {
+	Order    string `json:"order"`
+	Crash    bool   `json:"crash,omitempty"`
+	BadKind  bool   `json:"bad_kind,omitempty"`
+	TooMany  bool   `json:"too_many,omitempty"`
+	FailStep bool   `json:"fail_step,omitempty"`
+}
+
+// Effect is every step's job: one flow_effects row per applied run.
+type Effect struct {
+	Order string `json:"order"`
+	Step  string `json:"step"`
+	Paid  int    `json:"paid,omitempty"`
+}
+
+func (Effect) Kind() string { return "flow_effect" }
+
+// Fails is a step whose job fails permanently.
+type Fails struct {
+	Order string `json:"order"`
+}
+
+func (Fails) Kind() string { return "flow_fails" }
+
+// Foreign is a kind of the counters plugin, which flows may not enqueue.
+type Foreign struct {
+	OrderID int64 `json:"order_id"`
+}
+
+func (Foreign) Kind() string { return "update_sales_counter" }
+
+type effect struct{}
+
+func (effect) Apply(ctx context.Context, job sdk.Job[Effect], tx *sdk.Tx) error {
+	tx.Queue(sdk.Statement{SQL: `INSERT INTO flow_effects (order_id, step, paid) VALUES ($1, $2, $3)`,
+		Args: []any{job.Args.Order, job.Args.Step, int64(job.Args.Paid)}})
+	return nil
+}
+
+type fails struct{}
+
+func (fails) Apply(context.Context, sdk.Job[Fails], *sdk.Tx) error {
+	return sdk.Permanent(errors.New("this step always fails"))
+}
+
+func step(t Trip, id string) sdk.StepCall { return sdk.Step(id, Effect{Order: t.Order, Step: id}) }
+
+func trip(_ context.Context, h sdk.WorkflowHistory[Trip]) (sdk.Decision, error) {
+	t := h.Input
+	if t.Crash && len(h.Events) == 1 {
+		marker := filepath.Join(os.Getenv("FLOWS_CRASH_DIR"), "crashed-"+h.ID)
+		if _, err := os.Stat(marker); err != nil {
+			_ = os.WriteFile(marker, nil, 0o644)
+			os.Exit(2) // mid-decision: the host sees the plugin crash
+		}
+	}
+	if reason, ok := h.CancelRequested(); ok {
+		res := h.Step("reserve")
+		switch {
+		case res.Scheduled && !res.Done():
+			return sdk.Decision{}, nil // the compensation needs to know how it ended
+		case res.Completed && !h.Step("release").Scheduled:
+			return sdk.Decision{Steps: []sdk.StepCall{step(t, "release")}}, nil
+		case res.Completed && !h.Step("release").Done():
+			return sdk.Decision{}, nil
+		}
+		return sdk.Cancelled(map[string]string{"reason": reason}), nil
+	}
+	if !h.Step("reserve").Scheduled {
+		switch {
+		case t.BadKind:
+			return sdk.Decision{Steps: []sdk.StepCall{sdk.Step("reserve", Foreign{OrderID: 1})}}, nil
+		case t.TooMany:
+			var d sdk.Decision
+			for i := range 101 {
+				d.Steps = append(d.Steps, step(t, fmt.Sprintf("s%d", i)))
+			}
+			return d, nil
+		case t.FailStep:
+			return sdk.Decision{Steps: []sdk.StepCall{sdk.Step("reserve", Fails{Order: t.Order})}}, nil
+		}
+		return sdk.Decision{Steps: []sdk.StepCall{step(t, "reserve"), step(t, "hold")},
+			Timers: []sdk.Timer{{Name: "grace", After: 300 * time.Millisecond}}}, nil
+	}
+	if s := h.Step("reserve"); s.Failed {
+		return sdk.Fail("reserve failed: " + s.Error), nil
+	}
+	paid := h.Signals("paid")
+	if !h.Step("notify").Scheduled {
+		if !h.Step("reserve").Done() || !h.Step("hold").Done() || !h.TimerFired("grace") || len(paid) == 0 {
+			return sdk.Decision{}, nil // fan-in: wait for all of them
+		}
+		return sdk.Decision{Steps: []sdk.StepCall{sdk.Step("notify", Effect{Order: t.Order, Step: "notify", Paid: len(paid)})}}, nil
+	}
+	if !h.Step("notify").Done() {
+		return sdk.Decision{}, nil
+	}
+	return sdk.Complete(map[string]int{"paid_signals": len(paid)}), nil
+}
+
+func main() {
+	p := sdk.New("flows", "1.0.0")
+	sdk.HandleRecordJobID(p, effect{})
+	sdk.HandleRecordJobID(p, fails{})
+	sdk.HandleWorkflow(p, "trip", trip)
+	sdk.Serve(p)
+}
