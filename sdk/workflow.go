@@ -197,7 +197,9 @@ func Complete(result any) Decision {
 }
 
 // Fail ends the workflow as failed, with why.
-func Fail(reason string) Decision { return Decision{finish: usherv1.Finish_FINISH_FAIL, reason: reason} }
+func Fail(reason string) Decision {
+	return Decision{finish: usherv1.Finish_FINISH_FAIL, reason: reason}
+}
 
 // Cancelled ends the workflow as cancelled (after its compensation, if it
 // has one), with result.

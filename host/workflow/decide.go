@@ -92,12 +92,12 @@ type task struct {
 
 // snapshot is a workflow as a decision reads it.
 type snapshot struct {
-	id                 int64
-	typ, wfID, state   string
-	taskJob            *string
-	lastSeq            int64
-	history            *usherv1.WorkflowHistory
-	historyBytes       int
+	id               int64
+	typ, wfID, state string
+	taskJob          *string
+	lastSeq          int64
+	history          *usherv1.WorkflowHistory
+	historyBytes     int
 }
 
 // Decide answers one decision task: job is its delivery, inv the plugin
