@@ -94,7 +94,8 @@ func CheckPluginName(name string) error {
 // RuntimeTables are the runtime's own tables: no plugin role may hold any
 // privilege on them.
 var RuntimeTables = []string{"outbox", "processed_jobs", "scheduled_jobs", "dead_letters",
-	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets", "tx_gates", "job_history", "plugin_installs"}
+	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets", "tx_gates", "job_history", "plugin_installs",
+	"workflows", "workflow_events", "workflow_steps", "workflow_timers", "workflow_signals", "workflow_decisions"}
 
 // AppEnqueueFunction is the applications' enqueue (package client, and any
 // language's driver): an operator grants EXECUTE on it to an application's
