@@ -267,3 +267,57 @@ func TestWorkflowFunctionsArePrivate(t *testing.T) {
 	_, err = client.SignalWorkflow(ctx, pool, "trip", "x", "s", "n", json.RawMessage(big))
 	require.ErrorContains(t, err, "wfmsg.MaxSignalBytes")
 }
+
+// A plugin written against the contract with no SDK answers decisions the
+// SDK's types would never build: each is refused by the host with an error
+// that names what was refused (the task dead-lettered, the workflow
+// failed), while the counters plugin's jobs run on. A timer set in the
+// past fires at once, and the workflow goes on.
+func TestWorkflowHostileDecisions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	want := b.placeOrders(t, 10, 2)
+	cfg := b.config()
+	cfg.Plugins = append(cfg.Plugins, hosttest.Build(t, "./host/testdata/rawplugin"))
+	cfg.PluginEnv = append(cfg.PluginEnv, "RAW_MODE=workflow")
+	hosttest.Start(t, cfg)
+
+	refusals := map[string]string{
+		"garbage":     "decision refused: unknown finish 99",
+		"writes":      "plugin answered garbage: a decision carries writes",
+		"far-timer":   "over the limit of 8784h0m0s (workflow.MaxTimerDelay)",
+		"many-timers": "101 timers in one decision is over the limit of 100 (wfmsg.MaxTimersPerDecision)",
+		"reuse-step":  "steps [once] were scheduled by an earlier decision: a step id is used once",
+	}
+	for answer := range refusals {
+		_, err := client.StartWorkflow(ctx, b.pool, "raw", answer, map[string]string{"answer": answer})
+		require.NoError(t, err)
+	}
+	_, err := client.StartWorkflow(ctx, b.pool, "raw", "past-timer", map[string]string{"answer": "past-timer"})
+	require.NoError(t, err)
+	state := func(id string) (string, string) {
+		var s string
+		var e *string
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT state, error FROM workflows WHERE type = 'raw' AND workflow_id = $1`, id).Scan(&s, &e))
+		if e == nil {
+			return s, ""
+		}
+		return s, *e
+	}
+	hosttest.Eventually(t, 60*time.Second, "every raw workflow ended", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM workflows WHERE state = 'running'`) == 0
+	})
+	for answer, msg := range refusals {
+		s, e := state(answer)
+		require.Equal(t, "failed", s, answer)
+		require.Contains(t, e, msg, answer)
+	}
+	s, _ := state("past-timer")
+	require.Equal(t, "completed", s, "a timer in the past fires at once")
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflows WHERE workflow_id = 'writes' AND state <> 'failed'`))
+	require.EqualValues(t, 6, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflows`), "the decision's writes ran nowhere")
+	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflow_steps WHERE step = 'once'`))
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflow_timers WHERE name = 'far' OR name LIKE 't%'`))
+	b.requireCounters(t, want)
+}
