@@ -27,7 +27,8 @@ func startFlows(t *testing.T) *flows {
 	t.Helper()
 	b := setup(t)
 	_, err := b.pool.Exec(context.Background(), `
-		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, at timestamptz NOT NULL DEFAULT now());
+		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
+			at timestamptz NOT NULL DEFAULT now());
 		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
 	require.NoError(t, err)
 	f := &flows{testBundle: b, crashDir: t.TempDir()}
@@ -130,6 +131,14 @@ func TestWorkflowTripRunsToCompletion(t *testing.T) {
 		require.EqualValues(t, 1, effects(t, f.pool, "o1", step), step)
 	}
 	require.EqualValues(t, 1, hosttest.Count(t, f.pool, `SELECT count(*) FROM flow_effects WHERE step = 'notify' AND paid = 1`))
+	// The reserve step's result, recorded by its handler in its job's
+	// transaction, reached the next decision, which passed it on.
+	var note, reserveResult string
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT note FROM flow_effects WHERE step = 'notify'`).Scan(&note))
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT data::text FROM workflow_events WHERE workflow = $1 AND type = 'step_completed' AND name = 'reserve'`,
+		first.ID).Scan(&reserveResult))
+	require.Regexp(t, `^o1/reserve/\d+$`, note)
+	require.JSONEq(t, `{"code": "`+note+`"}`, reserveResult)
 	require.EqualValues(t, 1, f.events(t, "t1", "timer_fired"))
 	require.EqualValues(t, 1, f.events(t, "t1", "signal_received"))
 	require.EqualValues(t, 1, hosttest.Count(t, f.pool, `SELECT count(*) FROM workflow_timers WHERE workflow = $1 AND fired_at IS NOT NULL`, first.ID))
@@ -251,13 +260,30 @@ func TestWorkflowFunctionsArePrivate(t *testing.T) {
 	pool, _ := hosttest.DB(t)
 	ctx := context.Background()
 	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
-		WHERE p.proname IN ('usher_start_workflow', 'usher_signal_workflow', 'usher_cancel_workflow') AND a.grantee = 0`),
+		WHERE p.proname LIKE 'usher_%workflow%' AND a.grantee = 0`),
 		"PUBLIC has no EXECUTE")
 	for _, table := range []string{"workflows", "workflow_events", "workflow_steps", "workflow_timers", "workflow_signals", "workflow_decisions"} {
 		require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM pg_roles r WHERE r.rolname LIKE 'usher_plugin_%'
 			AND has_table_privilege(r.rolname, $1, 'SELECT,INSERT,UPDATE,DELETE')`, table), table)
 	}
-	_, err := client.StartWorkflow(ctx, pool, "trip", "", nil)
+	// A plugin's role: it may record its own kinds' step results and
+	// nothing else of a workflow.
+	raw := hosttest.RawPool(t, pool, 1)
+	var recorded bool
+	require.NoError(t, raw.QueryRow(ctx, `SELECT usher_workflow_step_result('1', 'raw_job', '{}')`).Scan(&recorded))
+	require.False(t, recorded, "job 1 is no workflow step")
+	_, err := raw.Exec(ctx, `SELECT usher_workflow_step_result('1', 'update_sales_counter', '{}')`)
+	require.ErrorContains(t, err, "role usher_plugin_raw does not serve kind update_sales_counter")
+	_, err = raw.Exec(ctx, `SELECT usher_workflow_step_result('1', 'raw_job', to_jsonb(repeat('x', 70000)))`)
+	require.ErrorContains(t, err, "wfmsg.MaxStepResultBytes")
+	for _, q := range []string{`SELECT * FROM usher_start_workflow('trip', 'x', '{}')`, `SELECT usher_signal_workflow('trip', 'x', 's', 'n', '{}')`,
+		`SELECT usher_cancel_workflow('trip', 'x', '')`, `SELECT usher_workflow_wake(1)`, `SELECT usher_workflow_fire_timers(1)`,
+		`SELECT count(*) FROM workflows`, `UPDATE workflow_timers SET fire_at = now()`} {
+		_, err = raw.Exec(ctx, q)
+		require.ErrorContains(t, err, "permission denied", q)
+	}
+
+	_, err = client.StartWorkflow(ctx, pool, "trip", "", nil)
 	require.ErrorContains(t, err, "workflow id is empty")
 	_, err = pool.Exec(ctx, `SELECT * FROM usher_start_workflow('trip', 'x', to_jsonb(repeat('x', 300000)))`)
 	var pgErr *pgconn.PgError

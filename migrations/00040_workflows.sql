@@ -68,6 +68,9 @@ CREATE TABLE workflow_steps (
     job_id        text        NOT NULL UNIQUE,
     state         text        NOT NULL DEFAULT 'scheduled' CHECK (state IN ('scheduled', 'completed', 'failed')),
     scheduled_seq bigint      NOT NULL,
+    -- What the step's handler returned (usher_workflow_step_result), in
+    -- the step_completed event's data once its job applied.
+    result        jsonb,
     finished_at   timestamptz,
     PRIMARY KEY (workflow, step)
 );
@@ -326,6 +329,27 @@ $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
+-- A step's result, from its handler, in its job's own transaction (so it
+-- commits with the effect, or not at all): the caller's role must serve
+-- the job's kind (session_user, as usher_record_job checks), and the job
+-- must be a workflow step still running. It returns false for a job that
+-- is no running step (an ordinary job: nothing to record). A result over
+-- 65536 bytes is refused.
+CREATE FUNCTION usher_workflow_step_result(p_job_id text, p_kind text, p_result jsonb) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    PERFORM usher_check_serves(p_kind);
+    IF octet_length(p_result::text) > 65536 THEN
+        RAISE EXCEPTION 'usher_workflow_step_result: % step result of % bytes is over the 65536-byte limit (wfmsg.MaxStepResultBytes)',
+            p_kind, octet_length(p_result::text) USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    UPDATE workflow_steps SET result = p_result WHERE job_id = p_job_id AND kind = p_kind AND state = 'scheduled';
+    RETURN FOUND;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
 -- A job's final outcome (applied, absorbed or dead_letter on its outbox row,
 -- in the transaction that writes it): a workflow step's job records
 -- step_completed or step_failed, atomically with that outcome; a decision
@@ -338,6 +362,7 @@ DECLARE
     v_wf     bigint;
     v_step   text;
     v_reason text;
+    v_result jsonb;
 BEGIN
     SELECT workflow INTO v_wf FROM workflow_steps WHERE job_id = v_job;
     IF FOUND THEN
@@ -345,12 +370,12 @@ BEGIN
         UPDATE workflow_steps SET state = CASE WHEN NEW.outcome = 'dead_letter' THEN 'failed' ELSE 'completed' END,
                                   finished_at = now()
             WHERE job_id = v_job AND state = 'scheduled'
-            RETURNING step INTO v_step;
+            RETURNING step, result INTO v_step, v_result;
         IF FOUND AND NEW.outcome = 'dead_letter' THEN
             SELECT reason INTO v_reason FROM dead_letters WHERE job_id = v_job ORDER BY id DESC LIMIT 1;
             PERFORM usher_workflow_append(v_wf, 'step_failed', v_step, coalesce(v_reason, 'dead-lettered'), NULL);
         ELSIF FOUND THEN
-            PERFORM usher_workflow_append(v_wf, 'step_completed', v_step, NEW.outcome, NULL);
+            PERFORM usher_workflow_append(v_wf, 'step_completed', v_step, NEW.outcome, v_result);
         END IF;
         RETURN NULL;
     END IF;
@@ -387,7 +412,8 @@ BEGIN
                              'usher_workflow_append(bigint, text, text, text, jsonb)',
                              'usher_start_workflow(text, text, jsonb)', 'usher_workflow_running(text, text, text)',
                              'usher_signal_workflow(text, text, text, text, jsonb)', 'usher_cancel_workflow(text, text, text)',
-                             'usher_workflow_job_done()', 'usher_workflow_fire_timers(integer)'] LOOP
+                             'usher_workflow_job_done()', 'usher_workflow_fire_timers(integer)',
+                             'usher_workflow_step_result(text, text, jsonb)'] LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;
@@ -399,6 +425,7 @@ $$;
 DROP TRIGGER outbox_workflow_job_done ON outbox;
 DROP FUNCTION usher_workflow_job_done();
 DROP FUNCTION usher_workflow_fire_timers(integer);
+DROP FUNCTION usher_workflow_step_result(text, text, jsonb);
 DROP FUNCTION usher_cancel_workflow(text, text, text);
 DROP FUNCTION usher_signal_workflow(text, text, text, text, jsonb);
 DROP FUNCTION usher_workflow_running(text, text, text);

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/usherhq/usher/internal/contract"
+	"github.com/usherhq/usher/internal/wfmsg"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
@@ -90,6 +91,9 @@ type StepStatus struct {
 	// Outcome is its job's final outcome ("applied", "absorbed") when
 	// Completed; Error the dead letter's reason when Failed.
 	Outcome, Error string
+	// Result is what its handler recorded with [StepResult] (JSON), when
+	// Completed; nil when it recorded none.
+	Result json.RawMessage
 }
 
 // Done reports whether the step ended, either way.
@@ -106,7 +110,7 @@ func (h WorkflowHistory[In]) Step(id string) StepStatus {
 		case EventStepScheduled:
 			s.Scheduled = true
 		case EventStepCompleted:
-			s.Completed, s.Outcome = true, e.Detail
+			s.Completed, s.Outcome, s.Result = true, e.Detail, e.Data
 		case EventStepFailed:
 			s.Failed, s.Error = true, e.Detail
 		}
@@ -234,6 +238,34 @@ func (d Decision) proto(now time.Time) (*usherv1.Decision, error) {
 		out.Timers = append(out.Timers, &usherv1.TimerCommand{Name: t.Name, FireAtUnixNanos: at.UnixNano()})
 	}
 	return out, nil
+}
+
+// StepResult records v, JSON-encoded, as the result of job's workflow
+// step, in the job's own transaction: w is a job-id guard's Tx (the write
+// is queued with Apply's answer) or a state-first commit's Win (after its
+// conditional write won). It commits with the job's effect or not at all,
+// and the next decision finds it in [StepStatus].Result once the job
+// applied. A job that is no running workflow step records nothing. A
+// result over wfmsg.MaxStepResultBytes (64 KiB) fails the job.
+func StepResult[T Args, W *Tx | *Win](ctx context.Context, w W, job Job[T], v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return Permanent(fmt.Errorf("step result of %s job %s does not encode: %w", job.Kind, job.ID, err))
+	}
+	if len(b) > wfmsg.MaxStepResultBytes {
+		return Permanent(fmt.Errorf("step result of %s job %s of %d bytes is over the %d-byte limit (wfmsg.MaxStepResultBytes)",
+			job.Kind, job.ID, len(b), wfmsg.MaxStepResultBytes))
+	}
+	const sql = `SELECT usher_workflow_step_result($1, $2, $3::jsonb)`
+	switch w := any(w).(type) {
+	case *Tx:
+		w.Queue(Statement{SQL: sql, Args: []any{job.ID, job.Kind, string(b)}})
+		return nil
+	case *Win:
+		_, err := w.Exec(ctx, sql, job.ID, job.Kind, string(b))
+		return err
+	}
+	return nil
 }
 
 type workflowKind[In any] struct {

@@ -24,7 +24,8 @@ func TestWorkflowCommands(t *testing.T) {
 	pool, dbURL := hosttest.DB(t)
 	rdb, stream := hosttest.Redis(t)
 	_, err := pool.Exec(ctx, `
-		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, at timestamptz NOT NULL DEFAULT now());
+		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
+			at timestamptz NOT NULL DEFAULT now());
 		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
 	require.NoError(t, err)
 	hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream,

@@ -110,7 +110,7 @@ var functions = []string{"usher_check_serves(text)", "usher_applied(bigint, text
 	"usher_applied_logged(bigint, text, text, integer, integer, text, text, text, text, text, text, timestamptz)",
 	"usher_check_serves_all(text[])", "usher_record_jobs(text[], text[])",
 	"usher_applied_batch(bigint[], text[], text[], integer[], integer[], text[], text[], text, text, text, text, timestamptz[])",
-	"usher_statements_check(integer)"}
+	"usher_statements_check(integer)", "usher_workflow_step_result(text, text, jsonb)"}
 
 // CheckHostLogin refuses a host whose database login is a superuser, unless
 // allowSuperuser: a superuser host means one escape from a plugin's role is

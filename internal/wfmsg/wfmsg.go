@@ -19,8 +19,10 @@ const (
 	MaxIDBytes = 256
 	// MaxInputBytes bounds a workflow's input and its result.
 	MaxInputBytes = 256 << 10
-	// MaxSignalBytes bounds a signal's payload.
-	MaxSignalBytes = 64 << 10
+	// MaxSignalBytes bounds a signal's payload; MaxStepResultBytes the
+	// result a step's handler records.
+	MaxSignalBytes     = 64 << 10
+	MaxStepResultBytes = 64 << 10
 	// MaxEvents bounds a workflow's history.
 	MaxEvents = 10000
 	// MaxSteps bounds the steps of one workflow, over its whole life.

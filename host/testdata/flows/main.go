@@ -15,6 +15,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -38,6 +39,9 @@ type Effect struct {
 	Order string `json:"order"`
 	Step  string `json:"step"`
 	Paid  int    `json:"paid,omitempty"`
+	// Note is written in the step's row: the notify step carries the
+	// reservation code the reserve step returned as its result.
+	Note string `json:"note,omitempty"`
 }
 
 func (Effect) Kind() string { return "flow_effect" }
@@ -59,9 +63,9 @@ func (Foreign) Kind() string { return "update_sales_counter" }
 type effect struct{}
 
 func (effect) Apply(ctx context.Context, job sdk.Job[Effect], tx *sdk.Tx) error {
-	tx.Queue(sdk.Statement{SQL: `INSERT INTO flow_effects (order_id, step, paid) VALUES ($1, $2, $3)`,
-		Args: []any{job.Args.Order, job.Args.Step, int64(job.Args.Paid)}})
-	return nil
+	tx.Queue(sdk.Statement{SQL: `INSERT INTO flow_effects (order_id, step, paid, note) VALUES ($1, $2, $3, $4)`,
+		Args: []any{job.Args.Order, job.Args.Step, int64(job.Args.Paid), job.Args.Note}})
+	return sdk.StepResult(ctx, tx, job, map[string]string{"code": job.Args.Order + "/" + job.Args.Step + "/" + job.ID})
 }
 
 type fails struct{}
@@ -117,7 +121,14 @@ func trip(_ context.Context, h sdk.WorkflowHistory[Trip]) (sdk.Decision, error) 
 		if !h.Step("reserve").Done() || !h.Step("hold").Done() || !h.TimerFired("grace") || len(paid) == 0 {
 			return sdk.Decision{}, nil // fan-in: wait for all of them
 		}
-		return sdk.Decision{Steps: []sdk.StepCall{sdk.Step("notify", Effect{Order: t.Order, Step: "notify", Paid: len(paid)})}}, nil
+		var reserved struct {
+			Code string `json:"code"`
+		}
+		if err := json.Unmarshal(h.Step("reserve").Result, &reserved); err != nil || reserved.Code == "" {
+			return sdk.Fail(fmt.Sprintf("reserve returned no code: %s", h.Step("reserve").Result)), nil
+		}
+		return sdk.Decision{Steps: []sdk.StepCall{sdk.Step("notify",
+			Effect{Order: t.Order, Step: "notify", Paid: len(paid), Note: reserved.Code})}}, nil
 	}
 	if !h.Step("notify").Done() {
 		return sdk.Decision{}, nil
