@@ -74,9 +74,17 @@ func (fails) Apply(context.Context, sdk.Job[Fails], *sdk.Tx) error {
 	return sdk.Permanent(errors.New("this step always fails"))
 }
 
-func step(t Trip, id string) sdk.StepCall { return sdk.Step(id, Effect{Order: t.Order, Step: id}) }
+// decide is the workflow type's code: the test's misbehaviours first,
+// then the trip.
+func decide(ctx context.Context, h sdk.WorkflowHistory[Trip]) (sdk.Decision, error) {
+	if d, ok := misbehave(h); ok {
+		return d, nil
+	}
+	return trip(ctx, h)
+}
 
-func trip(_ context.Context, h sdk.WorkflowHistory[Trip]) (sdk.Decision, error) {
+// misbehave is what the input's test flags ask of the first decision.
+func misbehave(h sdk.WorkflowHistory[Trip]) (sdk.Decision, bool) {
 	t := h.Input
 	if t.Crash && len(h.Events) == 1 {
 		marker := filepath.Join(os.Getenv("FLOWS_CRASH_DIR"), "crashed-"+h.ID)
@@ -85,50 +93,59 @@ func trip(_ context.Context, h sdk.WorkflowHistory[Trip]) (sdk.Decision, error) 
 			os.Exit(2) // mid-decision: the host sees the plugin crash
 		}
 	}
-	if reason, ok := h.CancelRequested(); ok {
-		res := h.Step("reserve")
+	if h.Step("reserve").Scheduled {
+		return sdk.Decision{}, false
+	}
+	switch {
+	case t.BadKind:
+		return sdk.Decision{Steps: []sdk.StepCall{sdk.Step("reserve", Foreign{OrderID: 1})}}, true
+	case t.TooMany:
+		var d sdk.Decision
+		for i := range 101 {
+			d.Steps = append(d.Steps, sdk.Step(fmt.Sprintf("s%d", i), Effect{Order: t.Order, Step: "s"}))
+		}
+		return d, true
+	case t.FailStep:
+		return sdk.Decision{Steps: []sdk.StepCall{sdk.Step("reserve", Fails{Order: t.Order})}}, true
+	}
+	return sdk.Decision{}, false
+}
+
+// trip decides a trip from its history (the README's example, character
+// for character: cmd/host's TestREADMEWorkflows checks it).
+func trip(_ context.Context, h sdk.WorkflowHistory[Trip]) (sdk.Decision, error) {
+	order := h.Input.Order
+	step := func(id string) sdk.StepCall { return sdk.Step(id, Effect{Order: order, Step: id}) }
+	if reason, ok := h.CancelRequested(); ok { // compensate: release what was reserved
+		reserve, release := h.Step("reserve"), h.Step("release")
 		switch {
-		case res.Scheduled && !res.Done():
-			return sdk.Decision{}, nil // the compensation needs to know how it ended
-		case res.Completed && !h.Step("release").Scheduled:
-			return sdk.Decision{Steps: []sdk.StepCall{step(t, "release")}}, nil
-		case res.Completed && !h.Step("release").Done():
-			return sdk.Decision{}, nil
+		case reserve.Scheduled && !reserve.Done(), release.Scheduled && !release.Done():
+			return sdk.Decision{}, nil // wait for it to end
+		case reserve.Completed && !release.Scheduled:
+			return sdk.Decision{Steps: []sdk.StepCall{step("release")}}, nil
 		}
 		return sdk.Cancelled(map[string]string{"reason": reason}), nil
 	}
-	if !h.Step("reserve").Scheduled {
-		switch {
-		case t.BadKind:
-			return sdk.Decision{Steps: []sdk.StepCall{sdk.Step("reserve", Foreign{OrderID: 1})}}, nil
-		case t.TooMany:
-			var d sdk.Decision
-			for i := range 101 {
-				d.Steps = append(d.Steps, step(t, fmt.Sprintf("s%d", i)))
-			}
-			return d, nil
-		case t.FailStep:
-			return sdk.Decision{Steps: []sdk.StepCall{sdk.Step("reserve", Fails{Order: t.Order})}}, nil
-		}
-		return sdk.Decision{Steps: []sdk.StepCall{step(t, "reserve"), step(t, "hold")},
+	if !h.Step("reserve").Scheduled { // the first decision: two steps at once and a timer
+		return sdk.Decision{Steps: []sdk.StepCall{step("reserve"), step("hold")},
 			Timers: []sdk.Timer{{Name: "grace", After: 300 * time.Millisecond}}}, nil
 	}
 	if s := h.Step("reserve"); s.Failed {
 		return sdk.Fail("reserve failed: " + s.Error), nil
 	}
-	paid := h.Signals("paid")
+	paid := h.Signals("paid") // a signal id counts once
 	if !h.Step("notify").Scheduled {
 		if !h.Step("reserve").Done() || !h.Step("hold").Done() || !h.TimerFired("grace") || len(paid) == 0 {
 			return sdk.Decision{}, nil // fan-in: wait for all of them
 		}
 		var reserved struct {
-			Code string `json:"code"`
+			Code string `json:"code"` // the reserve step's result (sdk.StepResult)
 		}
-		if err := json.Unmarshal(h.Step("reserve").Result, &reserved); err != nil || reserved.Code == "" {
+		if err := json.Unmarshal(h.Step("reserve").Result, &reserved); err != nil {
 			return sdk.Fail(fmt.Sprintf("reserve returned no code: %s", h.Step("reserve").Result)), nil
 		}
 		return sdk.Decision{Steps: []sdk.StepCall{sdk.Step("notify",
-			Effect{Order: t.Order, Step: "notify", Paid: len(paid), Note: reserved.Code})}}, nil
+			Effect{Order: order, Step: "notify", Paid: len(paid), Note: reserved.Code})}}, nil
 	}
 	if !h.Step("notify").Done() {
 		return sdk.Decision{}, nil
@@ -140,6 +157,6 @@ func main() {
 	p := sdk.New("flows", "1.0.0")
 	sdk.HandleRecordJobID(p, effect{})
 	sdk.HandleRecordJobID(p, fails{})
-	sdk.HandleWorkflow(p, "trip", trip)
+	sdk.HandleWorkflow(p, "trip", decide)
 	sdk.Serve(p)
 }
