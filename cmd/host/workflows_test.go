@@ -4,12 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/usherhq/usher/client"
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
 )
@@ -96,4 +103,84 @@ func TestWorkflowCommands(t *testing.T) {
 	require.ErrorContains(t, err, "no trip workflow nope")
 	_, err = run("workflows", "start", "trip", "c2", "{not json")
 	require.ErrorContains(t, err, "is not valid JSON")
+}
+
+// The README's Workflows section, run as written: its Go example is the
+// flows test plugin's trip decision, character for character; its grants
+// let an application's role (holding nothing else) start, signal and
+// cancel, and read nothing; its commands, run by sh with bin/host against
+// a host running the flows plugin, say what the README says they do.
+func TestREADMEWorkflows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	src, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "host", "testdata", "flows", "main.go"))
+	require.NoError(t, err)
+	example := strings.Join(readmeBlock(t, "releases on cancel:", "go"), "\n")
+	require.Contains(t, string(src), "\n"+example+"\n", "the README's trip is host/testdata/flows's")
+
+	pool, dbURL := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	_, err = pool.Exec(ctx, `
+		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
+			at timestamptz NOT NULL DEFAULT now());
+		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
+	require.NoError(t, err)
+
+	// The grants, to a role of the application's.
+	admin, err := pgx.Connect(ctx, hosttest.AdminURL(t, dbURL))
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `DO $$ BEGIN
+		IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'usher_test_app') THEN CREATE ROLE usher_test_app LOGIN; END IF;
+	EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; -- created by a test running at once
+	END $$`)
+	require.NoError(t, err)
+	require.NoError(t, admin.Close(ctx))
+	grants := readmeBlock(t, "grants it; no plugin role has any privilege on the workflow tables:", "sql")
+	require.Len(t, grants, 3)
+	for _, g := range grants {
+		_, err := pool.Exec(ctx, strings.Replace(g, " TO app;", " TO usher_test_app", 1))
+		require.NoError(t, err, g)
+	}
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User("usher_test_app")
+	app, err := pgxpool.New(ctx, u.String())
+	require.NoError(t, err)
+	defer app.Close()
+
+	hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream,
+		Plugins:     []string{hosttest.Build(t, "./host/testdata/flows")},
+		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond})
+
+	w, err := client.StartWorkflow(ctx, app, "trip", "app-1", map[string]string{"order": "app-1"})
+	require.NoError(t, err)
+	require.True(t, w.Started)
+	_, err = client.SignalWorkflow(ctx, app, "trip", "app-1", "s1", "paid", nil)
+	require.NoError(t, err)
+	_, err = client.CancelWorkflow(ctx, app, "trip", "app-1", "from the app")
+	require.NoError(t, err)
+	_, err = app.Exec(ctx, `SELECT count(*) FROM workflows`)
+	require.ErrorContains(t, err, "permission denied for table workflows")
+
+	work := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(work, "bin"), 0o755))
+	require.NoError(t, os.Symlink(hosttest.Build(t, "./cmd/host"), filepath.Join(work, "bin", "host")))
+	want := []string{`trip workflow t1 started (`, `trip workflow t1 exists (`, `signal paid (pay-1) to trip workflow t1: received`,
+		`counted once`, "trip:t1\n", "workflow  trip t1", "trip workflow t2 started (", "trip workflow t2: cancel requested"}
+	lines := readmeBlock(t, "with\na host running the flows test plugin:", "sh")
+	require.Len(t, lines, len(want))
+	for i, line := range lines {
+		cmdline, _, _ := strings.Cut(line, "  #")
+		cmd := exec.Command("sh", "-c", cmdline)
+		cmd.Dir, cmd.Env = work, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + work, "DATABASE_URL=" + dbURL}
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s: %s", line, out)
+		require.Contains(t, string(out), want[i], line)
+	}
+	_, err = client.SignalWorkflow(ctx, pool, "trip", "t1", "pay-2", "paid", nil)
+	require.NoError(t, err)
+	hosttest.Eventually(t, 60*time.Second, "t1 completed, t2 and app-1 cancelled", func() bool {
+		return hosttest.Count(t, pool, `SELECT count(*) FROM workflows WHERE (workflow_id = 't1' AND state = 'completed')
+			OR (workflow_id IN ('t2', 'app-1') AND state = 'cancelled')`) == 3
+	})
 }
