@@ -307,6 +307,7 @@ func TestWorkflowHostileDecisions(t *testing.T) {
 	cfg := b.config()
 	cfg.Plugins = append(cfg.Plugins, hosttest.Build(t, "./host/testdata/rawplugin"))
 	cfg.PluginEnv = append(cfg.PluginEnv, "RAW_MODE=workflow")
+	cfg.JobTimeout, cfg.MaxAttempts = time.Second, 2
 	hosttest.Start(t, cfg)
 
 	refusals := map[string]string{
@@ -315,6 +316,7 @@ func TestWorkflowHostileDecisions(t *testing.T) {
 		"far-timer":   "over the limit of 8784h0m0s (workflow.MaxTimerDelay)",
 		"many-timers": "101 timers in one decision is over the limit of 100 (wfmsg.MaxTimersPerDecision)",
 		"reuse-step":  "steps [once] were scheduled by an earlier decision: a step id is used once",
+		"hang":        "failed 2 attempts (max 2): timed out after 1s",
 	}
 	for answer := range refusals {
 		_, err := client.StartWorkflow(ctx, b.pool, "raw", answer, map[string]string{"answer": answer})
@@ -342,7 +344,7 @@ func TestWorkflowHostileDecisions(t *testing.T) {
 	s, _ := state("past-timer")
 	require.Equal(t, "completed", s, "a timer in the past fires at once")
 	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflows WHERE workflow_id = 'writes' AND state <> 'failed'`))
-	require.EqualValues(t, 6, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflows`), "the decision's writes ran nowhere")
+	require.EqualValues(t, 7, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflows`), "the decision's writes ran nowhere")
 	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflow_steps WHERE step = 'once'`))
 	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflow_timers WHERE name = 'far' OR name LIKE 't%'`))
 	b.requireCounters(t, want)

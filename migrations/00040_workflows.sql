@@ -372,7 +372,8 @@ BEGIN
             WHERE job_id = v_job AND state = 'scheduled'
             RETURNING step, result INTO v_step, v_result;
         IF FOUND AND NEW.outcome = 'dead_letter' THEN
-            SELECT reason INTO v_reason FROM dead_letters WHERE job_id = v_job ORDER BY id DESC LIMIT 1;
+            SELECT left(reason || CASE WHEN last_error <> '' AND position(last_error IN reason) = 0 THEN ': ' || last_error ELSE '' END, 2048)
+                INTO v_reason FROM dead_letters WHERE job_id = v_job ORDER BY id DESC LIMIT 1;
             PERFORM usher_workflow_append(v_wf, 'step_failed', v_step, coalesce(v_reason, 'dead-lettered'), NULL);
         ELSIF FOUND THEN
             PERFORM usher_workflow_append(v_wf, 'step_completed', v_step, NEW.outcome, v_result);
@@ -382,7 +383,8 @@ BEGIN
     IF NEW.outcome = 'dead_letter' THEN
         SELECT id INTO v_wf FROM workflows WHERE task_job = v_job AND state = 'running' FOR UPDATE;
         IF FOUND THEN
-            SELECT reason INTO v_reason FROM dead_letters WHERE job_id = v_job ORDER BY id DESC LIMIT 1;
+            SELECT left(reason || CASE WHEN last_error <> '' AND position(last_error IN reason) = 0 THEN ': ' || last_error ELSE '' END, 2048)
+                INTO v_reason FROM dead_letters WHERE job_id = v_job ORDER BY id DESC LIMIT 1;
             v_reason := 'its decision task was dead-lettered: ' || coalesce(v_reason, 'no reason recorded');
             UPDATE workflows SET state = 'failed', error = left(v_reason, 2048), task_job = NULL, finished_at = now()
                 WHERE id = v_wf;

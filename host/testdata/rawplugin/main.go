@@ -182,7 +182,8 @@ func (s *server) phase(ctx context.Context, call *usherv1.Call) *usherv1.Result 
 // names: garbage (an unknown finish), writes (a decision carrying
 // writes), far-timer (a timer two years ahead), many-timers (101 timers),
 // past-timer (a timer an hour before the decision's clock, then complete
-// once it fired), reuse-step (a step id scheduled again after it ended).
+// once it fired), reuse-step (a step id scheduled again after it ended),
+// hang (never answers).
 func decide(h *usherv1.WorkflowHistory) *usherv1.Result {
 	var in struct {
 		Answer string `json:"answer"`
@@ -199,6 +200,8 @@ func decide(h *usherv1.WorkflowHistory) *usherv1.Result {
 	switch in.Answer {
 	case "garbage":
 		d.Finish = 99
+	case "hang":
+		select {}
 	case "writes":
 		res.Writes = []*usherv1.Statement{{Mode: usherv1.Mode_MODE_EXEC, Sql: "DELETE FROM workflows"}}
 	case "far-timer":
