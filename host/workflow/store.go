@@ -136,3 +136,17 @@ type rowWith struct {
 }
 
 func (r rowWith) Scan(dest ...any) error { return r.Row.Scan(append(dest, r.more)...) }
+
+// Trim deletes up to limit finished workflows (completed, failed or
+// cancelled) that finished before before, with their histories, steps,
+// timers, signals and decisions, and returns how many it deleted. A running
+// workflow is never deleted, however old (host/retention's Workflows
+// window).
+func Trim(ctx context.Context, q outbox.Querier, before time.Time, limit int) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM workflows WHERE id IN (
+		SELECT id FROM workflows WHERE state <> 'running' AND finished_at < $1 ORDER BY finished_at LIMIT $2)`, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("workflow: trim: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
