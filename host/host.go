@@ -165,7 +165,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 	if err != nil {
 		return err
 	}
-	decider, err := workflow.NewDecider(workflow.Config{Pool: h.pool, Consumer: cfg.Consumer, Logger: h.log})
+	decider, err := workflow.NewDecider(workflow.Config{Pool: h.pool, Backoff: runner.Backoff, Logger: h.log})
 	if err != nil {
 		return err
 	}

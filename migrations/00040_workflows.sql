@@ -123,6 +123,14 @@ $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
+-- Whether an event of type p_type needs a decision: the one list, which
+-- the host's decision reads too (host/workflow).
+CREATE FUNCTION usher_workflow_wakes(p_type text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_type IN ('started', 'step_completed', 'step_failed', 'timer_fired', 'signal_received', 'cancel_requested')
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
 -- Enqueue workflow p_workflow's decision task unless one is outstanding.
 -- The caller holds the workflow's row lock.
 CREATE FUNCTION usher_workflow_wake(p_workflow bigint) RETURNS void
@@ -172,7 +180,7 @@ BEGIN
         PERFORM usher_workflow_append(p_workflow, 'failed', '', 'its history reached the 10000-event limit (wfmsg.MaxEvents)', NULL);
         RETURN v_seq;
     END IF;
-    IF p_type IN ('started', 'step_completed', 'step_failed', 'timer_fired', 'signal_received', 'cancel_requested') THEN
+    IF usher_workflow_wakes(p_type) THEN
         PERFORM usher_workflow_wake(p_workflow);
     END IF;
     RETURN v_seq;
@@ -410,7 +418,7 @@ DO $$
 DECLARE
     f text;
 BEGIN
-    FOREACH f IN ARRAY ARRAY['usher_workflow_traceparent()', 'usher_workflow_wake(bigint)',
+    FOREACH f IN ARRAY ARRAY['usher_workflow_traceparent()', 'usher_workflow_wakes(text)', 'usher_workflow_wake(bigint)',
                              'usher_workflow_append(bigint, text, text, text, jsonb)',
                              'usher_start_workflow(text, text, jsonb)', 'usher_workflow_running(text, text, text)',
                              'usher_signal_workflow(text, text, text, text, jsonb)', 'usher_cancel_workflow(text, text, text)',
@@ -434,6 +442,7 @@ DROP FUNCTION usher_workflow_running(text, text, text);
 DROP FUNCTION usher_start_workflow(text, text, jsonb);
 DROP FUNCTION usher_workflow_append(bigint, text, text, text, jsonb);
 DROP FUNCTION usher_workflow_wake(bigint);
+DROP FUNCTION usher_workflow_wakes(text);
 DROP FUNCTION usher_workflow_traceparent();
 ALTER TABLE outbox DROP COLUMN workflow;
 DROP TABLE workflow_decisions;

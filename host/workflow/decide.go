@@ -43,9 +43,11 @@ const Commit = 10 * time.Second
 type Config struct {
 	// Pool is the host's pool (the runtime owner's login). Required.
 	Pool *pgxpool.Pool
-	// Consumer is this host's consumer name, in every history record.
-	// Required.
-	Consumer string
+	// Backoff is the delay before a decision that failed transiently (the
+	// plugin's error) runs again, by attempt: the guard runner's
+	// (guard.Runner.Backoff). Default 1s doubled per attempt, at most
+	// guard.MaxBackoff.
+	Backoff func(attempt int32) time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -55,8 +57,11 @@ type Decider struct{ cfg Config }
 
 // NewDecider validates cfg and fills its defaults.
 func NewDecider(cfg Config) (*Decider, error) {
-	if cfg.Pool == nil || cfg.Consumer == "" {
-		return nil, errors.New("workflow: a decider needs a Pool and a Consumer")
+	if cfg.Pool == nil {
+		return nil, errors.New("workflow: a decider needs a Pool")
+	}
+	if cfg.Backoff == nil {
+		cfg.Backoff = func(attempt int32) time.Duration { return min(time.Second<<min(attempt, 16), guard.MaxBackoff) }
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -138,7 +143,7 @@ func (dc *Decider) decide(ctx context.Context, inv guard.Invoker, db guard.DB, j
 		return guard.Outcome{Verdict: guard.Retry, RetryAfter: guard.RetryLaterDelay(r.GetRetryAfterMs()), Reason: r.GetError()}
 	case usherv1.Outcome_OUTCOME_ERROR:
 		err := fmt.Errorf("decide: %s", r.GetError())
-		return guard.Outcome{Verdict: guard.Retry, RetryAfter: backoff(job.GetAttempt()), Err: err, Reason: err.Error()}
+		return guard.Outcome{Verdict: guard.Retry, RetryAfter: dc.cfg.Backoff(job.GetAttempt()), Err: err, Reason: err.Error()}
 	case usherv1.Outcome_OUTCOME_PERMANENT:
 		return refused(fmt.Errorf("decide: %s", r.GetError()))
 	default:
@@ -156,12 +161,6 @@ func (dc *Decider) decide(ctx context.Context, inv guard.Invoker, db guard.DB, j
 		return refused(fmt.Errorf("%s workflow %s: decision refused: %w", s.typ, s.wfID, err))
 	}
 	return dc.commit(ctx, db, job, d, s, dec)
-}
-
-// backoff is a transient decision failure's delay: 1s doubled per
-// attempt, at most guard.MaxBackoff.
-func backoff(attempt int32) time.Duration {
-	return min(time.Second<<min(attempt, 16), guard.MaxBackoff)
 }
 
 func refused(err error) guard.Outcome {
@@ -288,9 +287,6 @@ func check(dec *usherv1.Decision, now time.Time) error {
 	return nil
 }
 
-// wakeTypes are the events that need a decision (the migration's list).
-var wakeTypes = []string{"started", "step_completed", "step_failed", "timer_fired", "signal_received", "cancel_requested"}
-
 // commit records dec as the decision of the events up to s.lastSeq.
 func (dc *Decider) commit(ctx context.Context, db guard.DB, job *usherv1.Job, d guard.Delivery, s *snapshot, dec *usherv1.Decision) guard.Outcome {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), Commit)
@@ -335,8 +331,8 @@ func (dc *Decider) commit(ctx context.Context, db guard.DB, job *usherv1.Job, d 
 		// Events that came while the plugin decided wait for the next
 		// decision: this one did not see them.
 		if _, err := tx.Exec(ctx, `SELECT usher_workflow_wake($1) FROM workflows w WHERE w.id = $1 AND w.state = 'running'
-			AND EXISTS (SELECT 1 FROM workflow_events e WHERE e.workflow = $1 AND e.seq > $2 AND e.type = ANY($3))`,
-			s.id, s.lastSeq, wakeTypes); err != nil {
+			AND EXISTS (SELECT 1 FROM workflow_events e WHERE e.workflow = $1 AND e.seq > $2 AND usher_workflow_wakes(e.type))`,
+			s.id, s.lastSeq); err != nil {
 			return err
 		}
 		if err := outbox.Finish(ctx, tx, d.OutboxID, outcome.Applied); err != nil {
