@@ -349,3 +349,32 @@ func TestWorkflowHostileDecisions(t *testing.T) {
 	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflow_timers WHERE name = 'far' OR name LIKE 't%'`))
 	b.requireCounters(t, want)
 }
+
+// A step whose job asks to run later ends with its retry (a delayed run
+// keeping the job's identity, through a new outbox row): the step is
+// completed once, by the retry, with the retry's result, and the trip goes
+// on. Its timer was set at the decision's own clock and fired at once.
+func TestWorkflowStepRetried(t *testing.T) {
+	t.Parallel()
+	f := startFlows(t)
+	ctx := context.Background()
+	w := f.start(t, "t7", map[string]any{"order": "o7", "flaky": true})
+	hosttest.Eventually(t, 60*time.Second, "reserve applied on its retry", func() bool {
+		return f.events(t, "t7", "step_completed") == 2 && f.events(t, "t7", "timer_fired") == 1
+	})
+	require.EqualValues(t, 1, hosttest.Count(t, f.pool, `SELECT count(*) FROM outbox WHERE kind = 'flow_flaky' AND job_id IS NOT NULL
+		AND attempt = 1 AND outcome = 'applied'`), "the step's job ran again, as a delayed run")
+	require.EqualValues(t, 1, hosttest.Count(t, f.pool, `SELECT count(*) FROM workflow_events WHERE workflow = $1 AND type = 'step_completed'
+		AND name = 'reserve'`, w.ID), "completed once")
+	var jobID, result string
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT job_id FROM workflow_steps WHERE workflow = $1 AND step = 'reserve'`, w.ID).Scan(&jobID))
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT data::text FROM workflow_events WHERE workflow = $1 AND type = 'step_completed' AND name = 'reserve'`,
+		w.ID).Scan(&result))
+	require.JSONEq(t, `{"code": "o7/reserve/`+jobID+`"}`, result, "the retry keeps the step's identity")
+	_, err := client.SignalWorkflow(ctx, f.pool, "trip", "t7", "pay", "paid", nil)
+	require.NoError(t, err)
+	f.waitState(t, "t7", "completed")
+	require.EqualValues(t, 1, effects(t, f.pool, "o7", "reserve"))
+	require.EqualValues(t, 1, effects(t, f.pool, "o7", "notify"))
+	f.requireDecidedOnce(t, "t7")
+}

@@ -19,6 +19,13 @@ import (
 // decision's time. An error is transient (the decision runs again after a
 // backoff) unless it is [Permanent], which fails the workflow; so does a
 // decision the host refuses (a kind the plugin may not enqueue, a limit).
+//
+// Guaranteed: each event is decided by exactly one committed decision, and
+// a step a committed decision schedules is enqueued once. Not guaranteed:
+// that Decide runs once per event. A task delivered again (its plugin
+// killed mid-call, a relay duplicate, a reclaim) may call it again with
+// the same or a longer history, and only one answer is committed; Decide
+// must therefore do nothing but decide (its effects belong in steps).
 type Decide[In any] func(ctx context.Context, h WorkflowHistory[In]) (Decision, error)
 
 // HandleWorkflow registers decide as workflow type typ, with input In.

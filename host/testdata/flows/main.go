@@ -32,6 +32,8 @@ type Trip struct {
 	BadKind  bool   `json:"bad_kind,omitempty"`
 	TooMany  bool   `json:"too_many,omitempty"`
 	FailStep bool   `json:"fail_step,omitempty"`
+	// Flaky reserves with a step whose first attempt asks to run later.
+	Flaky bool `json:"flaky,omitempty"`
 }
 
 // Effect is every step's job: one flow_effects row per applied run.
@@ -52,6 +54,21 @@ type Fails struct {
 }
 
 func (Fails) Kind() string { return "flow_fails" }
+
+// Flaky is Effect's job whose first attempt asks to run again later: its
+// step ends with the job's retry, which keeps the job's identity.
+type Flaky Effect
+
+func (Flaky) Kind() string { return "flow_flaky" }
+
+type flaky struct{}
+
+func (flaky) Apply(ctx context.Context, job sdk.Job[Flaky], tx *sdk.Tx) error {
+	if job.Attempt == 0 {
+		return sdk.RetryLater(100*time.Millisecond, "the first attempt always waits")
+	}
+	return effect{}.Apply(ctx, sdk.Job[Effect]{ID: job.ID, Kind: job.Kind, Attempt: job.Attempt, Args: Effect(job.Args)}, tx)
+}
 
 // Foreign is a kind of the counters plugin, which flows may not enqueue.
 type Foreign struct {
@@ -107,6 +124,10 @@ func misbehave(h sdk.WorkflowHistory[Trip]) (sdk.Decision, bool) {
 		return d, true
 	case t.FailStep:
 		return sdk.Decision{Steps: []sdk.StepCall{sdk.Step("reserve", Fails{Order: t.Order})}}, true
+	case t.Flaky:
+		return sdk.Decision{Steps: []sdk.StepCall{sdk.Step("reserve", Flaky{Order: t.Order, Step: "reserve"}),
+			sdk.Step("hold", Effect{Order: t.Order, Step: "hold"})},
+			Timers: []sdk.Timer{{Name: "grace", At: h.Now}}}, true
 	}
 	return sdk.Decision{}, false
 }
@@ -157,6 +178,7 @@ func main() {
 	p := sdk.New("flows", "1.0.0")
 	sdk.HandleRecordJobID(p, effect{})
 	sdk.HandleRecordJobID(p, fails{})
+	sdk.HandleRecordJobID(p, flaky{})
 	sdk.HandleWorkflow(p, "trip", decide)
 	sdk.Serve(p)
 }
