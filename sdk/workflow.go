@@ -12,15 +12,17 @@ import (
 )
 
 // Decide is a workflow type's code: from the workflow's recorded history it
-// says what happens next. It is run once per new event and its Decision is
-// committed by the host with the event's record: decisions are recorded,
-// never replayed, so the only rule is to decide from the history given. It
+// says what happens next. The host asks for a decision whenever the
+// workflow has new events (those that arrive while one is being decided
+// are decided together next) and commits the Decision with the events'
+// record: decisions are recorded, never replayed, so the only rule is to
+// decide from the history given. It
 // gets no database, no network and no clock of its own: h.Now is the
 // decision's time. An error is transient (the decision runs again after a
 // backoff) unless it is [Permanent], which fails the workflow; so does a
 // decision the host refuses (a kind the plugin may not enqueue, a limit).
 //
-// Guaranteed: each event is decided by exactly one committed decision, and
+// Guaranteed: each event is seen by exactly one committed decision, and
 // a step a committed decision schedules is enqueued once. Not guaranteed:
 // that Decide runs once per event. A task delivered again (its plugin
 // killed mid-call, a relay duplicate, a reclaim) may call it again with
