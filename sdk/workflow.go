@@ -22,7 +22,7 @@ import (
 // backoff) unless it is [Permanent], which fails the workflow; so does a
 // decision the host refuses (a kind the plugin may not enqueue, a limit).
 //
-// Guaranteed: each event is seen by exactly one committed decision, and
+// Guaranteed: each event is new to exactly one committed decision, and
 // a step a committed decision schedules is enqueued once. Not guaranteed:
 // that Decide runs once per event. A task delivered again (its plugin
 // killed mid-call, a relay duplicate, a reclaim) may call it again with
