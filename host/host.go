@@ -29,6 +29,7 @@ import (
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/host/stream"
+	"github.com/usherhq/usher/host/workflow"
 	"github.com/usherhq/usher/migrations"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
@@ -165,6 +166,16 @@ func (h *Host) build(ctx context.Context, schema string) error {
 	if err != nil {
 		return err
 	}
+	decider, err := workflow.NewDecider(workflow.Config{Pool: h.pool, Backoff: runner.Backoff, Logger: h.log})
+	if err != nil {
+		return err
+	}
+	// Decision tasks run through the same pipeline as jobs; the workflow
+	// runner answers the kinds served under the workflow guard.
+	jobs := workflow.Runner{Guards: runner, Decider: decider, OnAbsorbed: func(g usherv1.Guard, kind, reason string) {
+		h.metrics.Absorbed.WithLabelValues(telemetry.GuardName(g), kind, reason).Inc()
+		settler.Absorbed(telemetry.GuardName(g), kind, reason)
+	}}
 	h.fleet, err = fleet.New(ctx, fleet.Config{
 		Pool: h.pool, Handles: handles, Schema: schema, Consumer: cfg.Consumer,
 		Plugins: cfg.Plugins, Dir: cfg.PluginDir, DisableWatch: cfg.DisablePluginWatch, PollInterval: cfg.PluginPollInterval,
@@ -189,7 +200,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		Consumer: cfg.Consumer, Key: h.key,
 		MaxDeliveries: cfg.MaxDeliveries, MaxAttempts: cfg.MaxAttempts, PoisonCrashes: cfg.PoisonCrashes, Concurrency: cfg.Concurrency,
 		JobTimeout: cfg.JobTimeout, StalledAfter: cfg.StalledAfter, UnknownKindWait: cfg.UnknownKindWait,
-		Routes: h.fleet.Routes(), Fleet: h.fleet, Pending: pending, Redelivery: h.redispatcher, Settler: settler, Runner: runner,
+		Routes: h.fleet.Routes(), Fleet: h.fleet, Pending: pending, Redelivery: h.redispatcher, Settler: settler, Runner: jobs,
 		Detach: h.consumer.Detach, Metrics: h.metrics, Tracer: telemetry.NewTracer(), Logger: h.log,
 	})
 	if err != nil {
