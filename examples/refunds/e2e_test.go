@@ -42,9 +42,11 @@ func TestEndToEnd(t *testing.T) {
 	must(t, err)
 
 	// The README's commands run as written, by sh, from a directory laid
-	// out as the repository is (bin/host, examples/refunds), with three
-	// changes: the test's databases for the two postgres URLs, and the
-	// fake provider's URL for https://payments.example.
+	// out as the repository is (bin/host, examples/refunds), with four
+	// changes: the test's databases for the two postgres URLs, the fake
+	// provider's URL for https://payments.example, and a deployment of
+	// the test's own for setup (so its roles are never the ones the other
+	// tests on this cluster hold: its owner is usher_<deployment>).
 	hostBin := filepath.Join(work, "bin", "host")
 	sh(t, root, nil, "go", "build", "-o", hostBin, "./cmd/host")
 	must(t, os.MkdirAll(filepath.Join(work, "examples"), 0o755))
@@ -52,9 +54,11 @@ func TestEndToEnd(t *testing.T) {
 	must(t, err)
 	must(t, os.Symlink(here, filepath.Join(work, "examples", "refunds")))
 
-	adminURL, ownerURL := database(t)
+	deployment := "e" + suffix()[:10]
+	adminURL, ownerURL := database(t, deployment)
 	provider := startProvider(t)
 	lines := readme(t, strings.NewReplacer(
+		"bin/host setup ", "bin/host setup --deployment "+deployment+" ",
 		"postgres://postgres@127.0.0.1:5432/shop", adminURL,
 		"postgres://usher@127.0.0.1:5432/shop", ownerURL,
 		"https://payments.example", provider.URL))
@@ -189,7 +193,10 @@ func TestEndToEnd(t *testing.T) {
 // database creates a database of the test's own, dropped at its end, and
 // returns its URL for the administrator and for the runtime's owner,
 // "usher", which host setup creates.
-func database(t *testing.T) (adminURL, ownerURL string) {
+// database creates the test's database and returns the administrator's
+// URL and the deployment's owner's (usher_<deployment>) on it; the
+// database and the deployment's roles are dropped when the test ends.
+func database(t *testing.T, deployment string) (adminURL, ownerURL string) {
 	t.Helper()
 	base := os.Getenv("USHER_TEST_DATABASE_URL")
 	if base == "" {
@@ -206,6 +213,9 @@ func database(t *testing.T) (adminURL, ownerURL string) {
 		c, err := pgx.Connect(context.Background(), base)
 		if err == nil {
 			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			for _, r := range []string{"usher_" + deployment, "usher_" + deployment + "_plugin_refunds", "usher_" + deployment + "_schema_refunds"} {
+				_, _ = c.Exec(context.Background(), "DROP ROLE IF EXISTS "+r)
+			}
 			_ = c.Close(context.Background())
 		}
 	})
@@ -213,7 +223,7 @@ func database(t *testing.T) (adminURL, ownerURL string) {
 	must(t, err)
 	u.Path = "/" + name
 	adminURL = u.String()
-	u.User = url.User("usher")
+	u.User = url.User("usher_" + deployment)
 	return adminURL, u.String()
 }
 
@@ -241,7 +251,9 @@ func pluginPID(t *testing.T, hostPID int) int {
 			continue
 		}
 		fields := strings.Fields(s[end+1:])
-		if s[open+1:end] == "refunds" && len(fields) > 1 && fields[1] == strconv.Itoa(hostPID) {
+		// The host runs its kept copy, refunds-<sha256>: comm is its
+		// first 15 bytes.
+		if comm := s[open+1 : end]; (comm == "refunds" || strings.HasPrefix(comm, "refunds-")) && len(fields) > 1 && fields[1] == strconv.Itoa(hostPID) {
 			pid, _ := strconv.Atoi(strings.TrimSpace(s[:open]))
 			return pid
 		}

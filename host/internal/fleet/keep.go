@@ -90,9 +90,10 @@ func (k *keeper) keep(pcfg pluginhost.Config) (pluginhost.Config, error) {
 }
 
 // path is where the bytes with SHA-256 sum, copied from src, are kept:
-// the sum, then the source's name for whoever reads a process list.
+// the source's name first, for whoever reads a process list (ps shows the
+// first 15 bytes), then the sum.
 func (k *keeper) path(sum []byte, src string) string {
-	return filepath.Join(k.dir, hex.EncodeToString(sum)+"-"+filepath.Base(src))
+	return filepath.Join(k.dir, filepath.Base(src)+"-"+hex.EncodeToString(sum))
 }
 
 // copy copies src into the keep directory under its SHA-256 and returns

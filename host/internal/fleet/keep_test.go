@@ -28,7 +28,7 @@ func TestKeepContentAddressed(t *testing.T) {
 	a, err := k.keep(pluginhost.Config{Path: src, SHA256: sum1[:]})
 	require.NoError(t, err)
 	require.Equal(t, sum1[:], a.SHA256)
-	require.Equal(t, hex.EncodeToString(sum1[:])+"-counters", filepath.Base(a.Path))
+	require.Equal(t, "counters-"+hex.EncodeToString(sum1[:]), filepath.Base(a.Path))
 	info, err := os.Stat(a.Path)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o555), info.Mode().Perm())

@@ -43,8 +43,8 @@ func siblings() (string, error) {
 			continue
 		}
 		cmd, _, _ := bytes.Cut(argv, []byte{0})
-		// The host runs kept copies named <sha256>-<name>.
-		if base := filepath.Base(string(cmd)); want != "" && (base == want || strings.HasSuffix(base, "-"+want)) {
+		// The host runs kept copies named <name>-<sha256>.
+		if base := filepath.Base(string(cmd)); want != "" && (base == want || strings.HasPrefix(base, want+"-")) {
 			pids = append(pids, pid)
 		}
 	}
