@@ -193,6 +193,7 @@ BEGIN
             USING ERRCODE = 'program_limit_exceeded';
     END IF;
     IF v_trace = '' THEN
+        -- A new W3C traceparent, as client.Enqueue and outbox.Add make.
         v_trace := '00-' || replace(gen_random_uuid()::text, '-', '') || '-'
                    || left(replace(gen_random_uuid()::text, '-', ''), 16) || '-01';
     END IF;
