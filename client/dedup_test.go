@@ -216,4 +216,14 @@ func TestDedupFromSQL(t *testing.T) {
 	f, err := client.Enqueue(ctx, app, client.Job{Kind: "award_points", DedupKey: "order-1"})
 	require.NoError(t, err)
 	require.Equal(t, e, f)
+
+	// The README's statement, as written, twice: one job. Its grant is
+	// the one given here.
+	stmt := readmeBlock(t, "**Deduplication by a business key.**", "sql")
+	require.Len(t, stmt, 1)
+	var g, h int64
+	require.NoError(t, app.QueryRow(ctx, stmt[0]).Scan(&g))
+	require.NoError(t, app.QueryRow(ctx, stmt[0]).Scan(&h))
+	require.Equal(t, g, h)
+	require.Contains(t, readme(t), "GRANT EXECUTE ON FUNCTION "+sandbox.AppDedupEnqueueFunction+" TO app;")
 }

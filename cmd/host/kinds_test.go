@@ -60,3 +60,21 @@ func TestPauseCLI(t *testing.T) {
 	require.NotEmpty(t, shown.Actions[0].DBUser)
 	require.EqualValues(t, 2, hosttest.Count(t, pool, `SELECT count(*) FROM operator_actions WHERE target = 'update_sales_counter'`))
 }
+
+// The README's pause commands, run as written by sh on the database
+// DATABASE_URL names.
+func TestREADMEPauseCommands(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := hosttest.DB(t)
+	dir := binDir(t)
+	lines := readmeBlock(t, "**Pause a kind.**", "sh")
+	require.Len(t, lines, 3)
+	env := []string{"DATABASE_URL=" + dbURL, "USER=ada"}
+	require.Contains(t, readmeShell(t, dir, env, lines[0]), "paused update_sales_counter")
+	out := readmeShell(t, dir, env, lines[1])
+	require.Contains(t, out, "provider outage")
+	require.Contains(t, out, "ada@")
+	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM kind_pauses WHERE resumed_at IS NULL`))
+	require.Contains(t, readmeShell(t, dir, env, lines[2]), "resumed update_sales_counter")
+	require.EqualValues(t, 0, hosttest.Count(t, pool, `SELECT count(*) FROM kind_pauses WHERE resumed_at IS NULL`))
+}
