@@ -36,9 +36,9 @@ type Inspection struct {
 	WaitingForKind []KindCount `json:"waiting_for_kind,omitempty"`
 	// Paused are the kinds an operator paused (host/pause): their
 	// deliveries wait in the stream until resumed.
-	Paused []pause.Paused `json:"paused_kinds,omitempty"`
-	DeadLetters    []KindCount `json:"dead_letters_open"`
-	Absorbed       []Absorbed  `json:"duplicates_absorbed"`
+	Paused      []pause.Paused `json:"paused_kinds,omitempty"`
+	DeadLetters []KindCount    `json:"dead_letters_open"`
+	Absorbed    []Absorbed     `json:"duplicates_absorbed"`
 	// Lag is how far behind the runtime is, as of the time Inspect was
 	// given.
 	Lag Lag `json:"lag"`
