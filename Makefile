@@ -84,7 +84,9 @@ soak: services
 
 # -race everywhere: most packages have concurrency. -p 2 matches the
 # machine's cores; each test package uses its own database and stream.
-test: services
+# tools installs (or finds) what tests need beyond Go: psycopg2 for the
+# README's Python enqueue, Chromium for the console's browser test.
+test: services tools
 	$(GO) test -race -count=1 -p 2 -timeout 20m ./...
 	# examples/refunds, a third-party plugin in a module of its own: its
 	# sdktest tests, and end to end through the documented commands.

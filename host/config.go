@@ -256,6 +256,11 @@ type Config struct {
 	// each host's retainer deletes older ones every CleanupInterval.
 	// Default 7 days.
 	HistoryRetention time.Duration
+	// WorkflowRetention is how long a finished workflow (completed,
+	// failed or cancelled) is kept, with its history; running ones are
+	// never deleted. 0: kept for ever (the default). At least the
+	// redelivery bound, like OutboxRetention.
+	WorkflowRetention time.Duration
 	// StreamTrimInterval is how often the stream is trimmed behind the
 	// oldest entry any consumer group still owes (pending, or not yet
 	// delivered): never past it, by a Lua script any number of hosts may
@@ -478,6 +483,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Float64("rollback_failure_share", c.RollbackFailureShare), slog.Int("rollback_min_jobs", c.RollbackMinJobs),
 		slog.Int("concurrency", c.Concurrency), slog.Int64("max_entry_bytes_held", c.MaxEntryBytesHeld),
 		slog.Duration("reclaim_idle", c.ReclaimIdle), slog.Duration("history_retention", c.HistoryRetention),
+		slog.Duration("workflow_retention", c.WorkflowRetention),
 		slog.Duration("unknown_kind_wait", c.UnknownKindWait),
 		slog.Duration("job_timeout", c.JobTimeout), slog.Duration("stalled_after", c.StalledAfter), slog.Int("batch_max", c.BatchMax), slog.Duration("batch_wait", c.BatchWait), slog.Int64("max_deliveries", c.MaxDeliveries),
 		slog.Int("max_attempts", c.MaxAttempts), slog.Int("poison_crashes", c.PoisonCrashes), slog.Bool("relay", !c.DisableRelay),

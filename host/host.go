@@ -30,6 +30,7 @@ import (
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/host/stream"
+	"github.com/usherhq/usher/host/workflow"
 	"github.com/usherhq/usher/migrations"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
@@ -167,6 +168,16 @@ func (h *Host) build(ctx context.Context, schema string) error {
 	if err != nil {
 		return err
 	}
+	decider, err := workflow.NewDecider(workflow.Config{Pool: h.pool, Backoff: runner.Backoff, Logger: h.log})
+	if err != nil {
+		return err
+	}
+	// Decision tasks run through the same pipeline as jobs; the workflow
+	// runner answers the kinds served under the workflow guard.
+	jobs := workflow.Runner{Guards: runner, Decider: decider, OnAbsorbed: func(g usherv1.Guard, kind, reason string) {
+		h.metrics.Absorbed.WithLabelValues(telemetry.GuardName(g), kind, reason).Inc()
+		settler.Absorbed(telemetry.GuardName(g), kind, reason)
+	}}
 	h.fleet, err = fleet.New(ctx, fleet.Config{
 		Pool: h.pool, Handles: handles, Schema: schema, Consumer: cfg.Consumer,
 		Plugins: cfg.Plugins, Dir: cfg.PluginDir, DisableWatch: cfg.DisablePluginWatch, PollInterval: cfg.PluginPollInterval,
@@ -195,7 +206,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		Consumer: cfg.Consumer, Key: h.key,
 		MaxDeliveries: cfg.MaxDeliveries, MaxAttempts: cfg.MaxAttempts, PoisonCrashes: cfg.PoisonCrashes, Concurrency: cfg.Concurrency,
 		JobTimeout: cfg.JobTimeout, StalledAfter: cfg.StalledAfter, UnknownKindWait: cfg.UnknownKindWait,
-		Routes: h.fleet.Routes(), Fleet: h.fleet, Pending: pending, Redelivery: h.redispatcher, Settler: settler, Runner: runner,
+		Routes: h.fleet.Routes(), Fleet: h.fleet, Pending: pending, Redelivery: h.redispatcher, Settler: settler, Runner: jobs,
 		Paused: h.pauses.Paused, Detach: h.consumer.Detach, Metrics: h.metrics, Tracer: telemetry.NewTracer(), Logger: h.log,
 	})
 	if err != nil {
@@ -224,6 +235,9 @@ func (h *Host) dispatch(ctx context.Context, e stream.Entry) bool { return h.pip
 func (h *Host) Close() {
 	if h.fleet != nil {
 		h.fleet.Close()
+	}
+	if h.admin != nil {
+		h.admin.Close() // a listener Run never served on
 	}
 	if h.ownRdb && h.rdb != nil {
 		_ = h.rdb.Close()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -134,8 +135,12 @@ func TestHostileOwnPassword(t *testing.T) {
 
 	passfile := filepath.Join(t.TempDir(), "pgpass")
 	hostBin := hosttest.Build(t, "./cmd/host")
-	out, err := exec.Command(hostBin, "setup", "--admin-url", cluster.AdminURL("stagedoor"),
-		"--plugin", "counters", "--plugin", "hostile", "--passfile", passfile).CombinedOutput()
+	// The administrator's password in PGPASSWORD: a command line holding
+	// one is refused (every local user reads /proc/PID/cmdline).
+	setup := exec.Command(hostBin, "setup", "--admin-url", fmt.Sprintf("postgres://postgres@127.0.0.1:%d/stagedoor?sslmode=disable", cluster.Port),
+		"--plugin", "counters", "--plugin", "hostile", "--passfile", passfile)
+	setup.Env = append(os.Environ(), "PGPASSWORD="+cluster.AdminPassword)
+	out, err := setup.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	ownerURL := fmt.Sprintf("postgres://usher@127.0.0.1:%d/stagedoor?sslmode=disable", cluster.Port)
 	t.Setenv("PGPASSFILE", passfile)

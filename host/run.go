@@ -7,12 +7,13 @@ import (
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/schedule"
 	"github.com/usherhq/usher/host/stream"
+	"github.com/usherhq/usher/host/workflow"
 )
 
 // Run serves until ctx is done, then stops reading, gives in-flight jobs a
 // grace period (those that do not finish stay unacked and are reclaimed),
 // stops the plugins and returns. The services start in phases: the plugin
-// fleet, the background loops (relay and reconciler, scheduler, retention), the stream (consumer, reclaimer, redispatcher), the admin
+// fleet, the background loops (relay and reconciler, scheduler and workflow timers, retention), the stream (consumer, reclaimer, redispatcher), the admin
 // API; they stop in reverse, so the plugins stop only once no job is in
 // flight. A service that fails stops the others, and Run returns its
 // error, naming it, once every goroutine has ended.
@@ -61,7 +62,11 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 		if err != nil {
 			return nil, err
 		}
-		background = append(background, lifecycle.Func("scheduler", sched.Run))
+		timers, err := workflow.NewTimers(workflow.TimersConfig{Pool: h.pool, Logger: h.log})
+		if err != nil {
+			return nil, err
+		}
+		background = append(background, lifecycle.Func("scheduler", sched.Run), lifecycle.Func("workflow timers", timers.Run))
 	}
 	ret, err := h.retainer()
 	if err != nil {

@@ -51,7 +51,7 @@ func (h *Host) retainer() (*retention.Retainer, error) {
 		Redis: h.rdb, Pool: h.pool, Stream: c.Stream, Group: c.Group, Self: c.Consumer,
 		TrimInterval: c.StreamTrimInterval, CleanupInterval: c.CleanupInterval, ConsumerIdle: c.ConsumerIdleRemove,
 		ProcessedJobs: c.ProcessedJobsRetention, Outbox: c.OutboxRetention, DeadLetters: c.DeadLetterRetention,
-		Redelivery: c.redelivery(), History: c.HistoryRetention, Swaps: c.HistoryRetention, Margin: c.RetentionMargin, Logger: h.log,
+		Redelivery: c.redelivery(), History: c.HistoryRetention, Swaps: c.HistoryRetention, Workflows: c.WorkflowRetention, Margin: c.RetentionMargin, Logger: h.log,
 		OnTrimmed:          func(n int64) { h.metrics.Trimmed.Add(float64(n)) },
 		OnDeleted:          func(table string, n int64) { h.metrics.Retained.WithLabelValues(table).Add(float64(n)) },
 		OnConsumersRemoved: func(n int) { h.metrics.ConsumersRemoved.Add(float64(n)) },

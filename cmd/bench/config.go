@@ -81,7 +81,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.AdminURL, "admin-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "administrator's Postgres URL: creates and drops the run's database, runs sandbox.Setup")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL")
-	fs.StringVar(&cfg.Owner, "owner", "usher", "the runtime's owner role, the host's login")
+	fs.StringVar(&cfg.Owner, "owner", "", "the runtime's owner role, the host's login (default: the run's own deployment's, usher_b<hex>, made and dropped with the run's database)")
 	fs.StringVar(&cfg.PluginDir, "plugin-dir", "bin/plugins", "directory with the counters plugin and its manifest (make plugins)")
 	fs.IntVar(&cfg.Jobs, "jobs", 20000, "counter jobs per throughput run")
 	fs.IntVar(&cfg.Events, "events", 100, "events the orders spread over")
@@ -103,6 +103,8 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
+	ownerSet := false
+	fs.Visit(func(f *flag.Flag) { ownerSet = ownerSet || f.Name == "owner" })
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments: %q (flags go before any argument, and bench takes none)", fs.Args())
 	}
@@ -134,7 +136,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 		return cfg, errors.New("--rate-seconds must be at least 1")
 	case cfg.Timeout <= 0:
 		return cfg, errors.New("--timeout must be positive")
-	case cfg.Owner == "":
+	case ownerSet && cfg.Owner == "":
 		return cfg, errors.New("--owner must not be empty")
 	case cfg.Plots == "":
 		return cfg, errors.New("--plots must not be empty")

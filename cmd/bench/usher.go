@@ -58,6 +58,10 @@ type database struct {
 	ownerURL string // the owner on the run's database
 	name     string
 	pool     *pgxpool.Pool // the owner's, for seeding, producing and polling
+	// deployment is the run's own; roles are what drop removes after
+	// the database.
+	deployment string
+	roles      []string
 }
 
 // createDatabase creates a fresh database, sets up the owner and the
@@ -70,7 +74,22 @@ func createDatabase(ctx context.Context, cfg config) (*database, error) {
 		return nil, fmt.Errorf("connect as the administrator: %w", err)
 	}
 	defer admin.Close(context.WithoutCancel(ctx))
-	db := &database{rootURL: cfg.AdminURL, name: "usher_bench_" + suffix()}
+	// Each run is a deployment of its own (host setup --deployment): its
+	// roles are made for it and dropped with its database, never the
+	// tests', the demo's or a real deployment's on the same cluster.
+	sfx := suffix()
+	db := &database{rootURL: cfg.AdminURL, name: "usher_bench_" + sfx, deployment: "b" + sfx[:10]}
+	owner := cfg.Owner
+	if owner == "" {
+		owner = sandbox.OwnerIn(db.deployment)
+	}
+	db.roles = []string{owner}
+	for _, p := range benchPlugins {
+		db.roles = append(db.roles, sandbox.PluginRoleIn(db.deployment, p), sandbox.SchemaRoleIn(db.deployment, p))
+	}
+	if cfg.Owner != "" {
+		db.roles = db.roles[1:] // the operator's own owner role stays
+	}
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db.name}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("create database %s: %w", db.name, err)
 	}
@@ -80,9 +99,9 @@ func createDatabase(ctx context.Context, cfg config) (*database, error) {
 	}
 	u.Path = "/" + db.name
 	db.adminURL = u.String()
-	u.User = url.User(cfg.Owner)
+	u.User = url.User(owner)
 	db.ownerURL = u.String()
-	if err := db.setup(ctx, cfg.Owner, cfg.PluginDir); err != nil {
+	if err := db.setup(ctx, owner, cfg.PluginDir); err != nil {
 		_ = db.drop(context.WithoutCancel(ctx))
 		return nil, err
 	}
@@ -95,7 +114,7 @@ func (db *database) setup(ctx context.Context, owner, pluginDir string) error {
 		return fmt.Errorf("connect as the administrator to %s: %w", db.name, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := sandbox.Setup(ctx, conn, sandbox.SetupConfig{Owner: owner, Plugins: []string{"counters", "tickets"}}); err != nil {
+	if err := sandbox.Setup(ctx, conn, sandbox.SetupConfig{Deployment: db.deployment, Owner: owner, Plugins: benchPlugins}); err != nil {
 		return err
 	}
 	pc, err := pgxpool.ParseConfig(db.ownerURL)
@@ -142,9 +161,20 @@ func (db *database) drop(ctx context.Context) error {
 		return err
 	}
 	defer admin.Close(ctx)
-	_, err = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db.name}.Sanitize()+" WITH (FORCE)")
-	return err
+	if _, err = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db.name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range db.roles {
+		if _, err := admin.Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{r}.Sanitize()); err != nil {
+			errs = append(errs, fmt.Errorf("drop role %s: %w", r, err))
+		}
+	}
+	return errors.Join(errs...)
 }
+
+// benchPlugins are the plugins each run's deployment has roles for.
+var benchPlugins = []string{"counters", "tickets"}
 
 // runningHost is one in-process host serving its own stream.
 type runningHost struct {

@@ -315,8 +315,8 @@ type tokenFlags struct {
 
 func (t *tokenFlags) register(fs *flag.FlagSet) {
 	t.fs = fs
-	fs.StringVar(&t.file, "admin-token-file", "", "file holding the admin API's token (default $XDG_STATE_HOME/usher/admin-token, "+
-		"else ~/.local/state/usher/admin-token); USHER_ADMIN_TOKEN gives the token itself instead")
+	fs.StringVar(&t.file, "admin-token-file", os.Getenv("USHER_ADMIN_TOKEN_FILE"), "file holding the admin API's token (USHER_ADMIN_TOKEN_FILE; "+
+		"default $XDG_STATE_HOME/usher/admin-token, else ~/.local/state/usher/admin-token); USHER_ADMIN_TOKEN gives the token itself instead")
 }
 
 // resolve returns the token from the environment, or the file to read it
@@ -330,6 +330,9 @@ func (t *tokenFlags) resolve() (token, file string, err error) {
 	if tok := os.Getenv("USHER_ADMIN_TOKEN"); tok != "" {
 		if explicit {
 			return "", "", errors.New("both USHER_ADMIN_TOKEN and --admin-token-file are given: use one")
+		}
+		if os.Getenv("USHER_ADMIN_TOKEN_FILE") != "" {
+			return "", "", errors.New("both USHER_ADMIN_TOKEN and USHER_ADMIN_TOKEN_FILE are set: use one")
 		}
 		return tok, "", nil
 	}

@@ -136,8 +136,11 @@ func must(err error) {
 }
 
 const (
-	// demoOwner is the runtime's owner role the demo's hosts log in as.
-	demoOwner = "usher"
+	// demoDeployment is the demo's deployment (host setup --deployment):
+	// its roles are its own, never the tests' or a real deployment's on
+	// the same cluster; demoOwner is its owner role, the hosts' login.
+	demoDeployment = "demo"
+	demoOwner      = "usher_" + demoDeployment
 	// demoAdminURL is --admin-url's default.
 	demoAdminURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	// demoStream is the stream the demo's hosts share.
@@ -216,7 +219,7 @@ func (d *demo) prepare(ctx context.Context) error {
 		return err
 	}
 	defer demoAdmin.Close(ctx)
-	if err := sandbox.Setup(ctx, demoAdmin, sandbox.SetupConfig{Owner: demoOwner, Plugins: []string{"counters", "tickets"}}); err != nil {
+	if err := sandbox.Setup(ctx, demoAdmin, sandbox.SetupConfig{Deployment: demoDeployment, Owner: demoOwner, Plugins: []string{"counters", "tickets"}}); err != nil {
 		return fmt.Errorf("demo: setup: %w", err)
 	}
 	if d.pool, err = pgxpool.New(ctx, d.dbURL); err != nil {

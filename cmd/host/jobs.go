@@ -24,10 +24,10 @@ func (cl *cli) jobCommands() []*command {
 }
 
 func (cl *cli) workflowCommands() []*command {
-	return []*command{
+	return append([]*command{
 		{name: "show", args: "REQUEST_ID", summary: "the jobs one request started, as a tree, each with its state and history",
 			flags: cl.workflowsShow},
-	}
+	}, cl.durableWorkflowCommands()...)
 }
 
 func (cl *cli) jobsShow(fs *flag.FlagSet) runner {
@@ -63,6 +63,10 @@ func (cl *cli) workflowsShow(fs *flag.FlagSet) runner {
 			return usageError{fmt.Sprintf("workflows show takes one request ID, got %q", pos)}
 		}
 		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
+			// A durable workflow's request id is TYPE:ID: its history first.
+			if found, err := cl.showDurable(ctx, pool, pos[0], *asJSON); found || err != nil {
+				return err
+			}
 			w, err := history.GetWorkflow(ctx, pool, pos[0])
 			if errors.Is(err, history.ErrNotFound) {
 				return fmt.Errorf("no workflow %s: no outbox row or history carries that request id", pos[0])

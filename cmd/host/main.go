@@ -8,14 +8,16 @@
 //	host inspect      pending entries, backlog, dead letters, absorbed duplicates
 //	host deadletters  list | show ID | requeue ID | requeue --kind KIND
 //	host jobs         show ID: a job's state and every delivery's record
-//	host workflows    show REQUEST_ID: the jobs one request started, as a tree
+//	host workflows    show REQUEST_ID: the jobs one request started, as a tree (a durable
+//	                  workflow's history first) | start TYPE ID [JSON] | signal TYPE ID SIGNAL_ID NAME [JSON]
+//	                  | cancel TYPE ID [REASON] | list [--type T] [--state S] [--older-than D]
 //	host plugins      list | reload [NAME] (a running host, admin API) | manifest BINARY | install [NAME] | init NAME
 //
 // Flags go anywhere on the command line, before or after the command, its
 // subcommand and its arguments; an unknown flag is an error (exit status
 // 2), -h or --help prints a command's flags (exit status 0). The read
-// commands (inspect, deadletters list and show, jobs show, workflows show,
-// plugins list) take --json.
+// commands (inspect, deadletters list and show, jobs show, workflows show
+// and list, plugins list) take --json.
 //
 // Configuration comes from flags, with environment variables as defaults:
 // DATABASE_URL, REDIS_URL, USHER_STREAM, USHER_PLUGIN_DIR, USHER_CONSUMER,
@@ -80,7 +82,7 @@ func (cl *cli) commands() *command {
 		{name: "deadletters", summary: "list, show and requeue dead letters", subs: cl.deadLetterCommands()},
 		{name: "jobs", summary: "a job's state and the history of its deliveries", subs: cl.jobCommands()},
 		{name: "kinds", summary: "pause and resume a kind on every host, and show the paused ones", subs: cl.kindCommands()},
-		{name: "workflows", summary: "the tree of jobs one request started, with their states and histories", subs: cl.workflowCommands()},
+		{name: "workflows", summary: "durable workflows (start, signal, cancel, list) and the tree of jobs one request started", subs: cl.workflowCommands()},
 		{name: "plugins", summary: "a running host's plugins (via its admin address), and plugin manifests", dflt: "list", subs: cl.pluginCommands()},
 	}}
 }

@@ -137,6 +137,9 @@ func TestPluginsCommandsToken(t *testing.T) {
 	require.Contains(t, o.with("USHER_ADMIN_TOKEN="+h.AdminToken).ok("plugins", "list"), "counters")
 	require.Contains(t, o.ok("plugins", "list", "--admin-token-file", tokenFile), "counters")
 	require.Contains(t, o.with("XDG_STATE_HOME="+filepath.Join(home, ".local", "state")).ok("plugins", "list"), "counters")
+	require.Contains(t, o.with("USHER_ADMIN_TOKEN_FILE="+tokenFile).ok("plugins", "list"), "counters")
+	require.Contains(t, o.with("USHER_ADMIN_TOKEN="+h.AdminToken, "USHER_ADMIN_TOKEN_FILE="+tokenFile).fails("plugins", "list"),
+		"both USHER_ADMIN_TOKEN and USHER_ADMIN_TOKEN_FILE are set: use one")
 
 	// No token anywhere.
 	nobody := o

@@ -100,7 +100,7 @@ func PluginRole(name string) string { return sandbox.PluginRoleIn(Deployment, na
 
 // PluginNames are the plugins the tests load; DB makes sure each has its
 // login role (roles are cluster-wide: created once, kept).
-var PluginNames = []string{"counters", "tickets", "raw", "rolecheck", "flaky", "hostile", "sdktest", "fanout", "lateload"}
+var PluginNames = []string{"counters", "tickets", "raw", "rolecheck", "flaky", "hostile", "sdktest", "fanout", "lateload", "flows"}
 
 var rolesOnce sync.Once
 

@@ -339,6 +339,9 @@ func checkManifest(m *usherv1.ManifestResponse) (Manifest, error) {
 			return out, fmt.Errorf("plugin %s declares kind %q twice", out.Name, k.GetKind())
 		case k.GetGuard() == usherv1.Guard_GUARD_UNSPECIFIED || usherv1.Guard_name[int32(k.GetGuard())] == "":
 			return out, fmt.Errorf("plugin %s declares kind %q without a guard; refusing to load it", out.Name, k.GetKind())
+		case strings.HasPrefix(k.GetKind(), contract.WorkflowKindPrefix) != (k.GetGuard() == usherv1.Guard_GUARD_WORKFLOW):
+			return out, fmt.Errorf("plugin %s declares kind %q under %s: the workflow guard serves exactly the kinds %s<type>; refusing to load it",
+				out.Name, k.GetKind(), k.GetGuard(), contract.WorkflowKindPrefix)
 		}
 		seen[k.GetKind()] = true
 		out.Kinds = append(out.Kinds, KindInfo{Kind: k.GetKind(), Guard: k.GetGuard(), SchemaVersion: int(k.GetPayloadSchemaVersion())})

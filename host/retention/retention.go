@@ -37,6 +37,7 @@ import (
 	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/internal/periodic"
 	"github.com/usherhq/usher/host/swaps"
+	"github.com/usherhq/usher/host/workflow"
 )
 
 // DefaultMargin is Config.Margin's default.
@@ -77,6 +78,12 @@ type Config struct {
 	// at): records of what happened, never read to decide a job, so not
 	// held to Redelivery's bound. 0: kept for ever.
 	History, Swaps time.Duration
+	// Workflows is the window of finished workflows (by finished_at),
+	// deleted with their histories (host/workflow.Trim); a running one is
+	// never deleted. 0: kept for ever (the default). A window set must be
+	// at least Redelivery.Bound(): a late redelivery of a finished
+	// workflow's task or step still finds it.
+	Workflows time.Duration
 	// Margin is taken off the stream's low-water mark before it is
 	// compared with Postgres's times: it covers the clocks of Redis and
 	// Postgres drifting apart and the relay's transaction (published_at
@@ -101,7 +108,7 @@ func (c *Config) setDefaults() error {
 	for _, w := range []struct {
 		name string
 		d    time.Duration
-	}{{"ProcessedJobs", c.ProcessedJobs}, {"Outbox", c.Outbox}, {"DeadLetters", c.DeadLetters}} {
+	}{{"ProcessedJobs", c.ProcessedJobs}, {"Outbox", c.Outbox}, {"DeadLetters", c.DeadLetters}, {"Workflows", c.Workflows}} {
 		if err := c.Redelivery.Check("retention: "+w.name, w.d); err != nil {
 			return err
 		}
@@ -178,7 +185,7 @@ func (r *Retainer) Cleanup(ctx context.Context) error {
 	return errors.Join(cerr, perr)
 }
 
-// trimRecords applies the History and Swaps windows.
+// trimRecords applies the History, Workflows and Swaps windows.
 func (r *Retainer) trimRecords(ctx context.Context) error {
 	var errs []error
 	if r.cfg.History > 0 {
@@ -197,6 +204,24 @@ func (r *Retainer) trimRecords(ctx context.Context) error {
 				r.cfg.OnDeleted("job_history", total)
 			}
 			r.cfg.Logger.Info("job history trimmed", "deleted", total, "retention", r.cfg.History)
+		}
+	}
+	if r.cfg.Workflows > 0 {
+		before := time.Now().Add(-r.cfg.Workflows)
+		var total int64
+		for {
+			n, err := workflow.Trim(ctx, r.cfg.Pool, before, r.cfg.BatchSize)
+			total += n
+			if err != nil || n < int64(r.cfg.BatchSize) {
+				errs = append(errs, err)
+				break
+			}
+		}
+		if total > 0 {
+			if r.cfg.OnDeleted != nil {
+				r.cfg.OnDeleted("workflows", total)
+			}
+			r.cfg.Logger.Info("finished workflows deleted", "deleted", total, "retention", r.cfg.Workflows)
 		}
 	}
 	if r.cfg.Swaps > 0 {

@@ -354,3 +354,34 @@ func TestCleanupTrimsTheHistories(t *testing.T) {
 	require.EqualValues(t, 0, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE finished_at < $1`, now.Add(-48*time.Hour)))
 	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM plugin_swaps`))
 }
+
+// Finished workflows past their window go with their histories; running
+// ones stay however old, and so do those finished recently.
+func TestCleanupDeletesFinishedWorkflows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for _, q := range []string{
+		`SELECT usher_start_workflow('trip', w, '{}') FROM unnest(ARRAY['old-done', 'old-failed', 'new-done', 'old-running']) w`,
+		`UPDATE workflows SET created_at = now() - interval '10 days'`,
+		`UPDATE workflows SET state = 'completed', finished_at = now() - interval '3 days' WHERE workflow_id = 'old-done'`,
+		`UPDATE workflows SET state = 'failed', finished_at = now() - interval '3 days' WHERE workflow_id = 'old-failed'`,
+		`UPDATE workflows SET state = 'completed', finished_at = now() - interval '1 hour' WHERE workflow_id = 'new-done'`,
+	} {
+		_, err := b.pool.Exec(ctx, q)
+		require.NoError(t, err, q)
+	}
+	require.EqualValues(t, 4, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflow_events`))
+	deleted := map[string]int64{}
+	r, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Stream: b.stream, Group: "usher", Self: "self",
+		Workflows: 48 * time.Hour, BatchSize: 1, OnDeleted: func(table string, n int64) { deleted[table] += n }})
+	require.NoError(t, err)
+	require.NoError(t, r.Cleanup(ctx))
+	require.Equal(t, map[string]int64{"workflows": 2}, deleted)
+	rows, err := b.pool.Query(ctx, `SELECT workflow_id FROM workflows ORDER BY workflow_id`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"new-done", "old-running"}, left)
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflow_events`), "their histories went with them")
+}

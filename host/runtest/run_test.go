@@ -6,8 +6,12 @@ package runtest
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,25 +24,23 @@ import (
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
 
-// A service that fails at start (the admin API, its port taken) stops the
-// others: Run returns its error, naming it, once every goroutine of every
-// service has ended; the plugins' processes are stopped; and Close after
-// the failed Run leaves no process and no goroutine behind.
+// A service that fails at start (the consumer: its stream key holds a
+// string, so its group cannot be made) stops the others: Run returns its
+// error, naming it, once every goroutine of every service has ended; the
+// plugins' processes are stopped; and Close after the failed Run leaves no
+// process and no goroutine behind.
 func TestFailingServiceStopsTheHost(t *testing.T) {
 	_, dbURL := hosttest.DB(t)
-	_, stream := hosttest.Redis(t)
+	rdb, stream := hosttest.Redis(t)
+	require.NoError(t, rdb.Set(context.Background(), stream, "not a stream", 0).Err())
 	counters := hosttest.Build(t, "./plugins/counters")
-	taken, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer taken.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	before := goleak.IgnoreCurrent()
 
 	h, err := host.New(ctx, host.Config{
 		DatabaseURL: dbURL, RedisURL: hosttest.RedisURL(), Stream: stream, Plugins: []string{counters},
-		AdminAddr: taken.Addr().String(), AdminTokenFile: filepath.Join(t.TempDir(), "token"),
-		Logger: hosttest.Logger(t, 0),
+		AdminAddr: "127.0.0.1:0", AdminTokenFile: filepath.Join(t.TempDir(), "token"), Logger: hosttest.Logger(t, 0),
 	})
 	require.NoError(t, err)
 	plugins := h.Plugins()
@@ -48,8 +50,8 @@ func TestFailingServiceStopsTheHost(t *testing.T) {
 
 	err = h.Run(ctx)
 	require.Error(t, err)
-	require.ErrorContains(t, err, "service admin: admin listener")
-	require.ErrorContains(t, err, "address already in use")
+	require.ErrorContains(t, err, "service consumer: stream: create group")
+	require.ErrorContains(t, err, "WRONGTYPE")
 	require.NoError(t, ctx.Err(), "Run returned on the failure, not at the test's deadline")
 	h.Close()
 
@@ -57,6 +59,40 @@ func TestFailingServiceStopsTheHost(t *testing.T) {
 		return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 	})
 	goleak.VerifyNone(t, before)
+}
+
+// An admin port that is taken is New's error: the host never says it is
+// ready, and the plugin it started is stopped.
+func TestAdminPortTakenFailsNew(t *testing.T) {
+	_, dbURL := hosttest.DB(t)
+	_, stream := hosttest.Redis(t)
+	counters := hosttest.Build(t, "./plugins/counters")
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	var logs strings.Builder
+	before := goleak.IgnoreCurrent()
+	_, err = host.New(context.Background(), host.Config{
+		DatabaseURL: dbURL, RedisURL: hosttest.RedisURL(), Stream: stream, Plugins: []string{counters},
+		AdminAddr: taken.Addr().String(), AdminTokenFile: filepath.Join(t.TempDir(), "token"),
+		Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil)),
+	})
+	require.ErrorContains(t, err, "admin listener")
+	require.ErrorContains(t, err, "address already in use")
+	require.NotContains(t, logs.String(), "host ready")
+	goleak.VerifyNone(t, before)
+}
+
+// syncWriter serialises writes to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
 
 // Run under a context that ends, after it ran jobs, stops every service

@@ -106,6 +106,7 @@ func CheckPluginName(name string) error {
 // privilege on them.
 var RuntimeTables = []string{"outbox", "processed_jobs", "scheduled_jobs", "dead_letters",
 	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets", "tx_gates", "job_history", "plugin_installs",
+	"workflows", "workflow_events", "workflow_steps", "workflow_timers", "workflow_signals", "workflow_decisions",
 	"job_dedup_keys", "kind_pauses", "operator_actions"}
 
 // AppEnqueueFunction is the applications' enqueue (package client, and any
@@ -125,7 +126,7 @@ var functions = []string{"usher_check_serves(text)", "usher_applied(bigint, text
 	"usher_applied_logged(bigint, text, text, integer, integer, text, text, text, text, text, text, timestamptz)",
 	"usher_check_serves_all(text[])", "usher_record_jobs(text[], text[])",
 	"usher_applied_batch(bigint[], text[], text[], integer[], integer[], text[], text[], text, text, text, text, timestamptz[])",
-	"usher_statements_check(integer)"}
+	"usher_statements_check(integer)", "usher_workflow_step_result(text, text, jsonb)"}
 
 // CheckHostLogin refuses a host whose database login is a superuser, unless
 // allowSuperuser: a superuser host means one escape from a plugin's role is

@@ -58,18 +58,28 @@ type Config struct {
 
 // Server is the admin API.
 type Server struct {
-	cfg  Config
+	cfg Config
+	// ln is bound by New: a port that is taken is New's error, before
+	// the host says it is ready; Run serves on it.
+	ln   net.Listener
 	mu   sync.Mutex
 	addr string
 }
 
-// New validates cfg.
+// New validates cfg and binds the listener.
 func New(cfg Config) (*Server, error) {
 	if cfg.Addr == "" || cfg.Token == "" || cfg.Registry == nil || cfg.Fleet == nil || cfg.Pool == nil || cfg.Redis == nil || cfg.Logger == nil {
 		return nil, errors.New("adminapi: needs Addr, Token, Registry, Fleet, Pool, Redis and Logger")
 	}
-	return &Server{cfg: cfg}, nil
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin listener: %w", err)
+	}
+	return &Server{cfg: cfg, ln: ln}, nil
 }
+
+// Close releases the listener of a Server that never ran.
+func (s *Server) Close() { _ = s.ln.Close() }
 
 // Addr is the address the server listens on while Run runs; empty before.
 func (s *Server) Addr() string {
@@ -78,13 +88,10 @@ func (s *Server) Addr() string {
 	return s.addr
 }
 
-// Run listens, serves until ctx is done, then closes the server. A port
-// that cannot be bound is Run's error, at once.
+// Run serves on the listener New bound until ctx is done, then closes the
+// server.
 func (s *Server) Run(ctx context.Context, started func()) error {
-	ln, err := net.Listen("tcp", s.cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("admin listener: %w", err)
-	}
+	ln := s.ln
 	handler, err := s.handler(ln.Addr().String())
 	if err != nil {
 		_ = ln.Close()

@@ -24,6 +24,8 @@ func GuardName(g usherv1.Guard) string {
 		return "claim"
 	case usherv1.Guard_GUARD_JOB_ID:
 		return "job_id"
+	case usherv1.Guard_GUARD_WORKFLOW:
+		return "workflow"
 	}
 	return "none"
 }

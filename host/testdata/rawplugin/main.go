@@ -19,6 +19,9 @@
 //	bigerror       the commit fails (transient) with a 200 KiB error
 //	retry-later    the check phase asks to run later, in RAW_RETRY_MS
 //	               milliseconds (any int64: 0, negative, huge)
+//	workflow       the manifest also declares workflow type "raw"
+//	               (usher.workflow.raw); its decision answers what the
+//	               workflow's input {"answer": ...} names (decide below)
 //
 // RAW_PROTOCOL (comma-separated, default contract.ProtocolVersion) lists the
 // protocol versions it advertises in its VersionedPlugins map. The name
@@ -28,10 +31,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/usherhq/usher/host/testdata/rawcontract"
 	"github.com/usherhq/usher/internal/contract"
@@ -64,8 +69,11 @@ func (s *server) Manifest(context.Context, *usherv1.ManifestRequest) (*usherv1.M
 	if mode == "noguard" {
 		g = usherv1.Guard_GUARD_UNSPECIFIED
 	}
-	return &usherv1.ManifestResponse{Name: name, Version: version, ProtocolVersion: contract.ProtocolVersion,
-		Kinds: []*usherv1.KindInfo{{Kind: "raw_job", Guard: g}}}, nil
+	kinds := []*usherv1.KindInfo{{Kind: "raw_job", Guard: g}}
+	if mode == "workflow" {
+		kinds = append(kinds, &usherv1.KindInfo{Kind: contract.WorkflowKind("raw"), Guard: usherv1.Guard_GUARD_WORKFLOW})
+	}
+	return &usherv1.ManifestResponse{Name: name, Version: version, ProtocolVersion: contract.ProtocolVersion, Kinds: kinds}, nil
 }
 
 func (s *server) Invoke(ctx context.Context, req *usherv1.InvokeRequest) (*usherv1.InvokeResponse, error) {
@@ -110,6 +118,8 @@ func (s *server) whoami(ctx context.Context, handle string) (string, error) {
 func (s *server) phase(ctx context.Context, call *usherv1.Call) *usherv1.Result {
 	ok := &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK}
 	switch call.GetPhase() {
+	case usherv1.Phase_PHASE_DECIDE:
+		return decide(call.GetWorkflow())
 	case usherv1.Phase_PHASE_CHECK:
 		s.lastCheck = call.GetHandle()
 		if mode == "retry-later" {
@@ -166,6 +176,52 @@ func (s *server) phase(ctx context.Context, call *usherv1.Call) *usherv1.Result 
 		return ok
 	}
 	return fail(fmt.Errorf("unexpected phase %v", call.GetPhase()))
+}
+
+// decide answers a raw workflow's decision with what its input's "answer"
+// names: garbage (an unknown finish), writes (a decision carrying
+// writes), far-timer (a timer two years ahead), many-timers (101 timers),
+// past-timer (a timer an hour before the decision's clock, then complete
+// once it fired), reuse-step (a step id scheduled again after it ended),
+// hang (never answers).
+func decide(h *usherv1.WorkflowHistory) *usherv1.Result {
+	var in struct {
+		Answer string `json:"answer"`
+	}
+	_ = json.Unmarshal(h.GetInput(), &in)
+	now := h.GetNowUnixNanos()
+	fired, stepped := false, false
+	for _, e := range h.GetEvents() {
+		fired = fired || e.GetType() == "timer_fired"
+		stepped = stepped || e.GetType() == "step_completed" || e.GetType() == "step_failed"
+	}
+	d := &usherv1.Decision{}
+	res := &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Decision: d}
+	switch in.Answer {
+	case "garbage":
+		d.Finish = 99
+	case "hang":
+		select {}
+	case "writes":
+		res.Writes = []*usherv1.Statement{{Mode: usherv1.Mode_MODE_EXEC, Sql: "DELETE FROM workflows"}}
+	case "far-timer":
+		d.Timers = []*usherv1.TimerCommand{{Name: "far", FireAtUnixNanos: now + int64(2*365*24*time.Hour)}}
+	case "many-timers":
+		for i := range 101 {
+			d.Timers = append(d.Timers, &usherv1.TimerCommand{Name: fmt.Sprint("t", i), FireAtUnixNanos: now})
+		}
+	case "past-timer":
+		if fired {
+			d.Finish = usherv1.Finish_FINISH_COMPLETE
+		} else if len(h.GetEvents()) == 1 {
+			d.Timers = []*usherv1.TimerCommand{{Name: "past", FireAtUnixNanos: now - int64(time.Hour)}}
+		}
+	case "reuse-step":
+		if len(h.GetEvents()) == 1 || stepped {
+			d.Steps = []*usherv1.StepCommand{{Id: "once", Kind: "raw_job", Payload: []byte(`{}`)}}
+		}
+	}
+	return res
 }
 
 func main() {

@@ -121,9 +121,14 @@ func At(ctx context.Context, point, jobID string) error {
 		if _, err := os.Stat(marker); err == nil {
 			return nil
 		}
+	}
+	// The hit before the once marker: a process killed between the two
+	// (a batch-mate's crash) fires the fault again at the next run, and
+	// never leaves it spent without its hit.
+	_ = os.WriteFile(filepath.Join(dir, point+"."+jobID+".hit"), []byte(fmt.Sprint(os.Getpid())), 0o644)
+	if s.Once {
 		_ = os.WriteFile(marker, nil, 0o644)
 	}
-	_ = os.WriteFile(filepath.Join(dir, point+"."+jobID+".hit"), []byte(fmt.Sprint(os.Getpid())), 0o644)
 	switch s.Action {
 	case "stall":
 		d, err := time.ParseDuration(s.Duration)

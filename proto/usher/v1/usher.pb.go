@@ -41,6 +41,11 @@ const (
 	// The host records the job identity in processed_jobs in the same
 	// transaction as the handler's writes.
 	Guard_GUARD_JOB_ID Guard = 3
+	// Not a guard of effects: the kind is a workflow type's decision task
+	// (contract.WorkflowKind). The host sends the workflow's history in
+	// PHASE_DECIDE and commits the decision itself; the plugin gets no
+	// database handle.
+	Guard_GUARD_WORKFLOW Guard = 4
 )
 
 // Enum value maps for Guard.
@@ -50,12 +55,14 @@ var (
 		1: "GUARD_STATE_FIRST",
 		2: "GUARD_CLAIM",
 		3: "GUARD_JOB_ID",
+		4: "GUARD_WORKFLOW",
 	}
 	Guard_value = map[string]int32{
 		"GUARD_UNSPECIFIED": 0,
 		"GUARD_STATE_FIRST": 1,
 		"GUARD_CLAIM":       2,
 		"GUARD_JOB_ID":      3,
+		"GUARD_WORKFLOW":    4,
 	}
 )
 
@@ -102,6 +109,9 @@ const (
 	Phase_PHASE_EFFECT Phase = 5
 	// Job id recorded: apply writes inside the host's transaction.
 	Phase_PHASE_APPLY Phase = 6
+	// Workflow: decide what happens next from Call.workflow (no handle, no
+	// database); the answer is Result.decision.
+	Phase_PHASE_DECIDE Phase = 7
 )
 
 // Enum value maps for Phase.
@@ -114,6 +124,7 @@ var (
 		4: "PHASE_CLAIM",
 		5: "PHASE_EFFECT",
 		6: "PHASE_APPLY",
+		7: "PHASE_DECIDE",
 	}
 	Phase_value = map[string]int32{
 		"PHASE_UNSPECIFIED": 0,
@@ -123,6 +134,7 @@ var (
 		"PHASE_CLAIM":       4,
 		"PHASE_EFFECT":      5,
 		"PHASE_APPLY":       6,
+		"PHASE_DECIDE":      7,
 	}
 )
 
@@ -216,6 +228,59 @@ func (Outcome) EnumDescriptor() ([]byte, []int) {
 	return file_usher_proto_rawDescGZIP(), []int{2}
 }
 
+type Finish int32
+
+const (
+	// The workflow goes on (waits for its next event).
+	Finish_FINISH_UNSPECIFIED Finish = 0
+	Finish_FINISH_COMPLETE    Finish = 1
+	Finish_FINISH_FAIL        Finish = 2
+	Finish_FINISH_CANCEL      Finish = 3
+)
+
+// Enum value maps for Finish.
+var (
+	Finish_name = map[int32]string{
+		0: "FINISH_UNSPECIFIED",
+		1: "FINISH_COMPLETE",
+		2: "FINISH_FAIL",
+		3: "FINISH_CANCEL",
+	}
+	Finish_value = map[string]int32{
+		"FINISH_UNSPECIFIED": 0,
+		"FINISH_COMPLETE":    1,
+		"FINISH_FAIL":        2,
+		"FINISH_CANCEL":      3,
+	}
+)
+
+func (x Finish) Enum() *Finish {
+	p := new(Finish)
+	*p = x
+	return p
+}
+
+func (x Finish) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Finish) Descriptor() protoreflect.EnumDescriptor {
+	return file_usher_proto_enumTypes[3].Descriptor()
+}
+
+func (Finish) Type() protoreflect.EnumType {
+	return &file_usher_proto_enumTypes[3]
+}
+
+func (x Finish) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Finish.Descriptor instead.
+func (Finish) EnumDescriptor() ([]byte, []int) {
+	return file_usher_proto_rawDescGZIP(), []int{3}
+}
+
 type Mode int32
 
 const (
@@ -258,11 +323,11 @@ func (x Mode) String() string {
 }
 
 func (Mode) Descriptor() protoreflect.EnumDescriptor {
-	return file_usher_proto_enumTypes[3].Descriptor()
+	return file_usher_proto_enumTypes[4].Descriptor()
 }
 
 func (Mode) Type() protoreflect.EnumType {
-	return &file_usher_proto_enumTypes[3]
+	return &file_usher_proto_enumTypes[4]
 }
 
 func (x Mode) Number() protoreflect.EnumNumber {
@@ -271,7 +336,7 @@ func (x Mode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Mode.Descriptor instead.
 func (Mode) EnumDescriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{3}
+	return file_usher_proto_rawDescGZIP(), []int{4}
 }
 
 type KindInfo struct {
@@ -537,8 +602,10 @@ type Call struct {
 	State []byte `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
 	// PHASE_EFFECT: the idempotency key the host derived from the claim's intent.
 	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// PHASE_DECIDE: the workflow's recorded history.
+	Workflow      *WorkflowHistory `protobuf:"bytes,6,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Call) Reset() {
@@ -604,6 +671,13 @@ func (x *Call) GetIdempotencyKey() string {
 		return x.IdempotencyKey
 	}
 	return ""
+}
+
+func (x *Call) GetWorkflow() *WorkflowHistory {
+	if x != nil {
+		return x.Workflow
+	}
+	return nil
 }
 
 type InvokeRequest struct {
@@ -786,7 +860,11 @@ type Result struct {
 	Writes []*Statement `protobuf:"bytes,6,rep,name=writes,proto3" json:"writes,omitempty"`
 	// PHASE_EFFECT, OUTCOME_OK: the effect's result, one value per
 	// ClaimSpec.result_columns.
-	EffectResult  []*Value `protobuf:"bytes,7,rep,name=effect_result,json=effectResult,proto3" json:"effect_result,omitempty"`
+	EffectResult []*Value `protobuf:"bytes,7,rep,name=effect_result,json=effectResult,proto3" json:"effect_result,omitempty"`
+	// PHASE_DECIDE, OUTCOME_OK: what the workflow does next. The host
+	// validates it (kinds the plugin may enqueue, limits) before it commits
+	// it with the event's record.
+	Decision      *Decision `protobuf:"bytes,8,opt,name=decision,proto3" json:"decision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -870,6 +948,379 @@ func (x *Result) GetEffectResult() []*Value {
 	return nil
 }
 
+func (x *Result) GetDecision() *Decision {
+	if x != nil {
+		return x.Decision
+	}
+	return nil
+}
+
+// One recorded event of a workflow, in the order the host recorded it.
+type WorkflowEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   int64                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// started, step_scheduled, step_completed, step_failed, timer_set,
+	// timer_fired, signal_received, cancel_requested, completed, failed,
+	// cancelled.
+	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	// The step's id, the timer's or the signal's name; empty for the others.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The step's kind (step_scheduled), its job's outcome (step_completed),
+	// why it failed (step_failed), the signal's id (signal_received), the
+	// reason (cancel_requested, failed).
+	Detail string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	// JSON: the input (started), the step's payload (step_scheduled), the
+	// signal's payload, the timer's due time ({"fire_at": ...}), the result.
+	Data []byte `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`
+	// When the host recorded it, nanoseconds since the Unix epoch, UTC.
+	AtUnixNanos   int64 `protobuf:"varint,6,opt,name=at_unix_nanos,json=atUnixNanos,proto3" json:"at_unix_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkflowEvent) Reset() {
+	*x = WorkflowEvent{}
+	mi := &file_usher_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkflowEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkflowEvent) ProtoMessage() {}
+
+func (x *WorkflowEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_usher_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkflowEvent.ProtoReflect.Descriptor instead.
+func (*WorkflowEvent) Descriptor() ([]byte, []int) {
+	return file_usher_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *WorkflowEvent) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *WorkflowEvent) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *WorkflowEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WorkflowEvent) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *WorkflowEvent) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *WorkflowEvent) GetAtUnixNanos() int64 {
+	if x != nil {
+		return x.AtUnixNanos
+	}
+	return 0
+}
+
+type WorkflowHistory struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Type   string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Id     string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Input  []byte                 `protobuf:"bytes,3,opt,name=input,proto3" json:"input,omitempty"`
+	Events []*WorkflowEvent       `protobuf:"bytes,4,rep,name=events,proto3" json:"events,omitempty"`
+	// The decision's clock: when the host read the history. A decision's
+	// relative timers count from it.
+	NowUnixNanos  int64 `protobuf:"varint,5,opt,name=now_unix_nanos,json=nowUnixNanos,proto3" json:"now_unix_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkflowHistory) Reset() {
+	*x = WorkflowHistory{}
+	mi := &file_usher_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkflowHistory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkflowHistory) ProtoMessage() {}
+
+func (x *WorkflowHistory) ProtoReflect() protoreflect.Message {
+	mi := &file_usher_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkflowHistory.ProtoReflect.Descriptor instead.
+func (*WorkflowHistory) Descriptor() ([]byte, []int) {
+	return file_usher_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *WorkflowHistory) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *WorkflowHistory) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *WorkflowHistory) GetInput() []byte {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+func (x *WorkflowHistory) GetEvents() []*WorkflowEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *WorkflowHistory) GetNowUnixNanos() int64 {
+	if x != nil {
+		return x.NowUnixNanos
+	}
+	return 0
+}
+
+type StepCommand struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The step's id, unique in the workflow: its events carry it.
+	Id   string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// JSON.
+	Payload       []byte `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepCommand) Reset() {
+	*x = StepCommand{}
+	mi := &file_usher_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepCommand) ProtoMessage() {}
+
+func (x *StepCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_usher_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepCommand.ProtoReflect.Descriptor instead.
+func (*StepCommand) Descriptor() ([]byte, []int) {
+	return file_usher_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *StepCommand) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *StepCommand) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *StepCommand) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+type TimerCommand struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The timer's name, unique in the workflow.
+	Name            string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	FireAtUnixNanos int64  `protobuf:"varint,2,opt,name=fire_at_unix_nanos,json=fireAtUnixNanos,proto3" json:"fire_at_unix_nanos,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TimerCommand) Reset() {
+	*x = TimerCommand{}
+	mi := &file_usher_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimerCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimerCommand) ProtoMessage() {}
+
+func (x *TimerCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_usher_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimerCommand.ProtoReflect.Descriptor instead.
+func (*TimerCommand) Descriptor() ([]byte, []int) {
+	return file_usher_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *TimerCommand) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TimerCommand) GetFireAtUnixNanos() int64 {
+	if x != nil {
+		return x.FireAtUnixNanos
+	}
+	return 0
+}
+
+type Decision struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Steps  []*StepCommand         `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	Timers []*TimerCommand        `protobuf:"bytes,2,rep,name=timers,proto3" json:"timers,omitempty"`
+	Finish Finish                 `protobuf:"varint,3,opt,name=finish,proto3,enum=usher.v1.Finish" json:"finish,omitempty"`
+	// JSON: the workflow's result (complete, cancel); may be empty.
+	Result []byte `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
+	// FINISH_FAIL: why.
+	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Decision) Reset() {
+	*x = Decision{}
+	mi := &file_usher_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Decision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Decision) ProtoMessage() {}
+
+func (x *Decision) ProtoReflect() protoreflect.Message {
+	mi := &file_usher_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Decision.ProtoReflect.Descriptor instead.
+func (*Decision) Descriptor() ([]byte, []int) {
+	return file_usher_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Decision) GetSteps() []*StepCommand {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *Decision) GetTimers() []*TimerCommand {
+	if x != nil {
+		return x.Timers
+	}
+	return nil
+}
+
+func (x *Decision) GetFinish() Finish {
+	if x != nil {
+		return x.Finish
+	}
+	return Finish_FINISH_UNSPECIFIED
+}
+
+func (x *Decision) GetResult() []byte {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *Decision) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type InvokeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One result per call, in order.
@@ -884,7 +1335,7 @@ type InvokeResponse struct {
 
 func (x *InvokeResponse) Reset() {
 	*x = InvokeResponse{}
-	mi := &file_usher_proto_msgTypes[8]
+	mi := &file_usher_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -896,7 +1347,7 @@ func (x *InvokeResponse) String() string {
 func (*InvokeResponse) ProtoMessage() {}
 
 func (x *InvokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[8]
+	mi := &file_usher_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -909,7 +1360,7 @@ func (x *InvokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvokeResponse.ProtoReflect.Descriptor instead.
 func (*InvokeResponse) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{8}
+	return file_usher_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *InvokeResponse) GetResults() []*Result {
@@ -944,7 +1395,7 @@ type Value struct {
 
 func (x *Value) Reset() {
 	*x = Value{}
-	mi := &file_usher_proto_msgTypes[9]
+	mi := &file_usher_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1407,7 @@ func (x *Value) String() string {
 func (*Value) ProtoMessage() {}
 
 func (x *Value) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[9]
+	mi := &file_usher_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1420,7 @@ func (x *Value) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Value.ProtoReflect.Descriptor instead.
 func (*Value) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{9}
+	return file_usher_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Value) GetKind() isValue_Kind {
@@ -1104,7 +1555,7 @@ type Statement struct {
 
 func (x *Statement) Reset() {
 	*x = Statement{}
-	mi := &file_usher_proto_msgTypes[10]
+	mi := &file_usher_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +1567,7 @@ func (x *Statement) String() string {
 func (*Statement) ProtoMessage() {}
 
 func (x *Statement) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[10]
+	mi := &file_usher_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +1580,7 @@ func (x *Statement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Statement.ProtoReflect.Descriptor instead.
 func (*Statement) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{10}
+	return file_usher_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Statement) GetMode() Mode {
@@ -1176,7 +1627,7 @@ type Row struct {
 
 func (x *Row) Reset() {
 	*x = Row{}
-	mi := &file_usher_proto_msgTypes[11]
+	mi := &file_usher_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1639,7 @@ func (x *Row) String() string {
 func (*Row) ProtoMessage() {}
 
 func (x *Row) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[11]
+	mi := &file_usher_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1652,7 @@ func (x *Row) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Row.ProtoReflect.Descriptor instead.
 func (*Row) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{11}
+	return file_usher_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Row) GetValues() []*Value {
@@ -1224,7 +1675,7 @@ type StatementResult struct {
 
 func (x *StatementResult) Reset() {
 	*x = StatementResult{}
-	mi := &file_usher_proto_msgTypes[12]
+	mi := &file_usher_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1236,7 +1687,7 @@ func (x *StatementResult) String() string {
 func (*StatementResult) ProtoMessage() {}
 
 func (x *StatementResult) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[12]
+	mi := &file_usher_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1249,7 +1700,7 @@ func (x *StatementResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatementResult.ProtoReflect.Descriptor instead.
 func (*StatementResult) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{12}
+	return file_usher_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StatementResult) GetColumns() []string {
@@ -1290,7 +1741,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_usher_proto_msgTypes[13]
+	mi := &file_usher_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1753,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[13]
+	mi := &file_usher_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1766,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{13}
+	return file_usher_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecRequest) GetHandle() string {
@@ -1341,7 +1792,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_usher_proto_msgTypes[14]
+	mi := &file_usher_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +1804,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[14]
+	mi := &file_usher_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +1817,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{14}
+	return file_usher_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecResponse) GetResults() []*StatementResult {
@@ -1386,7 +1837,7 @@ type OutboxMessage struct {
 
 func (x *OutboxMessage) Reset() {
 	*x = OutboxMessage{}
-	mi := &file_usher_proto_msgTypes[15]
+	mi := &file_usher_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1849,7 @@ func (x *OutboxMessage) String() string {
 func (*OutboxMessage) ProtoMessage() {}
 
 func (x *OutboxMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[15]
+	mi := &file_usher_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1862,7 @@ func (x *OutboxMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutboxMessage.ProtoReflect.Descriptor instead.
 func (*OutboxMessage) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{15}
+	return file_usher_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *OutboxMessage) GetKind() string {
@@ -1438,7 +1889,7 @@ type EnqueueRequest struct {
 
 func (x *EnqueueRequest) Reset() {
 	*x = EnqueueRequest{}
-	mi := &file_usher_proto_msgTypes[16]
+	mi := &file_usher_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1901,7 @@ func (x *EnqueueRequest) String() string {
 func (*EnqueueRequest) ProtoMessage() {}
 
 func (x *EnqueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[16]
+	mi := &file_usher_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1914,7 @@ func (x *EnqueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueRequest.ProtoReflect.Descriptor instead.
 func (*EnqueueRequest) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{16}
+	return file_usher_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EnqueueRequest) GetHandle() string {
@@ -1489,7 +1940,7 @@ type EnqueueResponse struct {
 
 func (x *EnqueueResponse) Reset() {
 	*x = EnqueueResponse{}
-	mi := &file_usher_proto_msgTypes[17]
+	mi := &file_usher_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1501,7 +1952,7 @@ func (x *EnqueueResponse) String() string {
 func (*EnqueueResponse) ProtoMessage() {}
 
 func (x *EnqueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[17]
+	mi := &file_usher_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1514,7 +1965,7 @@ func (x *EnqueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueResponse.ProtoReflect.Descriptor instead.
 func (*EnqueueResponse) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{17}
+	return file_usher_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EnqueueResponse) GetOutboxIds() []int64 {
@@ -1542,7 +1993,7 @@ type LogRecord struct {
 
 func (x *LogRecord) Reset() {
 	*x = LogRecord{}
-	mi := &file_usher_proto_msgTypes[18]
+	mi := &file_usher_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1554,7 +2005,7 @@ func (x *LogRecord) String() string {
 func (*LogRecord) ProtoMessage() {}
 
 func (x *LogRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[18]
+	mi := &file_usher_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1567,7 +2018,7 @@ func (x *LogRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogRecord.ProtoReflect.Descriptor instead.
 func (*LogRecord) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{18}
+	return file_usher_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LogRecord) GetLevel() int32 {
@@ -1628,7 +2079,7 @@ type LogRequest struct {
 
 func (x *LogRequest) Reset() {
 	*x = LogRequest{}
-	mi := &file_usher_proto_msgTypes[19]
+	mi := &file_usher_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +2091,7 @@ func (x *LogRequest) String() string {
 func (*LogRequest) ProtoMessage() {}
 
 func (x *LogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[19]
+	mi := &file_usher_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +2104,7 @@ func (x *LogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogRequest.ProtoReflect.Descriptor instead.
 func (*LogRequest) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{19}
+	return file_usher_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LogRequest) GetRecords() []*LogRecord {
@@ -1671,7 +2122,7 @@ type LogResponse struct {
 
 func (x *LogResponse) Reset() {
 	*x = LogResponse{}
-	mi := &file_usher_proto_msgTypes[20]
+	mi := &file_usher_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1683,7 +2134,7 @@ func (x *LogResponse) String() string {
 func (*LogResponse) ProtoMessage() {}
 
 func (x *LogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[20]
+	mi := &file_usher_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1696,7 +2147,7 @@ func (x *LogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogResponse.ProtoReflect.Descriptor instead.
 func (*LogResponse) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{20}
+	return file_usher_proto_rawDescGZIP(), []int{25}
 }
 
 var File_usher_proto protoreflect.FileDescriptor
@@ -1721,13 +2172,14 @@ const file_usher_proto_rawDesc = "" +
 	"\aattempt\x18\x04 \x01(\x05R\aattempt\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x05 \x01(\tR\trequestId\x12\x14\n" +
-	"\x05trace\x18\x06 \x01(\tR\x05trace\"\xa5\x01\n" +
+	"\x05trace\x18\x06 \x01(\tR\x05trace\"\xdc\x01\n" +
 	"\x04Call\x12%\n" +
 	"\x05phase\x18\x01 \x01(\x0e2\x0f.usher.v1.PhaseR\x05phase\x12\x1f\n" +
 	"\x03job\x18\x02 \x01(\v2\r.usher.v1.JobR\x03job\x12\x16\n" +
 	"\x06handle\x18\x03 \x01(\tR\x06handle\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\fR\x05state\x12'\n" +
-	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\"\x7f\n" +
+	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x125\n" +
+	"\bworkflow\x18\x06 \x01(\v2\x19.usher.v1.WorkflowHistoryR\bworkflow\"\x7f\n" +
 	"\rInvokeRequest\x12$\n" +
 	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\x12$\n" +
 	"\x05calls\x18\x02 \x03(\v2\x0e.usher.v1.CallR\x05calls\x12\"\n" +
@@ -1743,7 +2195,7 @@ const file_usher_proto_rawDesc = "" +
 	"doneColumn\x12\x19\n" +
 	"\blease_ms\x18\x06 \x01(\x03R\aleaseMs\x12\x16\n" +
 	"\x06intent\x18\a \x01(\tR\x06intent\x12%\n" +
-	"\x0eresult_columns\x18\b \x03(\tR\rresultColumns\"\x95\x02\n" +
+	"\x0eresult_columns\x18\b \x03(\tR\rresultColumns\"\xc5\x02\n" +
 	"\x06Result\x12+\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x11.usher.v1.OutcomeR\aoutcome\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12$\n" +
@@ -1751,7 +2203,34 @@ const file_usher_proto_rawDesc = "" +
 	"\x05state\x18\x04 \x01(\fR\x05state\x12)\n" +
 	"\x05claim\x18\x05 \x01(\v2\x13.usher.v1.ClaimSpecR\x05claim\x12+\n" +
 	"\x06writes\x18\x06 \x03(\v2\x13.usher.v1.StatementR\x06writes\x124\n" +
-	"\reffect_result\x18\a \x03(\v2\x0f.usher.v1.ValueR\feffectResult\"e\n" +
+	"\reffect_result\x18\a \x03(\v2\x0f.usher.v1.ValueR\feffectResult\x12.\n" +
+	"\bdecision\x18\b \x01(\v2\x12.usher.v1.DecisionR\bdecision\"\x99\x01\n" +
+	"\rWorkflowEvent\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\x12\x12\n" +
+	"\x04data\x18\x05 \x01(\fR\x04data\x12\"\n" +
+	"\rat_unix_nanos\x18\x06 \x01(\x03R\vatUnixNanos\"\xa2\x01\n" +
+	"\x0fWorkflowHistory\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
+	"\x05input\x18\x03 \x01(\fR\x05input\x12/\n" +
+	"\x06events\x18\x04 \x03(\v2\x17.usher.v1.WorkflowEventR\x06events\x12$\n" +
+	"\x0enow_unix_nanos\x18\x05 \x01(\x03R\fnowUnixNanos\"K\n" +
+	"\vStepCommand\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
+	"\apayload\x18\x03 \x01(\fR\apayload\"O\n" +
+	"\fTimerCommand\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
+	"\x12fire_at_unix_nanos\x18\x02 \x01(\x03R\x0ffireAtUnixNanos\"\xbf\x01\n" +
+	"\bDecision\x12+\n" +
+	"\x05steps\x18\x01 \x03(\v2\x15.usher.v1.StepCommandR\x05steps\x12.\n" +
+	"\x06timers\x18\x02 \x03(\v2\x16.usher.v1.TimerCommandR\x06timers\x12(\n" +
+	"\x06finish\x18\x03 \x01(\x0e2\x10.usher.v1.FinishR\x06finish\x12\x16\n" +
+	"\x06result\x18\x04 \x01(\fR\x06result\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"e\n" +
 	"\x0eInvokeResponse\x12*\n" +
 	"\aresults\x18\x01 \x03(\v2\x10.usher.v1.ResultR\aresults\x12'\n" +
 	"\x04logs\x18\x02 \x03(\v2\x13.usher.v1.LogRecordR\x04logs\"\xbf\x01\n" +
@@ -1812,12 +2291,13 @@ const file_usher_proto_rawDesc = "" +
 	"\n" +
 	"LogRequest\x12-\n" +
 	"\arecords\x18\x01 \x03(\v2\x13.usher.v1.LogRecordR\arecords\"\r\n" +
-	"\vLogResponse*X\n" +
+	"\vLogResponse*l\n" +
 	"\x05Guard\x12\x15\n" +
 	"\x11GUARD_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11GUARD_STATE_FIRST\x10\x01\x12\x0f\n" +
 	"\vGUARD_CLAIM\x10\x02\x12\x10\n" +
-	"\fGUARD_JOB_ID\x10\x03*\x88\x01\n" +
+	"\fGUARD_JOB_ID\x10\x03\x12\x12\n" +
+	"\x0eGUARD_WORKFLOW\x10\x04*\x9a\x01\n" +
 	"\x05Phase\x12\x15\n" +
 	"\x11PHASE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vPHASE_CHECK\x10\x01\x12\x11\n" +
@@ -1825,7 +2305,8 @@ const file_usher_proto_rawDesc = "" +
 	"\fPHASE_COMMIT\x10\x03\x12\x0f\n" +
 	"\vPHASE_CLAIM\x10\x04\x12\x10\n" +
 	"\fPHASE_EFFECT\x10\x05\x12\x0f\n" +
-	"\vPHASE_APPLY\x10\x06*\x87\x01\n" +
+	"\vPHASE_APPLY\x10\x06\x12\x10\n" +
+	"\fPHASE_DECIDE\x10\a*\x87\x01\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -1833,7 +2314,12 @@ const file_usher_proto_rawDesc = "" +
 	"\fOUTCOME_DONE\x10\x02\x12\x17\n" +
 	"\x13OUTCOME_RETRY_LATER\x10\x03\x12\x15\n" +
 	"\x11OUTCOME_PERMANENT\x10\x04\x12\x11\n" +
-	"\rOUTCOME_ERROR\x10\x05*N\n" +
+	"\rOUTCOME_ERROR\x10\x05*Y\n" +
+	"\x06Finish\x12\x16\n" +
+	"\x12FINISH_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fFINISH_COMPLETE\x10\x01\x12\x0f\n" +
+	"\vFINISH_FAIL\x10\x02\x12\x11\n" +
+	"\rFINISH_CANCEL\x10\x03*N\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -1860,76 +2346,88 @@ func file_usher_proto_rawDescGZIP() []byte {
 	return file_usher_proto_rawDescData
 }
 
-var file_usher_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_usher_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_usher_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_usher_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_usher_proto_goTypes = []any{
 	(Guard)(0),               // 0: usher.v1.Guard
 	(Phase)(0),               // 1: usher.v1.Phase
 	(Outcome)(0),             // 2: usher.v1.Outcome
-	(Mode)(0),                // 3: usher.v1.Mode
-	(*KindInfo)(nil),         // 4: usher.v1.KindInfo
-	(*ManifestRequest)(nil),  // 5: usher.v1.ManifestRequest
-	(*ManifestResponse)(nil), // 6: usher.v1.ManifestResponse
-	(*Job)(nil),              // 7: usher.v1.Job
-	(*Call)(nil),             // 8: usher.v1.Call
-	(*InvokeRequest)(nil),    // 9: usher.v1.InvokeRequest
-	(*ClaimSpec)(nil),        // 10: usher.v1.ClaimSpec
-	(*Result)(nil),           // 11: usher.v1.Result
-	(*InvokeResponse)(nil),   // 12: usher.v1.InvokeResponse
-	(*Value)(nil),            // 13: usher.v1.Value
-	(*Statement)(nil),        // 14: usher.v1.Statement
-	(*Row)(nil),              // 15: usher.v1.Row
-	(*StatementResult)(nil),  // 16: usher.v1.StatementResult
-	(*ExecRequest)(nil),      // 17: usher.v1.ExecRequest
-	(*ExecResponse)(nil),     // 18: usher.v1.ExecResponse
-	(*OutboxMessage)(nil),    // 19: usher.v1.OutboxMessage
-	(*EnqueueRequest)(nil),   // 20: usher.v1.EnqueueRequest
-	(*EnqueueResponse)(nil),  // 21: usher.v1.EnqueueResponse
-	(*LogRecord)(nil),        // 22: usher.v1.LogRecord
-	(*LogRequest)(nil),       // 23: usher.v1.LogRequest
-	(*LogResponse)(nil),      // 24: usher.v1.LogResponse
-	nil,                      // 25: usher.v1.LogRecord.AttrsEntry
-	nil,                      // 26: usher.v1.LogRecord.ValuesEntry
+	(Finish)(0),              // 3: usher.v1.Finish
+	(Mode)(0),                // 4: usher.v1.Mode
+	(*KindInfo)(nil),         // 5: usher.v1.KindInfo
+	(*ManifestRequest)(nil),  // 6: usher.v1.ManifestRequest
+	(*ManifestResponse)(nil), // 7: usher.v1.ManifestResponse
+	(*Job)(nil),              // 8: usher.v1.Job
+	(*Call)(nil),             // 9: usher.v1.Call
+	(*InvokeRequest)(nil),    // 10: usher.v1.InvokeRequest
+	(*ClaimSpec)(nil),        // 11: usher.v1.ClaimSpec
+	(*Result)(nil),           // 12: usher.v1.Result
+	(*WorkflowEvent)(nil),    // 13: usher.v1.WorkflowEvent
+	(*WorkflowHistory)(nil),  // 14: usher.v1.WorkflowHistory
+	(*StepCommand)(nil),      // 15: usher.v1.StepCommand
+	(*TimerCommand)(nil),     // 16: usher.v1.TimerCommand
+	(*Decision)(nil),         // 17: usher.v1.Decision
+	(*InvokeResponse)(nil),   // 18: usher.v1.InvokeResponse
+	(*Value)(nil),            // 19: usher.v1.Value
+	(*Statement)(nil),        // 20: usher.v1.Statement
+	(*Row)(nil),              // 21: usher.v1.Row
+	(*StatementResult)(nil),  // 22: usher.v1.StatementResult
+	(*ExecRequest)(nil),      // 23: usher.v1.ExecRequest
+	(*ExecResponse)(nil),     // 24: usher.v1.ExecResponse
+	(*OutboxMessage)(nil),    // 25: usher.v1.OutboxMessage
+	(*EnqueueRequest)(nil),   // 26: usher.v1.EnqueueRequest
+	(*EnqueueResponse)(nil),  // 27: usher.v1.EnqueueResponse
+	(*LogRecord)(nil),        // 28: usher.v1.LogRecord
+	(*LogRequest)(nil),       // 29: usher.v1.LogRequest
+	(*LogResponse)(nil),      // 30: usher.v1.LogResponse
+	nil,                      // 31: usher.v1.LogRecord.AttrsEntry
+	nil,                      // 32: usher.v1.LogRecord.ValuesEntry
 }
 var file_usher_proto_depIdxs = []int32{
 	0,  // 0: usher.v1.KindInfo.guard:type_name -> usher.v1.Guard
-	4,  // 1: usher.v1.ManifestResponse.kinds:type_name -> usher.v1.KindInfo
+	5,  // 1: usher.v1.ManifestResponse.kinds:type_name -> usher.v1.KindInfo
 	1,  // 2: usher.v1.Call.phase:type_name -> usher.v1.Phase
-	7,  // 3: usher.v1.Call.job:type_name -> usher.v1.Job
-	8,  // 4: usher.v1.InvokeRequest.calls:type_name -> usher.v1.Call
-	13, // 5: usher.v1.ClaimSpec.key_values:type_name -> usher.v1.Value
-	2,  // 6: usher.v1.Result.outcome:type_name -> usher.v1.Outcome
-	10, // 7: usher.v1.Result.claim:type_name -> usher.v1.ClaimSpec
-	14, // 8: usher.v1.Result.writes:type_name -> usher.v1.Statement
-	13, // 9: usher.v1.Result.effect_result:type_name -> usher.v1.Value
-	11, // 10: usher.v1.InvokeResponse.results:type_name -> usher.v1.Result
-	22, // 11: usher.v1.InvokeResponse.logs:type_name -> usher.v1.LogRecord
-	3,  // 12: usher.v1.Statement.mode:type_name -> usher.v1.Mode
-	13, // 13: usher.v1.Statement.args:type_name -> usher.v1.Value
-	13, // 14: usher.v1.Row.values:type_name -> usher.v1.Value
-	15, // 15: usher.v1.StatementResult.rows:type_name -> usher.v1.Row
-	14, // 16: usher.v1.ExecRequest.statements:type_name -> usher.v1.Statement
-	16, // 17: usher.v1.ExecResponse.results:type_name -> usher.v1.StatementResult
-	19, // 18: usher.v1.EnqueueRequest.messages:type_name -> usher.v1.OutboxMessage
-	25, // 19: usher.v1.LogRecord.attrs:type_name -> usher.v1.LogRecord.AttrsEntry
-	26, // 20: usher.v1.LogRecord.values:type_name -> usher.v1.LogRecord.ValuesEntry
-	22, // 21: usher.v1.LogRequest.records:type_name -> usher.v1.LogRecord
-	13, // 22: usher.v1.LogRecord.ValuesEntry.value:type_name -> usher.v1.Value
-	5,  // 23: usher.v1.Plugin.Manifest:input_type -> usher.v1.ManifestRequest
-	9,  // 24: usher.v1.Plugin.Invoke:input_type -> usher.v1.InvokeRequest
-	17, // 25: usher.v1.Host.Exec:input_type -> usher.v1.ExecRequest
-	20, // 26: usher.v1.Host.Enqueue:input_type -> usher.v1.EnqueueRequest
-	23, // 27: usher.v1.Host.Log:input_type -> usher.v1.LogRequest
-	6,  // 28: usher.v1.Plugin.Manifest:output_type -> usher.v1.ManifestResponse
-	12, // 29: usher.v1.Plugin.Invoke:output_type -> usher.v1.InvokeResponse
-	18, // 30: usher.v1.Host.Exec:output_type -> usher.v1.ExecResponse
-	21, // 31: usher.v1.Host.Enqueue:output_type -> usher.v1.EnqueueResponse
-	24, // 32: usher.v1.Host.Log:output_type -> usher.v1.LogResponse
-	28, // [28:33] is the sub-list for method output_type
-	23, // [23:28] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	8,  // 3: usher.v1.Call.job:type_name -> usher.v1.Job
+	14, // 4: usher.v1.Call.workflow:type_name -> usher.v1.WorkflowHistory
+	9,  // 5: usher.v1.InvokeRequest.calls:type_name -> usher.v1.Call
+	19, // 6: usher.v1.ClaimSpec.key_values:type_name -> usher.v1.Value
+	2,  // 7: usher.v1.Result.outcome:type_name -> usher.v1.Outcome
+	11, // 8: usher.v1.Result.claim:type_name -> usher.v1.ClaimSpec
+	20, // 9: usher.v1.Result.writes:type_name -> usher.v1.Statement
+	19, // 10: usher.v1.Result.effect_result:type_name -> usher.v1.Value
+	17, // 11: usher.v1.Result.decision:type_name -> usher.v1.Decision
+	13, // 12: usher.v1.WorkflowHistory.events:type_name -> usher.v1.WorkflowEvent
+	15, // 13: usher.v1.Decision.steps:type_name -> usher.v1.StepCommand
+	16, // 14: usher.v1.Decision.timers:type_name -> usher.v1.TimerCommand
+	3,  // 15: usher.v1.Decision.finish:type_name -> usher.v1.Finish
+	12, // 16: usher.v1.InvokeResponse.results:type_name -> usher.v1.Result
+	28, // 17: usher.v1.InvokeResponse.logs:type_name -> usher.v1.LogRecord
+	4,  // 18: usher.v1.Statement.mode:type_name -> usher.v1.Mode
+	19, // 19: usher.v1.Statement.args:type_name -> usher.v1.Value
+	19, // 20: usher.v1.Row.values:type_name -> usher.v1.Value
+	21, // 21: usher.v1.StatementResult.rows:type_name -> usher.v1.Row
+	20, // 22: usher.v1.ExecRequest.statements:type_name -> usher.v1.Statement
+	22, // 23: usher.v1.ExecResponse.results:type_name -> usher.v1.StatementResult
+	25, // 24: usher.v1.EnqueueRequest.messages:type_name -> usher.v1.OutboxMessage
+	31, // 25: usher.v1.LogRecord.attrs:type_name -> usher.v1.LogRecord.AttrsEntry
+	32, // 26: usher.v1.LogRecord.values:type_name -> usher.v1.LogRecord.ValuesEntry
+	28, // 27: usher.v1.LogRequest.records:type_name -> usher.v1.LogRecord
+	19, // 28: usher.v1.LogRecord.ValuesEntry.value:type_name -> usher.v1.Value
+	6,  // 29: usher.v1.Plugin.Manifest:input_type -> usher.v1.ManifestRequest
+	10, // 30: usher.v1.Plugin.Invoke:input_type -> usher.v1.InvokeRequest
+	23, // 31: usher.v1.Host.Exec:input_type -> usher.v1.ExecRequest
+	26, // 32: usher.v1.Host.Enqueue:input_type -> usher.v1.EnqueueRequest
+	29, // 33: usher.v1.Host.Log:input_type -> usher.v1.LogRequest
+	7,  // 34: usher.v1.Plugin.Manifest:output_type -> usher.v1.ManifestResponse
+	18, // 35: usher.v1.Plugin.Invoke:output_type -> usher.v1.InvokeResponse
+	24, // 36: usher.v1.Host.Exec:output_type -> usher.v1.ExecResponse
+	27, // 37: usher.v1.Host.Enqueue:output_type -> usher.v1.EnqueueResponse
+	30, // 38: usher.v1.Host.Log:output_type -> usher.v1.LogResponse
+	34, // [34:39] is the sub-list for method output_type
+	29, // [29:34] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_usher_proto_init() }
@@ -1937,7 +2435,7 @@ func file_usher_proto_init() {
 	if File_usher_proto != nil {
 		return
 	}
-	file_usher_proto_msgTypes[9].OneofWrappers = []any{
+	file_usher_proto_msgTypes[14].OneofWrappers = []any{
 		(*Value_Null)(nil),
 		(*Value_Int)(nil),
 		(*Value_Float)(nil),
@@ -1951,8 +2449,8 @@ func file_usher_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_usher_proto_rawDesc), len(file_usher_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   23,
+			NumEnums:      5,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/client"
+	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/hosttest"
+)
+
+// The durable workflows' commands against a host running the flows test
+// plugin: start (twice: the second finds it), signal (twice: counted
+// once), list, show with the history and the job tree, cancel of a
+// finished workflow refused.
+func TestWorkflowCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, dbURL := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	_, err := pool.Exec(ctx, `
+		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
+			at timestamptz NOT NULL DEFAULT now());
+		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
+	require.NoError(t, err)
+	hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream,
+		Plugins:     []string{hosttest.Build(t, "./host/testdata/flows")},
+		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond})
+
+	run := func(args ...string) (string, error) {
+		var stdout bytes.Buffer
+		cl := &cli{stdout: &stdout, stderr: os.Stderr, now: time.Now}
+		err := cl.run(ctx, append(args, "--database-url", dbURL))
+		return stdout.String(), err
+	}
+	out, err := run("workflows", "start", "trip", "c1", `{"order": "c1"}`)
+	require.NoError(t, err)
+	require.Regexp(t, `^trip workflow c1 started \(\d+\): running\n$`, out)
+	out, err = run("workflows", "start", "trip", "c1", `{"order": "c1"}`)
+	require.NoError(t, err)
+	require.Regexp(t, `^trip workflow c1 exists \(\d+\): running\n$`, out)
+	hosttest.Eventually(t, 60*time.Second, "trip c1 waiting for its signal", func() bool {
+		return hosttest.Count(t, pool, `SELECT count(*) FROM workflow_events WHERE type IN ('timer_fired', 'step_completed')`) == 3
+	})
+	for _, want := range []string{"received", "received before; counted once"} {
+		out, err = run("workflows", "signal", "trip", "c1", "pay-1", "paid", `{"cents": 500}`)
+		require.NoError(t, err)
+		require.Equal(t, "signal paid (pay-1) to trip workflow c1: "+want+"\n", out)
+	}
+	hosttest.Eventually(t, 60*time.Second, "trip c1 completed", func() bool {
+		return hosttest.Count(t, pool, `SELECT count(*) FROM workflows WHERE state = 'completed'`) == 1
+	})
+
+	out, err = run("workflows", "list", "--type", "trip", "--state", "completed")
+	require.NoError(t, err)
+	require.Contains(t, out, "TYPE")
+	require.Regexp(t, `trip\s+c1\s+completed\s+\d+\s+flows 1.0.0`, out)
+	out, err = run("workflows", "list", "--state", "running")
+	require.NoError(t, err)
+	require.Equal(t, "no workflows\n", out)
+	out, err = run("workflows", "list", "--json")
+	require.NoError(t, err)
+	var listed []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &listed))
+	require.Len(t, listed, 1)
+	require.Equal(t, "completed", listed[0]["state"])
+
+	out, err = run("workflows", "show", "trip:c1")
+	require.NoError(t, err)
+	for _, s := range []string{"workflow  trip c1", "state     completed", `result    {"paid_signals": 1}`,
+		"started", "step_scheduled", "timer_fired", "signal_received", "completed", "workflow trip:c1:", "usher.workflow.trip", "flow_effect"} {
+		require.Contains(t, out, s)
+	}
+	out, err = run("workflows", "show", "trip:c1", "--json")
+	require.NoError(t, err)
+	var shown struct {
+		Workflow struct {
+			State   string           `json:"state"`
+			History []map[string]any `json:"history"`
+		} `json:"workflow"`
+		Jobs map[string]any `json:"jobs"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &shown))
+	require.Equal(t, "completed", shown.Workflow.State)
+	require.NotEmpty(t, shown.Workflow.History)
+	require.NotEmpty(t, shown.Jobs)
+
+	_, err = run("workflows", "cancel", "trip", "c1")
+	require.ErrorContains(t, err, "trip workflow c1 is completed, not running")
+	_, err = run("workflows", "signal", "trip", "nope", "s", "paid")
+	require.ErrorContains(t, err, "no trip workflow nope")
+	_, err = run("workflows", "start", "trip", "c2", "{not json")
+	require.ErrorContains(t, err, "is not valid JSON")
+}
+
+// The README's Workflows section, run as written: its Go example is the
+// flows test plugin's trip decision, character for character; its grants
+// let an application's role (holding nothing else) start, signal and
+// cancel, and read nothing; its commands, run by sh with bin/host against
+// a host running the flows plugin, say what the README says they do.
+func TestREADMEWorkflows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	src, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "host", "testdata", "flows", "main.go"))
+	require.NoError(t, err)
+	example := strings.Join(readmeBlock(t, "releases on cancel:", "go"), "\n")
+	require.Contains(t, string(src), "\n"+example+"\n", "the README's trip is host/testdata/flows's")
+
+	pool, dbURL := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	_, err = pool.Exec(ctx, `
+		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
+			at timestamptz NOT NULL DEFAULT now());
+		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
+	require.NoError(t, err)
+
+	// The grants, to a role of the application's.
+	admin, err := pgx.Connect(ctx, hosttest.AdminURL(t, dbURL))
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `DO $$ BEGIN
+		IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'usher_test_app') THEN CREATE ROLE usher_test_app LOGIN; END IF;
+	EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; -- created by a test running at once
+	END $$`)
+	require.NoError(t, err)
+	require.NoError(t, admin.Close(ctx))
+	grants := readmeBlock(t, "grants it; no plugin role has any privilege on the workflow tables:", "sql")
+	require.Len(t, grants, 3)
+	for _, g := range grants {
+		_, err := pool.Exec(ctx, strings.Replace(g, " TO app;", " TO usher_test_app", 1))
+		require.NoError(t, err, g)
+	}
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User("usher_test_app")
+	app, err := pgxpool.New(ctx, u.String())
+	require.NoError(t, err)
+	defer app.Close()
+
+	hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream,
+		Plugins:     []string{hosttest.Build(t, "./host/testdata/flows")},
+		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond})
+
+	w, err := client.StartWorkflow(ctx, app, "trip", "app-1", map[string]string{"order": "app-1"})
+	require.NoError(t, err)
+	require.True(t, w.Started)
+	_, err = client.SignalWorkflow(ctx, app, "trip", "app-1", "s1", "paid", nil)
+	require.NoError(t, err)
+	_, err = client.CancelWorkflow(ctx, app, "trip", "app-1", "from the app")
+	require.NoError(t, err)
+	_, err = app.Exec(ctx, `SELECT count(*) FROM workflows`)
+	require.ErrorContains(t, err, "permission denied for table workflows")
+
+	work := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(work, "bin"), 0o755))
+	require.NoError(t, os.Symlink(hosttest.Build(t, "./cmd/host"), filepath.Join(work, "bin", "host")))
+	want := []string{`trip workflow t1 started (`, `trip workflow t1 exists (`, `signal paid (pay-1) to trip workflow t1: received`,
+		`counted once`, "trip:t1\n", "workflow  trip t1", "trip workflow t2 started (", "trip workflow t2: cancel requested"}
+	lines := readmeBlock(t, "with\na host running the flows test plugin:", "sh")
+	require.Len(t, lines, len(want))
+	for i, line := range lines {
+		cmdline, _, _ := strings.Cut(line, "  #")
+		cmd := exec.Command("sh", "-c", cmdline)
+		cmd.Dir, cmd.Env = work, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + work, "DATABASE_URL=" + dbURL}
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s: %s", line, out)
+		require.Contains(t, string(out), want[i], line)
+	}
+	hosttest.Eventually(t, 60*time.Second, "t1 completed, t2 and app-1 cancelled", func() bool {
+		return hosttest.Count(t, pool, `SELECT count(*) FROM workflows WHERE (workflow_id = 't1' AND state = 'completed')
+			OR (workflow_id IN ('t2', 'app-1') AND state = 'cancelled')`) == 3
+	})
+}

@@ -1,0 +1,152 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/usherhq/usher/host/outbox"
+)
+
+// ErrNotFound: no workflow of that type and id.
+var ErrNotFound = errors.New("workflow: not found")
+
+// States a workflow is in.
+var States = []string{"running", "completed", "failed", "cancelled"}
+
+// Summary is one workflow as `host workflows list` shows it.
+type Summary struct {
+	ID            int64           `json:"id"`
+	Type          string          `json:"type"`
+	WorkflowID    string          `json:"workflow_id"`
+	State         string          `json:"state"`
+	RequestID     string          `json:"request_id"`
+	Plugin        string          `json:"plugin,omitempty"`
+	PluginVersion string          `json:"plugin_version,omitempty"`
+	Events        int64           `json:"events"`
+	Result        json.RawMessage `json:"result,omitempty"`
+	Error         string          `json:"error,omitempty"`
+	CreatedAt     time.Time       `json:"created_at"`
+	UpdatedAt     time.Time       `json:"updated_at"`
+	FinishedAt    *time.Time      `json:"finished_at,omitempty"`
+}
+
+// Event is one recorded event.
+type Event struct {
+	Seq    int64           `json:"seq"`
+	Type   string          `json:"type"`
+	Name   string          `json:"name,omitempty"`
+	Detail string          `json:"detail,omitempty"`
+	Data   json.RawMessage `json:"data,omitempty"`
+	At     time.Time       `json:"at"`
+}
+
+// Workflow is one workflow with its history.
+type Workflow struct {
+	Summary
+	Input  json.RawMessage `json:"input"`
+	Events []Event         `json:"history"`
+}
+
+// Filter selects workflows to list; its zero value lists the newest.
+type Filter struct {
+	// Type and State, when set, match exactly.
+	Type, State string
+	// OlderThan, when positive, keeps workflows created at least that
+	// long ago.
+	OlderThan time.Duration
+	// Limit defaults to 100.
+	Limit int
+}
+
+const summaryColumns = `id, type, workflow_id, state, request_id, coalesce(plugin, ''), coalesce(plugin_version, ''),
+	last_seq, result::text, coalesce(error, ''), created_at, updated_at, finished_at`
+
+func scanSummary(r pgx.Row) (Summary, error) {
+	var s Summary
+	var result *string
+	err := r.Scan(&s.ID, &s.Type, &s.WorkflowID, &s.State, &s.RequestID, &s.Plugin, &s.PluginVersion,
+		&s.Events, &result, &s.Error, &s.CreatedAt, &s.UpdatedAt, &s.FinishedAt)
+	if result != nil {
+		s.Result = json.RawMessage(*result)
+	}
+	return s, err
+}
+
+// List lists the workflows f selects, newest first.
+func List(ctx context.Context, q outbox.Querier, f Filter) ([]Summary, error) {
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	rows, err := q.Query(ctx, `SELECT `+summaryColumns+` FROM workflows
+		WHERE ($1 = '' OR type = $1) AND ($2 = '' OR state = $2) AND created_at <= now() - make_interval(secs => $3)
+		ORDER BY created_at DESC, id DESC LIMIT $4`, f.Type, f.State, f.OlderThan.Seconds(), f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: list: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Summary, error) { return scanSummary(r) })
+	if err != nil {
+		return nil, fmt.Errorf("workflow: list: %w", err)
+	}
+	return out, nil
+}
+
+// GetByRequestID returns the workflow whose tasks and steps carry request
+// id (TYPE:ID), with its history.
+func GetByRequestID(ctx context.Context, q outbox.Querier, requestID string) (*Workflow, error) {
+	var input string
+	s, err := scanSummary(rowWith{q.QueryRow(ctx, `SELECT `+summaryColumns+`, input::text FROM workflows WHERE request_id = $1`, requestID), &input})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("workflow: get %s: %w", requestID, err)
+	}
+	w := &Workflow{Summary: s, Input: json.RawMessage(input)}
+	rows, err := q.Query(ctx, `SELECT seq, type, name, detail, data::text, at FROM workflow_events WHERE workflow = $1 ORDER BY seq`, w.ID)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: history of %s: %w", requestID, err)
+	}
+	w.Events, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Event, error) {
+		var e Event
+		var data *string
+		err := r.Scan(&e.Seq, &e.Type, &e.Name, &e.Detail, &data, &e.At)
+		if data != nil {
+			e.Data = json.RawMessage(*data)
+		}
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("workflow: history of %s: %w", requestID, err)
+	}
+	return w, nil
+}
+
+// RequestID is the request id a workflow's tasks and steps carry.
+func RequestID(typ, id string) string { return typ + ":" + id }
+
+// rowWith scans a row whose last columns go to more, after the summary's.
+type rowWith struct {
+	pgx.Row
+	more *string
+}
+
+func (r rowWith) Scan(dest ...any) error { return r.Row.Scan(append(dest, r.more)...) }
+
+// Trim deletes up to limit finished workflows (completed, failed or
+// cancelled) that finished before before, with their histories, steps,
+// timers, signals and decisions, and returns how many it deleted. A running
+// workflow is never deleted, however old (host/retention's Workflows
+// window).
+func Trim(ctx context.Context, q outbox.Querier, before time.Time, limit int) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM workflows WHERE id IN (
+		SELECT id FROM workflows WHERE state <> 'running' AND finished_at < $1 ORDER BY finished_at LIMIT $2)`, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("workflow: trim: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
