@@ -61,8 +61,11 @@ type Job struct {
 	// became of it (run, retried, dead-lettered). The database enforces
 	// it, so it holds across every application process and host, and
 	// concurrent enqueues with one key make one job (the second waits for
-	// the first's transaction: if it rolls back, the second enqueues). At
-	// most MaxMetaBytes. Optional: empty enqueues every time.
+	// the first's transaction: if it rolls back, the second enqueues). In
+	// a REPEATABLE READ or SERIALIZABLE transaction that race may instead
+	// fail with a serialization error (SQLSTATE 40001): retry the
+	// transaction, as for any. At most MaxMetaBytes. Optional: empty
+	// enqueues every time.
 	DedupKey string
 	// DedupWindow is how long DedupKey holds, from the enqueue that made
 	// the job (a duplicate does not extend it); after it, the same key
