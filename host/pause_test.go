@@ -44,6 +44,9 @@ func TestPauseTwoHostsLosesNothing(t *testing.T) {
 	before := b.placeOrders(t, 20, 3)
 	b.waitDrained(t, 20)
 	b.requireCounters(t, before)
+	// The rows to come are the paused ones (a row of the first twenty may
+	// have been republished: ReconcileAfter is 1s here).
+	last := hosttest.Count(t, b.pool, `SELECT max(id) FROM outbox`)
 
 	code, _, body := adminCall{method: "POST", path: "/kinds/pause?kind=" + counterKind + "&by=ada&reason=" + url.QueryEscape("provider outage"),
 		token: a.AdminToken}.do(t, a.AdminAddr())
@@ -58,11 +61,12 @@ func TestPauseTwoHostsLosesNothing(t *testing.T) {
 	more := b.placeOrders(t, 40, 3)
 	pausedAt := time.Now()
 	hosttest.Eventually(t, 30*time.Second, "the paused jobs relayed and waiting in the stream past several reclaims", func() bool {
-		require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE done_at IS NOT NULL AND id > 20`), "a paused job ran")
+		require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE done_at IS NOT NULL AND id > $1`, last), "a paused job ran")
 		require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`), "a paused job was dead-lettered")
-		require.Zero(t, hosttest.Count(t, b.pool, `SELECT coalesce(sum(republished), 0) FROM outbox`), "a paused job was republished")
+		require.Zero(t, hosttest.Count(t, b.pool, `SELECT coalesce(sum(republished), 0) FROM outbox WHERE id > $1`, last), "a paused job was republished")
 		return hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) == 0 &&
-			hosttest.Pending(t, b.rdb, b.stream, "usher") == 40 && time.Since(pausedAt) > 5*time.Second
+			// At least: a republished row of the first twenty waits too.
+			hosttest.Pending(t, b.rdb, b.stream, "usher") >= 40 && time.Since(pausedAt) > 5*time.Second
 	})
 	b.requireCounters(t, before)
 
