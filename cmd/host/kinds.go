@@ -15,7 +15,7 @@ import (
 
 const pauseHelp = `A paused kind's deliveries wait in the stream on every host: nothing is
 lost or dead-lettered, and waiting does not count towards a job's
-deliveries. Each host reads the paused kinds every second (host run's
+deliveries. Each host reads the paused kinds every second (host.Config's
 PausePollInterval); a run already started finishes. After resume the
 waiting entries run within seconds, at most within the reclaim
 threshold. Each pause and resume is recorded in operator_actions, with
