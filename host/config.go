@@ -247,6 +247,10 @@ type Config struct {
 	ReconcileAfter time.Duration
 	// ReconcileInterval is how often the reconciler scans. Default 1m.
 	ReconcileInterval time.Duration
+	// PausePollInterval is how often this host reads the kinds an operator
+	// paused (host/pause): a pause or resume reaches it within this.
+	// Default 1s.
+	PausePollInterval time.Duration
 	// HistoryRetention is how long a job's history records (one per
 	// delivery, see host/history) and the plugins' swap history are kept;
 	// each host's retainer deletes older ones every CleanupInterval.
@@ -423,6 +427,9 @@ func (c *Config) fill() {
 	}
 	if c.ReconcileAfter <= 0 {
 		c.ReconcileAfter = 15 * time.Minute
+	}
+	if c.PausePollInterval <= 0 {
+		c.PausePollInterval = time.Second
 	}
 	if c.ReconcileInterval <= 0 {
 		c.ReconcileInterval = time.Minute

@@ -26,6 +26,7 @@ import (
 	"github.com/usherhq/usher/host/internal/settle"
 	"github.com/usherhq/usher/host/internal/telemetry"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/pause"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/host/stream"
@@ -53,6 +54,7 @@ type Host struct {
 	consumer     *stream.Consumer
 	redispatcher *stream.Redispatcher
 	pipeline     *pipeline.Pipeline
+	pauses       *pause.Watcher
 	admin        *adminapi.Server
 }
 
@@ -189,6 +191,10 @@ func (h *Host) build(ctx context.Context, schema string) error {
 	if err != nil {
 		return err
 	}
+	h.pauses, err = pause.NewWatcher(pause.WatcherConfig{Pool: h.pool, Interval: cfg.PausePollInterval, Logger: h.log})
+	if err != nil {
+		return err
+	}
 	pending := stream.Pending{Redis: h.rdb, Stream: cfg.Stream, Group: cfg.Group, Consumer: cfg.Consumer}
 	var ready func(string) bool // the pipeline's, set below: the redispatcher is built first
 	h.redispatcher, err = stream.NewRedispatcher(stream.RedispatcherConfig{Pending: pending, Take: h.consumer.Take,
@@ -201,7 +207,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		MaxDeliveries: cfg.MaxDeliveries, MaxAttempts: cfg.MaxAttempts, PoisonCrashes: cfg.PoisonCrashes, Concurrency: cfg.Concurrency,
 		JobTimeout: cfg.JobTimeout, StalledAfter: cfg.StalledAfter, UnknownKindWait: cfg.UnknownKindWait,
 		Routes: h.fleet.Routes(), Fleet: h.fleet, Pending: pending, Redelivery: h.redispatcher, Settler: settler, Runner: jobs,
-		Detach: h.consumer.Detach, Metrics: h.metrics, Tracer: telemetry.NewTracer(), Logger: h.log,
+		Paused: h.pauses.Paused, Detach: h.consumer.Detach, Metrics: h.metrics, Tracer: telemetry.NewTracer(), Logger: h.log,
 	})
 	if err != nil {
 		return err

@@ -28,6 +28,9 @@ type (
 	// ReloadResponse is the admin API's answer to POST /plugins/reload
 	// and /plugins/rollback.
 	ReloadResponse = adminapi.ReloadResponse
+	// PauseResponse is the admin API's answer to POST /kinds/pause and
+	// /kinds/resume.
+	PauseResponse = adminapi.PauseResponse
 	// PhaseTotal is one batch phase's total time and count of batches.
 	PhaseTotal = telemetry.PhaseTotal
 )

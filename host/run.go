@@ -72,7 +72,9 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 	if err != nil {
 		return nil, err
 	}
-	background = append(background, lifecycle.Func("retention", ret.Run))
+	// Started once the paused kinds are read: the stream phase after it
+	// runs no entry of a paused kind.
+	background = append(background, lifecycle.Func("retention", ret.Run), lifecycle.FuncReady("pauses", h.pauses.Run))
 	phases := []lifecycle.Phase{
 		{Name: "plugins", Services: []lifecycle.Service{lifecycle.Func("fleet", h.fleet.Run)}},
 		{Name: "background", Services: background},

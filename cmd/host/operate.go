@@ -108,6 +108,17 @@ func printInspection(out io.Writer, in ops.Inspection) error {
 			return err
 		}
 	}
+	if len(in.Paused) > 0 {
+		// Shown only when there are any (host kinds pause).
+		fmt.Fprintln(out, "\npaused kinds (their deliveries wait in the stream)")
+		fmt.Fprintln(w, "  KIND\tSINCE\tBY\tREASON")
+		for _, p := range in.Paused {
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", p.Kind, p.PausedAt.UTC().Format(time.RFC3339), p.PausedBy, p.Reason)
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(out, "\ndead letters (open)")
 	if len(in.DeadLetters) == 0 {
 		fmt.Fprintln(out, "  none")

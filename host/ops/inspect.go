@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/pause"
 )
 
 // Inspection is the runtime's state as `host inspect` reports it.
@@ -33,8 +34,11 @@ type Inspection struct {
 	// WaitingForKind counts, by kind, the unfinished jobs whose entry
 	// waits for a host serving its kind (host.Config.UnknownKindWait).
 	WaitingForKind []KindCount `json:"waiting_for_kind,omitempty"`
-	DeadLetters    []KindCount `json:"dead_letters_open"`
-	Absorbed       []Absorbed  `json:"duplicates_absorbed"`
+	// Paused are the kinds an operator paused (host/pause): their
+	// deliveries wait in the stream until resumed.
+	Paused      []pause.Paused `json:"paused_kinds,omitempty"`
+	DeadLetters []KindCount    `json:"dead_letters_open"`
+	Absorbed    []Absorbed     `json:"duplicates_absorbed"`
 	// Lag is how far behind the runtime is, as of the time Inspect was
 	// given.
 	Lag Lag `json:"lag"`
@@ -114,6 +118,9 @@ func Inspect(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, s
 		if *k.to, err = pgx.AppendRows(*k.to, rows, pgx.RowToStructByPos[KindCount]); err != nil {
 			return in, err
 		}
+	}
+	if in.Paused, err = pause.List(ctx, q); err != nil {
+		return in, err
 	}
 	rows, err := q.Query(ctx, `SELECT guard, kind, reason, count FROM absorbed_duplicates ORDER BY guard, kind, reason`)
 	if err != nil {

@@ -11,6 +11,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -39,6 +41,11 @@ type Message struct {
 	JobID string
 	// Attempt counts the retries of the job; 0 for a new job.
 	Attempt int
+	// DedupKey and DedupWindow: as client.Job's. While a job of Kind
+	// added with DedupKey is less than DedupWindow (default 24h) old, Add
+	// returns that job's id for the message and adds nothing. Optional.
+	DedupKey    string
+	DedupWindow time.Duration
 }
 
 // Limits of a message (the client's, see internal/jobmsg), so that its
@@ -58,6 +65,9 @@ const (
 func Add(ctx context.Context, tx Querier, msgs ...Message) ([]int64, error) {
 	if len(msgs) == 0 {
 		return nil, nil
+	}
+	if slices.ContainsFunc(msgs, func(m Message) bool { return m.DedupKey != "" || m.DedupWindow != 0 }) {
+		return addEach(ctx, tx, msgs)
 	}
 	kinds := make([]string, len(msgs))
 	payloads := make([]string, len(msgs))
@@ -89,6 +99,53 @@ func Add(ctx context.Context, tx Querier, msgs ...Message) ([]int64, error) {
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		return nil, fmt.Errorf("outbox: add: %w", err)
+	}
+	return ids, nil
+}
+
+// addEach is Add for a batch with deduplication keys, one message at a
+// time, in order.
+func addEach(ctx context.Context, tx Querier, msgs []Message) ([]int64, error) {
+	ids := make([]int64, 0, len(msgs))
+	for i, m := range msgs {
+		if m.DedupKey == "" {
+			if m.DedupWindow != 0 {
+				return nil, fmt.Errorf("outbox: message %d: %s has a DedupWindow and no DedupKey", i, m.Kind)
+			}
+			id, err := Add(ctx, tx, m)
+			if err != nil {
+				return nil, err
+			}
+			ids = append(ids, id...)
+			continue
+		}
+		if err := jobmsg.Check(m.Kind, m.Payload, m.RequestID, m.Trace, m.JobID); err != nil {
+			return nil, fmt.Errorf("outbox: message %d: %w", i, err)
+		}
+		if m.DedupWindow < 0 {
+			return nil, fmt.Errorf("outbox: message %d: %s has a negative DedupWindow", i, m.Kind)
+		}
+		var window *string
+		if m.DedupWindow > 0 {
+			w := fmt.Sprintf("%d microseconds", max(m.DedupWindow.Microseconds(), 1))
+			window = &w
+		}
+		var id int64
+		var won bool
+		if err := tx.QueryRow(ctx, `SELECT id, won FROM usher_dedup_claim($1, $2, $3::interval)`, m.Kind, m.DedupKey, window).Scan(&id, &won); err != nil {
+			return nil, fmt.Errorf("outbox: add: %w", err)
+		}
+		if won {
+			var jobID *string
+			if m.JobID != "" {
+				jobID = &m.JobID
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, kind, payload, request_id, trace, job_id, attempt)
+				VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7)`, id, m.Kind, string(m.Payload), m.RequestID, jobmsg.Trace(m.Trace), jobID, m.Attempt); err != nil {
+				return nil, fmt.Errorf("outbox: add: %w", err)
+			}
+		}
+		ids = append(ids, id)
 	}
 	return ids, nil
 }

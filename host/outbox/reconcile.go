@@ -82,7 +82,11 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int64, error) {
 		UPDATE outbox SET published_at = NULL, republished = republished + 1
 		WHERE done_at IS NULL AND published_at < now() - make_interval(secs => $1)
 		  -- A host saw its entry lately, waiting for a host that serves its kind.
-		  AND (kind_waited_at IS NULL OR kind_waited_at < now() - make_interval(secs => $1))`, r.cfg.StaleAfter.Seconds())
+		  AND (kind_waited_at IS NULL OR kind_waited_at < now() - make_interval(secs => $1))
+		  -- Its kind is paused (host/pause), or was resumed lately: its
+		  -- entry waits in the stream, or drains now.
+		  AND NOT EXISTS (SELECT 1 FROM kind_pauses p WHERE p.kind = outbox.kind
+		      AND (p.resumed_at IS NULL OR p.resumed_at > now() - make_interval(secs => $1)))`, r.cfg.StaleAfter.Seconds())
 	if err != nil {
 		return 0, fmt.Errorf("outbox: reconcile: %w", err)
 	}

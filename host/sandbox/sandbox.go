@@ -106,12 +106,17 @@ func CheckPluginName(name string) error {
 // privilege on them.
 var RuntimeTables = []string{"outbox", "processed_jobs", "scheduled_jobs", "dead_letters",
 	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets", "tx_gates", "job_history", "plugin_installs",
-	"workflows", "workflow_events", "workflow_steps", "workflow_timers", "workflow_signals", "workflow_decisions"}
+	"workflows", "workflow_events", "workflow_steps", "workflow_timers", "workflow_signals", "workflow_decisions",
+	"job_dedup_keys", "kind_pauses", "operator_actions"}
 
 // AppEnqueueFunction is the applications' enqueue (package client, and any
 // language's driver): an operator grants EXECUTE on it to an application's
 // role, never to a plugin's.
 const AppEnqueueFunction = "usher_enqueue_job(text, jsonb, text, text)"
+
+// AppDedupEnqueueFunction is the applications' enqueue with a
+// deduplication key (client.Job.DedupKey), granted as AppEnqueueFunction is.
+const AppDedupEnqueueFunction = "usher_enqueue_job(text, jsonb, text, text, text, interval)"
 
 // functions are the runtime's SECURITY DEFINER functions a plugin role may
 // call (through the host, or by itself: each checks the caller).
@@ -194,14 +199,16 @@ func CheckPluginRole(ctx context.Context, pool *pgxpool.Pool, plugin, role strin
 	}
 	// The application's enqueue checks no kinds: a plugin enqueues only
 	// through usher_enqueue, which allows the kinds of its manifest.
-	var appEnqueue bool
-	err = pool.QueryRow(ctx, `SELECT to_regprocedure($2) IS NOT NULL AND has_function_privilege($1, $2, 'EXECUTE')`,
-		role, AppEnqueueFunction).Scan(&appEnqueue)
-	if err != nil {
-		return fmt.Errorf("check role %s's privileges: %w", role, err)
-	}
-	if appEnqueue {
-		bad = append(bad, "it may call "+AppEnqueueFunction+", the applications' enqueue (REVOKE EXECUTE ON FUNCTION "+AppEnqueueFunction+" FROM "+role+", and from PUBLIC)")
+	for _, f := range []string{AppEnqueueFunction, AppDedupEnqueueFunction} {
+		var appEnqueue bool
+		err = pool.QueryRow(ctx, `SELECT to_regprocedure($2) IS NOT NULL AND has_function_privilege($1, $2, 'EXECUTE')`,
+			role, f).Scan(&appEnqueue)
+		if err != nil {
+			return fmt.Errorf("check role %s's privileges: %w", role, err)
+		}
+		if appEnqueue {
+			bad = append(bad, "it may call "+f+", the applications' enqueue (REVOKE EXECUTE ON FUNCTION "+f+" FROM "+role+", and from PUBLIC)")
+		}
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("plugin %s's Postgres role %s is refused: %s", plugin, role, strings.Join(bad, "; "))

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/usherhq/usher/host/admin"
 	"github.com/usherhq/usher/host/console"
 	"github.com/usherhq/usher/host/internal/fleet"
+	"github.com/usherhq/usher/host/pause"
 )
 
 // Fleet is what the admin API asks of the plugin fleet.
@@ -129,6 +131,9 @@ func (s *Server) handler(bound string) (http.Handler, error) {
 	})
 	mux.HandleFunc("POST /plugins/reload", s.serveReload)
 	mux.HandleFunc("POST /plugins/rollback", s.serveRollback)
+	mux.HandleFunc("GET /kinds/paused", s.servePaused)
+	mux.HandleFunc("POST /kinds/pause", s.servePause)
+	mux.HandleFunc("POST /kinds/resume", s.servePause)
 	c, err := console.New(console.Config{
 		Pool: s.cfg.Pool, Redis: s.cfg.Redis, Stream: s.cfg.Stream, Group: s.cfg.Group,
 		Token: s.cfg.Token, ChartWindow: s.cfg.ChartWindow, ChartBucket: s.cfg.ChartBucket,
@@ -207,4 +212,56 @@ func (s *Server) consoleReload(ctx context.Context, name string) ([]console.Relo
 		out = append(out, console.ReloadResult{Plugin: r.Plugin, Action: r.Action, From: r.From, To: r.To, Error: r.Error})
 	}
 	return out, err
+}
+
+// PauseResponse is the admin API's answer to POST /kinds/pause and
+// /kinds/resume: Changed is false when the kind already was as asked.
+type PauseResponse struct {
+	Kind    string        `json:"kind"`
+	Paused  bool          `json:"paused"`
+	Changed bool          `json:"changed"`
+	Pause   *pause.Paused `json:"pause,omitempty"`
+	Error   string        `json:"error,omitempty"`
+}
+
+// servePause is POST /kinds/pause?kind=KIND[&reason=WHY][&by=WHO] and
+// POST /kinds/resume?kind=KIND[&by=WHO]: the action is recorded as by (or
+// "admin API") via the admin API from the caller's address.
+func (s *Server) servePause(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	resp := PauseResponse{Kind: q.Get("kind")}
+	by := strings.TrimSpace(q.Get("by"))
+	if by == "" {
+		by = "admin API"
+	}
+	actor := fmt.Sprintf("%.200s via the admin API from %s", by, r.RemoteAddr)
+	ctx := context.WithoutCancel(r.Context())
+	var err error
+	if strings.HasSuffix(r.URL.Path, "/pause") {
+		var p pause.Paused
+		p, resp.Changed, err = pause.Pause(ctx, s.cfg.Pool, resp.Kind, actor, q.Get("reason"))
+		resp.Paused, resp.Pause = err == nil, &p
+	} else {
+		resp.Changed, err = pause.Resume(ctx, s.cfg.Pool, resp.Kind, actor)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		resp.Error, resp.Pause = err.Error(), nil
+		w.WriteHeader(http.StatusUnprocessableEntity)
+	}
+	_ = json.NewEncoder(w).Encode(resp)
+}
+
+// servePaused is GET /kinds/paused: the paused kinds (pause.List).
+func (s *Server) servePaused(w http.ResponseWriter, r *http.Request) {
+	list, err := pause.List(r.Context(), s.cfg.Pool)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	if list == nil {
+		list = []pause.Paused{}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(list)
 }

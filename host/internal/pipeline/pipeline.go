@@ -111,6 +111,9 @@ type Config struct {
 	Redelivery Redelivery
 	Settler    Settler
 	Runner     Runner
+	// Paused reports whether an operator paused kind (pause.Watcher):
+	// its entries are parked until it is resumed. Optional (nil: none).
+	Paused func(kind string) bool
 	// Detach gives the slot of the running entry streamID back to the
 	// consumer (stream.Consumer.Detach). Optional.
 	Detach  func(streamID string) bool
@@ -142,8 +145,10 @@ func (p *Pipeline) StalledCap() int64 { return int64(max(1, p.cfg.Concurrency/2)
 // running and below its share of stalled jobs (the Redispatcher's test).
 func (p *Pipeline) Ready(kind string) bool {
 	rt, ok := p.cfg.Routes.Get(kind)
-	return ok && rt.Plugin.Ready() && rt.Counters.Stalled.Load() < p.StalledCap()
+	return ok && rt.Plugin.Ready() && rt.Counters.Stalled.Load() < p.StalledCap() && !p.paused(kind)
 }
+
+func (p *Pipeline) paused(kind string) bool { return p.cfg.Paused != nil && p.cfg.Paused(kind) }
 
 // step is what run decided for an entry: settle it with outcome, or
 // leave it pending (ack false).
@@ -213,6 +218,14 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 	rt, _ := p.cfg.Routes.Get(e.Kind)
 	m := rt.Plugin.Manifest()
 	d.Served(m.Name, m.Version, telemetry.GuardName(rt.Guard))
+	if p.paused(e.Kind) {
+		// Waits in the stream, its delivery given back, until resumed:
+		// then the redispatcher (or the reclaimer) runs it.
+		d.Arrive()
+		p.park(ctx, e, rt, "its kind is paused")
+		p.redispatch(e, rt)
+		return pending
+	}
 	if !rt.Plugin.Ready() {
 		d.Arrive()
 		// Unhealthy (its kinds wait in the stream, not in dead letters,
