@@ -36,6 +36,7 @@ import (
 
 	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/internal/periodic"
+	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/swaps"
 	"github.com/usherhq/usher/host/workflow"
 )
@@ -188,29 +189,22 @@ func (r *Retainer) Cleanup(ctx context.Context) error {
 // trimRecords applies the History, Workflows and Swaps windows.
 func (r *Retainer) trimRecords(ctx context.Context) error {
 	var errs []error
-	if r.cfg.History > 0 {
-		before := time.Now().Add(-r.cfg.History)
-		var total int64
-		for {
-			n, err := history.Trim(ctx, r.cfg.Pool, before, r.cfg.BatchSize)
-			total += n
-			if err != nil || n < int64(r.cfg.BatchSize) {
-				errs = append(errs, err)
-				break
-			}
-		}
-		if total > 0 {
-			if r.cfg.OnDeleted != nil {
-				r.cfg.OnDeleted("job_history", total)
-			}
-			r.cfg.Logger.Info("job history trimmed", "deleted", total, "retention", r.cfg.History)
-		}
+	batched := []struct {
+		table  string
+		window time.Duration
+		trim   func(ctx context.Context, q outbox.Querier, before time.Time, batch int) (int64, error)
+	}{
+		{"job_history", r.cfg.History, history.Trim},
+		{"workflows", r.cfg.Workflows, workflow.Trim},
 	}
-	if r.cfg.Workflows > 0 {
-		before := time.Now().Add(-r.cfg.Workflows)
+	for _, t := range batched {
+		if t.window <= 0 {
+			continue
+		}
+		before := time.Now().Add(-t.window)
 		var total int64
 		for {
-			n, err := workflow.Trim(ctx, r.cfg.Pool, before, r.cfg.BatchSize)
+			n, err := t.trim(ctx, r.cfg.Pool, before, r.cfg.BatchSize)
 			total += n
 			if err != nil || n < int64(r.cfg.BatchSize) {
 				errs = append(errs, err)
@@ -219,9 +213,9 @@ func (r *Retainer) trimRecords(ctx context.Context) error {
 		}
 		if total > 0 {
 			if r.cfg.OnDeleted != nil {
-				r.cfg.OnDeleted("workflows", total)
+				r.cfg.OnDeleted(t.table, total)
 			}
-			r.cfg.Logger.Info("finished workflows deleted", "deleted", total, "retention", r.cfg.Workflows)
+			r.cfg.Logger.Info("records past their window deleted", "table", t.table, "deleted", total, "retention", t.window)
 		}
 	}
 	if r.cfg.Swaps > 0 {
