@@ -115,6 +115,19 @@ func EnsureRoles(tb testing.TB, plugins ...string) {
 		tb.Fatalf("hosttest: postgres: %v", err)
 	}
 	defer admin.Close(ctx)
+	// Made and marked already (by this run's first test binary, or an
+	// earlier run): no Setup again. Setup would set every role's
+	// CONNECTION LIMIT anew, under a test of another binary that changed
+	// one of them on purpose (TestPluginLoadRetriedAfterTransientRefusal).
+	roles := []string{Owner}
+	for _, p := range plugins {
+		roles = append(roles, sandbox.PluginRoleIn(Deployment, p), sandbox.SchemaRoleIn(Deployment, p))
+	}
+	var marked int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_roles WHERE rolname = ANY($1)
+		AND shobj_description(oid, 'pg_authid') LIKE 'usher deployment %'`, roles).Scan(&marked); err == nil && marked == len(roles) {
+		return
+	}
 	// The tests' databases share these roles (each is created by the
 	// owner and granted to the plugin roles): adopted as the test
 	// deployment's, with no connection limit, since test binaries run at
