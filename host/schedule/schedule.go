@@ -102,14 +102,7 @@ func New(cfg Config) (*Scheduler, error) {
 
 // Run moves due runs until ctx is done.
 func (s *Scheduler) Run(ctx context.Context) error {
-	return periodic.Run(ctx, s.cfg.Interval, s.cfg.Logger, "scheduler scan failed", func(ctx context.Context) error {
-		for {
-			n, err := s.MoveDue(ctx)
-			if err != nil || n < s.cfg.BatchSize {
-				return err
-			}
-		}
-	})
+	return periodic.Drain(ctx, s.cfg.Interval, s.cfg.Logger, "scheduler scan failed", s.cfg.BatchSize, s.MoveDue)
 }
 
 // MoveDue moves one batch of due runs into the outbox, in one transaction,

@@ -52,14 +52,7 @@ func NewTimers(cfg TimersConfig) (*Timers, error) {
 
 // Run fires due timers until ctx is done.
 func (t *Timers) Run(ctx context.Context) error {
-	return periodic.Run(ctx, t.cfg.Interval, t.cfg.Logger, "workflow timer scan failed", func(ctx context.Context) error {
-		for {
-			n, err := t.FireDue(ctx)
-			if err != nil || n < t.cfg.BatchSize {
-				return err
-			}
-		}
-	})
+	return periodic.Drain(ctx, t.cfg.Interval, t.cfg.Logger, "workflow timer scan failed", t.cfg.BatchSize, t.FireDue)
 }
 
 // FireDue fires one batch of due timers in one transaction and returns how

@@ -24,3 +24,17 @@ func Run(ctx context.Context, interval time.Duration, logger *slog.Logger, failM
 		}
 	}
 }
+
+// Drain is Run for a scan done in batches: at every tick it calls batch
+// until one does fewer than size rows (or fails), so a backlog drains in
+// one tick instead of one batch a tick.
+func Drain(ctx context.Context, interval time.Duration, logger *slog.Logger, failMsg string, size int, batch func(context.Context) (int, error)) error {
+	return Run(ctx, interval, logger, failMsg, func(ctx context.Context) error {
+		for {
+			n, err := batch(ctx)
+			if err != nil || n < size {
+				return err
+			}
+		}
+	})
+}
