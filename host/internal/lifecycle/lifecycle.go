@@ -178,6 +178,20 @@ starting:
 			select {
 			case <-ready:
 				waiting = false
+				// A service that failed while starting counts as
+				// started: its result is waiting, and it stops the
+				// start before the next phase.
+				for drained := false; !drained; {
+					select {
+					case r := <-results:
+						record(r)
+					default:
+						drained = true
+					}
+				}
+				if len(errs) > 0 {
+					break starting
+				}
 			case r := <-results:
 				record(r)
 				if len(errs) > 0 {
@@ -219,8 +233,11 @@ func launch(ctx context.Context, phase int, svcs []Service, results chan<- resul
 		}
 		wg.Go(func() {
 			err := runSafe(ctx, s)
-			close(exited)
+			// The result first: a service that returned (and so counts
+			// as started) has its result waiting before its phase is
+			// ready (results holds every service's).
 			results <- result{phase, j, err}
+			close(exited)
 		})
 	}
 	ready := make(chan struct{})
