@@ -21,19 +21,24 @@ func TestHistoryNamesTheVersionThatRan(t *testing.T) {
 	b := setup(t)
 	next := hosttest.Build(t, "./plugins/counters/chaos", "main.version=1.1.0")
 	want := b.placeOrders(t, 12, 2)
-	stalled := b.armFirstJob(t, "counter.before_apply", faults.Spec{Action: "stall", Duration: "20s", Once: true})
+	stalled := b.armFirstJob(t, "counter.before_apply", faults.Spec{Action: "stall", Duration: "60s", Once: true})
 	cfg := b.config()
 	cfg.BatchMax = 32
-	cfg.StalledAfter = 2 * time.Second
+	// The swap below must route new calls before the batch is called off;
+	// under -race on a loaded 2-core CI machine a swap (start, handshake,
+	// health) took more than 2 s, so the margin is wide.
+	cfg.StalledAfter = 12 * time.Second
 	cfg.RollbackWindow = -1
 	h := hosttest.Start(t, cfg)
 	b.held(t, "counter.before_apply", stalled)
 	// The batch holding the stalled job is called off at StalledAfter,
 	// after the swap routed new calls to 1.1.0: its jobs run again there.
+	swapStart := time.Now()
 	res, err := h.Host.Swap(context.Background(), "counters", next)
 	require.NoError(t, err)
 	require.Equal(t, "1.1.0", res.To.Version)
-	hosttest.Eventually(t, 60*time.Second, "every counter job applied", func() bool {
+	t.Logf("swap took %s", time.Since(swapStart))
+	hosttest.Eventually(t, 90*time.Second, "every counter job applied", func() bool {
 		return hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`) == 12
 	})
 	b.requireCounters(t, want)
