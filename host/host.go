@@ -51,6 +51,7 @@ type Host struct {
 	adminToken string
 
 	fleet        *fleet.Fleet
+	decider      *workflow.Decider
 	consumer     *stream.Consumer
 	redispatcher *stream.Redispatcher
 	pipeline     *pipeline.Pipeline
@@ -168,10 +169,14 @@ func (h *Host) build(ctx context.Context, schema string) error {
 	if err != nil {
 		return err
 	}
-	decider, err := workflow.NewDecider(workflow.Config{Pool: h.pool, Backoff: runner.Backoff, Logger: h.log})
+	// The fleet is built below; the versions workflows are pinned to are
+	// its own, asked once it runs.
+	pinned := workflow.VersionsFunc(func(plugin, version string) (guard.Invoker, error) { return h.fleet.Pinned(plugin, version) })
+	decider, err := workflow.NewDecider(workflow.Config{Pool: h.pool, Backoff: runner.Backoff, Versions: pinned, Logger: h.log})
 	if err != nil {
 		return err
 	}
+	h.decider = decider
 	// Decision tasks run through the same pipeline as jobs; the workflow
 	// runner answers the kinds served under the workflow guard.
 	jobs := workflow.Runner{Guards: runner, Decider: decider, OnAbsorbed: func(g usherv1.Guard, kind, reason string) {
@@ -217,7 +222,8 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		h.admin, err = adminapi.New(adminapi.Config{
 			Addr: cfg.AdminAddr, Token: h.adminToken, TokenFile: cfg.AdminTokenFile, AllowedHosts: cfg.AdminAllowedHosts,
 			Registry: h.metrics.Reg, Fleet: h.fleet, Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Group: cfg.Group,
-			ChartWindow: cfg.ConsoleChartWindow, ChartBucket: cfg.ConsoleChartBucket, Logger: h.log,
+			ChartWindow: cfg.ConsoleChartWindow, ChartBucket: cfg.ConsoleChartBucket, MigrateWorkflows: h.MigrateWorkflows,
+			Logger: h.log,
 		})
 		if err != nil {
 			return fmt.Errorf("host: %w", err)

@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -11,6 +12,8 @@ import (
 	"github.com/usherhq/usher/host/internal/telemetry"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/host/workflow"
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
@@ -127,3 +130,18 @@ func (h *Host) Verdicts() map[string]int64 { return h.metrics.Verdicts() }
 // roles: for each phase (record, invoke, writes, commit) the time all
 // committed batches spent in it, and their count.
 func (h *Host) BatchPhaseTotals() map[string]PhaseTotal { return h.metrics.BatchPhaseTotals() }
+
+// MigrateWorkflows moves the running workflows req selects to the plugin
+// version now serving their type, each one only if that version accepts it
+// (sdk.AcceptMigration); see workflow.Decider.Migrate.
+func (h *Host) MigrateWorkflows(ctx context.Context, req workflow.MigrateRequest) (workflow.MigrateResult, error) {
+	r, ok := h.fleet.Routes().Get(contract.WorkflowKind(req.Type))
+	if !ok || r.Guard != usherv1.Guard_GUARD_WORKFLOW {
+		return workflow.MigrateResult{Type: req.Type}, fmt.Errorf("host: no plugin here serves workflow type %q", req.Type)
+	}
+	return h.decider.Migrate(ctx, r.Plugin, r.Name, r.Plugin.Manifest().Version, req)
+}
+
+// PinnedVersions lists the plugin versions running beside the ones serving
+// new work, to decide the workflows pinned to them, as "plugin@version".
+func (h *Host) PinnedVersions() []string { return h.fleet.PinnedVersions() }

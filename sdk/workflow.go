@@ -35,14 +35,40 @@ type Decide[In any] func(ctx context.Context, h WorkflowHistory[In]) (Decision, 
 // ("usher.workflow."+typ), which its manifest lists like any kind; the
 // steps a decision schedules are jobs of kinds the plugin serves or may
 // enqueue, each with its own guard.
-func HandleWorkflow[In any](p *Plugin, typ string, decide Decide[In]) {
+//
+// A running workflow is pinned to the plugin version that took its first
+// decision: after a hot swap, that version keeps deciding it (the host runs
+// both versions side by side under the plugin's role) until it ends, and
+// new workflows start on the new version. Steps are ordinary jobs and run
+// on the version serving their kind. `host workflows migrate` moves
+// running workflows to the version now serving the type, which must accept
+// each one ([AcceptMigration]); a version that registered no
+// AcceptMigration refuses them all.
+func HandleWorkflow[In any](p *Plugin, typ string, decide Decide[In], opts ...WorkflowOption[In]) {
 	if typ == "" {
 		p.errs = append(p.errs, fmt.Errorf("sdk: a workflow type has no name"))
 		return
 	}
 	kind := contract.WorkflowKind(typ)
-	p.add(kind, &workflowKind[In]{decide: decide,
-		ki: &usherv1.KindInfo{Kind: kind, Guard: usherv1.Guard_GUARD_WORKFLOW, PayloadSchemaVersion: 1}})
+	k := &workflowKind[In]{decide: decide,
+		ki: &usherv1.KindInfo{Kind: kind, Guard: usherv1.Guard_GUARD_WORKFLOW, PayloadSchemaVersion: 1}}
+	for _, o := range opts {
+		o(k)
+	}
+	p.add(kind, k)
+}
+
+// WorkflowOption configures a workflow type (HandleWorkflow).
+type WorkflowOption[In any] func(*workflowKind[In])
+
+// AcceptMigration is how this version takes over a running workflow that
+// an earlier version decided so far (`host workflows migrate`): accept
+// sees its history and the version it comes from, and returns nil to
+// accept it (its next decisions run here) or an error saying why not (it
+// stays on its version). Like Decide it gets no database, network or
+// clock; it must not change anything.
+func AcceptMigration[In any](accept func(ctx context.Context, h WorkflowHistory[In], from string) error) WorkflowOption[In] {
+	return func(k *workflowKind[In]) { k.accept = accept }
 }
 
 // EventType names what happened to a workflow.
@@ -61,6 +87,9 @@ const (
 	EventCompleted       EventType = "completed"
 	EventFailed          EventType = "failed"
 	EventCancelled       EventType = "cancelled"
+	// EventMigrated: `host workflows migrate` moved the workflow to the
+	// version named (Name), from the one Detail says.
+	EventMigrated EventType = "migrated"
 )
 
 // WorkflowEvent is one recorded event.
@@ -279,6 +308,7 @@ func StepResult[T Args, W *Tx | *Win](ctx context.Context, w W, job Job[T], v an
 
 type workflowKind[In any] struct {
 	decide Decide[In]
+	accept func(ctx context.Context, h WorkflowHistory[In], from string) error
 	ki     *usherv1.KindInfo
 }
 
@@ -296,6 +326,15 @@ func (k *workflowKind[In]) invoke(ctx context.Context, _ invokeEnv, call *usherv
 	for _, e := range ph.GetEvents() {
 		h.Events = append(h.Events, WorkflowEvent{Seq: e.GetSeq(), Type: EventType(e.GetType()), Name: e.GetName(),
 			Detail: e.GetDetail(), Data: e.GetData(), At: time.Unix(0, e.GetAtUnixNanos())})
+	}
+	if from := ph.GetMigrateFrom(); from != "" {
+		if k.accept == nil {
+			return result(Permanent(fmt.Errorf("workflow type %s registers no sdk.AcceptMigration: it takes over no running workflow", h.Type)))
+		}
+		if err := k.accept(ctx, h, from); err != nil {
+			return result(Permanent(fmt.Errorf("refused to take over %s workflow %s from version %s: %w", h.Type, h.ID, from, err)))
+		}
+		return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK}
 	}
 	d, err := k.decide(ctx, h)
 	if err != nil {

@@ -87,3 +87,40 @@ func TestWorkflowDecision(t *testing.T) {
 	wrong := p.kinds["usher.workflow.trip"].invoke(context.Background(), invokeEnv{}, &usherv1.Call{Phase: usherv1.Phase_PHASE_APPLY})
 	require.Equal(t, usherv1.Outcome_OUTCOME_PERMANENT, wrong.GetOutcome())
 }
+
+// Asked to take over a running workflow (host workflows migrate), a type
+// with no AcceptMigration refuses, one with it answers its verdict, and
+// neither decides anything.
+func TestWorkflowAcceptMigration(t *testing.T) {
+	t.Parallel()
+	type in struct {
+		Order string `json:"order"`
+	}
+	decide := func(context.Context, WorkflowHistory[in]) (Decision, error) {
+		return Complete(nil), nil
+	}
+	plain := New("wf", "2.0.0")
+	HandleWorkflow(plain, "trip", decide)
+	accepting := New("wf", "2.0.0")
+	HandleWorkflow(accepting, "trip", decide, AcceptMigration(func(_ context.Context, h WorkflowHistory[in], from string) error {
+		if h.Input.Order == "old" {
+			return errors.New("orders of the old shape are not mine")
+		}
+		require.Equal(t, "1.0.0", from)
+		return nil
+	}))
+	ask := func(p *Plugin, input string) *usherv1.Result {
+		return p.kinds["usher.workflow.trip"].invoke(context.Background(), invokeEnv{}, &usherv1.Call{Phase: usherv1.Phase_PHASE_DECIDE,
+			Job: &usherv1.Job{Kind: "usher.workflow.trip"}, Workflow: &usherv1.WorkflowHistory{Type: "trip", Id: "t1",
+				Input: []byte(input), MigrateFrom: "1.0.0", Events: []*usherv1.WorkflowEvent{{Seq: 1, Type: "started"}}}})
+	}
+	res := ask(plain, `{"order": "o1"}`)
+	require.Equal(t, usherv1.Outcome_OUTCOME_PERMANENT, res.GetOutcome())
+	require.Contains(t, res.GetError(), "registers no sdk.AcceptMigration")
+	res = ask(accepting, `{"order": "o1"}`)
+	require.Equal(t, usherv1.Outcome_OUTCOME_OK, res.GetOutcome(), res.GetError())
+	require.Nil(t, res.GetDecision())
+	res = ask(accepting, `{"order": "old"}`)
+	require.Equal(t, usherv1.Outcome_OUTCOME_PERMANENT, res.GetOutcome())
+	require.Contains(t, res.GetError(), "refused to take over trip workflow t1 from version 1.0.0: orders of the old shape are not mine")
+}

@@ -85,9 +85,17 @@ func (c *adminClient) load() error {
 // do sends the request with the token. A refusal by the admin API (401,
 // 403) is an error that says what to fix; other answers are the caller's.
 func (c *adminClient) do(ctx context.Context, method, path string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+c.addr+path, nil)
+	return c.send(ctx, method, path, nil)
+}
+
+// send is do with a JSON body (nil for none).
+func (c *adminClient) send(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+c.addr+path, body)
 	if err != nil {
 		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	resp, err := http.DefaultClient.Do(req)

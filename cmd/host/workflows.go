@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -30,6 +32,74 @@ func (cl *cli) durableWorkflowCommands() []*command {
 		{name: "cancel", args: "TYPE ID [REASON]", summary: "ask a running workflow to cancel: its next decision sees the request",
 			flags: cl.workflowsCancel},
 		{name: "list", summary: "workflows, newest first, by type, state and age", flags: cl.workflowsList},
+		{name: "migrate", args: "TYPE [ID...]", summary: "ask a running host to move running workflows of TYPE to the version now serving it, each one if that version accepts it",
+			flags: cl.workflowsMigrate},
+	}
+}
+
+func (cl *cli) workflowsMigrate(fs *flag.FlagSet) runner {
+	var c adminClient
+	c.register(fs)
+	from := fs.String("from", "", "only the workflows pinned to this version (default: any version but the one serving the type)")
+	limit := fs.Int("limit", 100, fmt.Sprintf("at most this many workflows, oldest first (1 to %d)", workflow.MaxMigrate))
+	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait for the host's answer")
+	asJSON := jsonFlag(fs)
+	return func(ctx context.Context, pos []string) error {
+		if len(pos) < 1 {
+			return usageError{"workflows migrate takes TYPE [ID...]"}
+		}
+		if *limit < 1 || *limit > workflow.MaxMigrate {
+			return usageError{fmt.Sprintf("--limit must be 1 to %d, got %d", workflow.MaxMigrate, *limit)}
+		}
+		if *timeout <= 0 {
+			return usageError{fmt.Sprintf("--timeout must be positive, got %s", *timeout)}
+		}
+		if err := c.load(); err != nil {
+			return err
+		}
+		body, err := json.Marshal(workflow.MigrateRequest{Type: pos[0], From: *from, IDs: pos[1:], Limit: *limit})
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, *timeout)
+		defer cancel()
+		resp, err := c.send(ctx, http.MethodPost, "/workflows/migrate", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var out struct {
+			workflow.MigrateResult
+			Error string `json:"error"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			return fmt.Errorf("host answered %s: %w", resp.Status, err)
+		}
+		if out.Error != "" {
+			return errors.New(out.Error)
+		}
+		res := out.MigrateResult
+		if *asJSON {
+			if err := writeJSON(cl.stdout, res); err != nil {
+				return err
+			}
+		} else {
+			for _, m := range res.Migrated {
+				fmt.Fprintf(cl.stdout, "%s workflow %s: migrated %s -> %s\n", res.Type, m.ID, m.From, res.To)
+			}
+			for _, r := range res.Refused {
+				fmt.Fprintf(cl.stdout, "%s workflow %s: stays on %s: %s\n", res.Type, r.ID, r.From, r.Reason)
+			}
+			fmt.Fprintf(cl.stdout, "%d of %d migrated to %s %s, %d refused", len(res.Migrated), res.Selected, res.Plugin, res.To, len(res.Refused))
+			if res.More {
+				fmt.Fprintf(cl.stdout, " (cut at --limit %d: more remain)", *limit)
+			}
+			fmt.Fprintln(cl.stdout)
+		}
+		if len(res.Refused) > 0 {
+			return fmt.Errorf("%d workflow(s) refused", len(res.Refused))
+		}
+		return nil
 	}
 }
 

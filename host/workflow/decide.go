@@ -48,9 +48,29 @@ type Config struct {
 	// (guard.Runner.Backoff). Default 1s doubled per attempt, at most
 	// guard.MaxBackoff.
 	Backoff func(attempt int32) time.Duration
+	// Versions finds the plugin versions workflows are pinned to (the
+	// fleet). Nil: every decision runs on the version serving the type.
+	Versions Versions
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
+
+// Versions finds the plugin version a workflow is pinned to when the route
+// serves another: running beside it, or an error (fleet.ErrVersionStarting
+// while it starts; the decision runs again shortly).
+type Versions interface {
+	Pinned(plugin, version string) (guard.Invoker, error)
+}
+
+// VersionsFunc is a function as Versions.
+type VersionsFunc func(plugin, version string) (guard.Invoker, error)
+
+// Pinned calls f.
+func (f VersionsFunc) Pinned(plugin, version string) (guard.Invoker, error) { return f(plugin, version) }
+
+// PinWait is how long a decision waits for the version its workflow is
+// pinned to while that version starts.
+const PinWait = 500 * time.Millisecond
 
 // Decider answers decision tasks.
 type Decider struct{ cfg Config }
@@ -80,6 +100,9 @@ type snapshot struct {
 	id               int64
 	typ, wfID, state string
 	taskJob          *string
+	// plugin and version are the plugin version the workflow is pinned
+	// to ("" before its first decision).
+	plugin, version  string
 	lastSeq          int64
 	history          *usherv1.WorkflowHistory
 	historyBytes     int
@@ -127,6 +150,10 @@ func (dc *Decider) decide(ctx context.Context, inv guard.Invoker, db guard.DB, j
 		return refused(fmt.Errorf("%s workflow %s: its history of %d bytes is over the %d-byte limit (workflow.MaxHistoryBytes)",
 			s.typ, s.wfID, s.historyBytes, MaxHistoryBytes))
 	}
+	inv, o, ok := dc.pinned(inv, s, d)
+	if !ok {
+		return o
+	}
 	call := &usherv1.Call{Phase: usherv1.Phase_PHASE_DECIDE, Job: job, Workflow: s.history}
 	res, err := inv.Invoke(ctx, []*usherv1.Call{call})
 	if err != nil {
@@ -163,6 +190,24 @@ func (dc *Decider) decide(ctx context.Context, inv guard.Invoker, db guard.DB, j
 	return dc.commit(ctx, db, job, d, s, dec)
 }
 
+// pinned is the invoker that decides workflow s: the version it is pinned
+// to, which is the one serving its type (inv) unless a swap came since its
+// first decision. While the pinned version starts, or when it cannot, the
+// task runs again later (a retry, counted as any).
+func (dc *Decider) pinned(inv guard.Invoker, s *snapshot, d guard.Delivery) (guard.Invoker, guard.Outcome, bool) {
+	if s.version == "" || dc.cfg.Versions == nil || (s.plugin == d.Plugin && s.version == d.Version) {
+		return inv, guard.Outcome{}, true
+	}
+	pinv, err := dc.cfg.Versions.Pinned(s.plugin, s.version)
+	if err == nil {
+		return pinv, guard.Outcome{}, true
+	}
+	// No Err: a wait for another version says nothing of the one serving
+	// the type (a version on probation is not judged by it).
+	err = fmt.Errorf("%s workflow %s is pinned to plugin %s version %s: %w", s.typ, s.wfID, s.plugin, s.version, err)
+	return nil, guard.Outcome{Verdict: guard.Retry, RetryAfter: PinWait, Reason: err.Error()}, false
+}
+
 func refused(err error) guard.Outcome {
 	return guard.Outcome{Verdict: guard.Permanent, Err: err, Reason: err.Error()}
 }
@@ -171,8 +216,9 @@ func refused(err error) guard.Outcome {
 func (dc *Decider) read(ctx context.Context, id int64) (*snapshot, error) {
 	s := &snapshot{id: id}
 	var input []byte
-	err := dc.cfg.Pool.QueryRow(ctx, `SELECT type, workflow_id, state, input::text, last_seq, task_job
-		FROM workflows WHERE id = $1`, id).Scan(&s.typ, &s.wfID, &s.state, &input, &s.lastSeq, &s.taskJob)
+	err := dc.cfg.Pool.QueryRow(ctx, `SELECT type, workflow_id, state, input::text, last_seq, task_job,
+			coalesce(plugin, ''), coalesce(plugin_version, '')
+		FROM workflows WHERE id = $1`, id).Scan(&s.typ, &s.wfID, &s.state, &input, &s.lastSeq, &s.taskJob, &s.plugin, &s.version)
 	if err != nil {
 		return nil, err
 	}
@@ -298,12 +344,20 @@ func (dc *Decider) commit(ctx context.Context, db guard.DB, job *usherv1.Job, d 
 	var out guard.Outcome
 	err := pgx.BeginFunc(ctx, dc.cfg.Pool, func(tx pgx.Tx) error {
 		var lastSeq int64
-		if err := tx.QueryRow(ctx, `SELECT state, task_job, last_seq FROM workflows WHERE id = $1 FOR UPDATE`, s.id).
-			Scan(&s.state, &s.taskJob, &lastSeq); err != nil {
+		var pinned string
+		if err := tx.QueryRow(ctx, `SELECT state, task_job, last_seq, coalesce(plugin_version, '') FROM workflows WHERE id = $1 FOR UPDATE`, s.id).
+			Scan(&s.state, &s.taskJob, &lastSeq, &pinned); err != nil {
 			return err
 		}
 		if o, done := dc.stale(ctx, tx, s, job); done {
 			out = o
+			return nil
+		}
+		if pinned != "" && pinned != version {
+			// Migrated while this version decided: the one it moved to
+			// decides.
+			why := fmt.Sprintf("%s workflow %s moved to version %s while %s decided it", s.typ, s.wfID, pinned, version)
+			out = guard.Outcome{Verdict: guard.Retry, RetryAfter: PinWait, Reason: why}
 			return nil
 		}
 		if o, ok := dc.allowed(ctx, tx, db, s, dec, lastSeq); !ok {

@@ -27,6 +27,7 @@ import (
 	"github.com/usherhq/usher/host/console"
 	"github.com/usherhq/usher/host/internal/fleet"
 	"github.com/usherhq/usher/host/pause"
+	"github.com/usherhq/usher/host/workflow"
 )
 
 // Fleet is what the admin API asks of the plugin fleet.
@@ -53,7 +54,11 @@ type Config struct {
 	Stream, Group string
 	// ChartWindow and ChartBucket: see host.Config. Optional.
 	ChartWindow, ChartBucket time.Duration
-	Logger                   *slog.Logger
+	// MigrateWorkflows moves running workflows to the version serving
+	// their type (host.Host.MigrateWorkflows). Optional: without it
+	// POST /workflows/migrate answers 404.
+	MigrateWorkflows func(context.Context, workflow.MigrateRequest) (workflow.MigrateResult, error)
+	Logger           *slog.Logger
 }
 
 // Server is the admin API.
@@ -134,6 +139,9 @@ func (s *Server) handler(bound string) (http.Handler, error) {
 	mux.HandleFunc("GET /kinds/paused", s.servePaused)
 	mux.HandleFunc("POST /kinds/pause", s.servePause)
 	mux.HandleFunc("POST /kinds/resume", s.servePause)
+	if s.cfg.MigrateWorkflows != nil {
+		mux.HandleFunc("POST /workflows/migrate", s.serveMigrate)
+	}
 	c, err := console.New(console.Config{
 		Pool: s.cfg.Pool, Redis: s.cfg.Redis, Stream: s.cfg.Stream, Group: s.cfg.Group,
 		Token: s.cfg.Token, ChartWindow: s.cfg.ChartWindow, ChartBucket: s.cfg.ChartBucket,
@@ -180,6 +188,29 @@ func (s *Server) serveRollback(w http.ResponseWriter, r *http.Request) {
 		resp.Results = []fleet.ReloadResult{res}
 	}
 	writeReload(w, resp, err)
+}
+
+// serveMigrate moves running workflows to the version serving their type:
+// the body is a workflow.MigrateRequest, the answer its MigrateResult, or
+// {"error": ...} with 422.
+func (s *Server) serveMigrate(w http.ResponseWriter, r *http.Request) {
+	var req workflow.MigrateRequest
+	var res workflow.MigrateResult
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&req)
+	if err != nil {
+		err = fmt.Errorf("host: a migration request is JSON {\"type\", \"from\", \"ids\", \"limit\"}: %w", err)
+	} else {
+		res, err = s.cfg.MigrateWorkflows(context.WithoutCancel(r.Context()), req)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(res)
 }
 
 func writeReload(w http.ResponseWriter, resp ReloadResponse, err error) {

@@ -147,6 +147,11 @@ type Fleet struct {
 	// rollbacks under way.
 	observations chan pipeline.Observation
 	tasks        lifecycle.Tasks
+
+	// pins are the versions running beside the ones serving new work, to
+	// decide the workflows pinned to them (pinned.go), under pinMu.
+	pinMu sync.Mutex
+	pins  map[pinKey]*pin
 }
 
 var _ pipeline.Fleet = (*Fleet)(nil)
@@ -202,7 +207,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 	}
 	f.mu.Unlock()
 	var loops sync.WaitGroup
-	errs := make(chan error, 2)
+	errs := make(chan error, 3)
 	goLoop := func(name string, run func(context.Context) error) {
 		loops.Add(1)
 		go func() {
@@ -218,6 +223,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 	if f.cfg.Dir != "" || len(f.cfg.Plugins) > 0 {
 		goLoop("plugin-retry", f.retryRefused)
 	}
+	goLoop("pinned-retire", f.retirePinned)
 	for done := false; !done; {
 		select {
 		case o := <-f.observations:
@@ -276,6 +282,7 @@ func (f *Fleet) Observe(o pipeline.Observation) {
 // Close stops every plugin's process, closes their pools and removes the
 // kept binaries. Call it after Run returned (or instead of Run).
 func (f *Fleet) Close() {
+	f.stopPinned()
 	f.mu.RLock()
 	for _, l := range f.plugins {
 		l.sup.Stop()
@@ -443,6 +450,7 @@ func (f *Fleet) load(ctx context.Context, pcfg pluginhost.Config, file *pluginho
 		sup.Stop()
 		return err
 	}
+	f.storeBinary(ctx, m, kept)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, dup := f.plugins[m.Name]; dup {
@@ -741,6 +749,7 @@ func (f *Fleet) swapIn(ctx context.Context, l *loaded, pcfg pluginhost.Config, s
 		f.kept.release(cur.Path)
 	}
 	f.mu.Unlock()
+	f.storeBinary(ctx, l.sup.Manifest(), pcfg)
 	f.log.Info("plugin swapped", "plugin", l.name, "from", res.From.Version, "to", res.To.Version,
 		"start_time", res.StartTime, "drained", res.Drained, "drain_time", res.DrainTime, "rollback", !forward, "probation", window,
 		"kept", pcfg.Path)

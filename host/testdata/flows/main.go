@@ -34,6 +34,8 @@ type Trip struct {
 	FailStep bool   `json:"fail_step,omitempty"`
 	// Flaky reserves with a step whose first attempt asks to run later.
 	Flaky bool `json:"flaky,omitempty"`
+	// Stay refuses a migration to another version.
+	Stay bool `json:"stay,omitempty"`
 }
 
 // Effect is every step's job: one flow_effects row per applied run.
@@ -174,11 +176,24 @@ func trip(_ context.Context, h sdk.WorkflowHistory[Trip]) (sdk.Decision, error) 
 	return sdk.Complete(map[string]int{"paid_signals": len(paid)}), nil
 }
 
+// version is set at build time (-ldflags -X main.version=2.0.0): the
+// versioning tests run two at once.
+var version = "1.0.0"
+
+// accept takes over a trip from another version (host workflows migrate),
+// unless its input asks it to stay.
+func accept(_ context.Context, h sdk.WorkflowHistory[Trip], from string) error {
+	if h.Input.Stay {
+		return fmt.Errorf("trip %s asked to stay on %s", h.ID, from)
+	}
+	return nil
+}
+
 func main() {
-	p := sdk.New("flows", "1.0.0")
+	p := sdk.New("flows", version)
 	sdk.HandleRecordJobID(p, effect{})
 	sdk.HandleRecordJobID(p, fails{})
 	sdk.HandleRecordJobID(p, flaky{})
-	sdk.HandleWorkflow(p, "trip", decide)
+	sdk.HandleWorkflow(p, "trip", decide, sdk.AcceptMigration(accept))
 	sdk.Serve(p)
 }

@@ -1058,7 +1058,12 @@ type WorkflowHistory struct {
 	Events []*WorkflowEvent       `protobuf:"bytes,4,rep,name=events,proto3" json:"events,omitempty"`
 	// The decision's clock: when the host read the history. A decision's
 	// relative timers count from it.
-	NowUnixNanos  int64 `protobuf:"varint,5,opt,name=now_unix_nanos,json=nowUnixNanos,proto3" json:"now_unix_nanos,omitempty"`
+	NowUnixNanos int64 `protobuf:"varint,5,opt,name=now_unix_nanos,json=nowUnixNanos,proto3" json:"now_unix_nanos,omitempty"`
+	// Set, this call asks no decision: it asks whether this version accepts
+	// the running workflow, decided so far by version migrate_from, as its
+	// own (host workflows migrate). OUTCOME_OK with no decision accepts;
+	// OUTCOME_PERMANENT refuses, its error saying why.
+	MigrateFrom   string `protobuf:"bytes,6,opt,name=migrate_from,json=migrateFrom,proto3" json:"migrate_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1126,6 +1131,13 @@ func (x *WorkflowHistory) GetNowUnixNanos() int64 {
 		return x.NowUnixNanos
 	}
 	return 0
+}
+
+func (x *WorkflowHistory) GetMigrateFrom() string {
+	if x != nil {
+		return x.MigrateFrom
+	}
+	return ""
 }
 
 type StepCommand struct {
@@ -2211,13 +2223,14 @@ const file_usher_proto_rawDesc = "" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x16\n" +
 	"\x06detail\x18\x04 \x01(\tR\x06detail\x12\x12\n" +
 	"\x04data\x18\x05 \x01(\fR\x04data\x12\"\n" +
-	"\rat_unix_nanos\x18\x06 \x01(\x03R\vatUnixNanos\"\xa2\x01\n" +
+	"\rat_unix_nanos\x18\x06 \x01(\x03R\vatUnixNanos\"\xc5\x01\n" +
 	"\x0fWorkflowHistory\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
 	"\x05input\x18\x03 \x01(\fR\x05input\x12/\n" +
 	"\x06events\x18\x04 \x03(\v2\x17.usher.v1.WorkflowEventR\x06events\x12$\n" +
-	"\x0enow_unix_nanos\x18\x05 \x01(\x03R\fnowUnixNanos\"K\n" +
+	"\x0enow_unix_nanos\x18\x05 \x01(\x03R\fnowUnixNanos\x12!\n" +
+	"\fmigrate_from\x18\x06 \x01(\tR\vmigrateFrom\"K\n" +
 	"\vStepCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
