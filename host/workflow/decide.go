@@ -66,7 +66,9 @@ type Versions interface {
 type VersionsFunc func(plugin, version string) (guard.Invoker, error)
 
 // Pinned calls f.
-func (f VersionsFunc) Pinned(plugin, version string) (guard.Invoker, error) { return f(plugin, version) }
+func (f VersionsFunc) Pinned(plugin, version string) (guard.Invoker, error) {
+	return f(plugin, version)
+}
 
 // PinWait is how long a decision waits for the version its workflow is
 // pinned to while that version starts.
@@ -102,10 +104,10 @@ type snapshot struct {
 	taskJob          *string
 	// plugin and version are the plugin version the workflow is pinned
 	// to ("" before its first decision).
-	plugin, version  string
-	lastSeq          int64
-	history          *usherv1.WorkflowHistory
-	historyBytes     int
+	plugin, version string
+	lastSeq         int64
+	history         *usherv1.WorkflowHistory
+	historyBytes    int
 }
 
 // Decide answers one decision task: job is its delivery, inv the plugin
