@@ -218,6 +218,13 @@ func (r *Retainer) trimRecords(ctx context.Context) error {
 			r.cfg.Logger.Info("records past their window deleted", "table", t.table, "deleted", total, "retention", t.window)
 		}
 	}
+	// A stored plugin version nothing needs is removed whatever the
+	// windows: it is megabytes.
+	n, err := workflow.TrimBinaries(ctx, r.cfg.Pool)
+	errs = append(errs, err)
+	if n > 0 && r.cfg.OnDeleted != nil {
+		r.cfg.OnDeleted("workflow_binaries", n)
+	}
 	if r.cfg.Swaps > 0 {
 		n, err := swaps.Trim(ctx, r.cfg.Pool, time.Now().Add(-r.cfg.Swaps))
 		errs = append(errs, err)

@@ -385,3 +385,37 @@ func TestCleanupDeletesFinishedWorkflows(t *testing.T) {
 	require.Equal(t, []string{"new-done", "old-running"}, left)
 	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflow_events`), "their histories went with them")
 }
+
+// A stored plugin version (workflow_binaries) goes once no running
+// workflow is pinned to it, unless it is its plugin's newest or was loaded
+// within the grace.
+func TestCleanupDeletesUnpinnedBinaries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for _, q := range []string{
+		`INSERT INTO workflow_binaries (plugin, version, sha256, bytes, stored_at) VALUES
+			('p', '1.0.0', 'a', 'x', now() - interval '3 hours'),
+			('p', '1.1.0', 'b', 'x', now() - interval '2 hours'),
+			('p', '1.2.0', 'c', 'x', now() - interval '10 minutes'),
+			('p', '2.0.0', 'd', 'x', now() - interval '5 minutes'),
+			('q', '1.0.0', 'e', 'x', now() - interval '9 days')`,
+		`SELECT usher_start_workflow('trip', 'pinned', '{}')`,
+		`UPDATE workflows SET plugin = 'p', plugin_version = '1.1.0'`,
+	} {
+		_, err := b.pool.Exec(ctx, q)
+		require.NoError(t, err, q)
+	}
+	deleted := map[string]int64{}
+	r, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Stream: b.stream, Group: "usher", Self: "self",
+		OnDeleted: func(table string, n int64) { deleted[table] += n }})
+	require.NoError(t, err)
+	require.NoError(t, r.Cleanup(ctx))
+	require.Equal(t, int64(1), deleted["workflow_binaries"])
+	rows, err := b.pool.Query(ctx, `SELECT plugin || '@' || version FROM workflow_binaries ORDER BY 1`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"p@1.1.0", "p@1.2.0", "p@2.0.0", "q@1.0.0"}, left,
+		"1.0.0 goes; 1.1.0 is pinned, 1.2.0 in its grace, 2.0.0 and q's the newest")
+}

@@ -150,3 +150,23 @@ func Trim(ctx context.Context, q outbox.Querier, before time.Time, limit int) (i
 	}
 	return tag.RowsAffected(), nil
 }
+
+// BinaryGrace is how long a stored plugin version is kept after it was
+// last loaded or swapped in, whatever is pinned to it: a decision in
+// flight when it was swapped out may still pin a workflow to it.
+const BinaryGrace = time.Hour
+
+// TrimBinaries deletes the stored binaries (workflow_binaries) no running
+// workflow is pinned to, except each plugin's newest and those loaded
+// within BinaryGrace.
+func TrimBinaries(ctx context.Context, q outbox.Querier) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM workflow_binaries b
+		WHERE b.stored_at < now() - $1::interval
+		  AND b.stored_at < (SELECT max(n.stored_at) FROM workflow_binaries n WHERE n.plugin = b.plugin)
+		  AND NOT EXISTS (SELECT 1 FROM workflows w WHERE w.state = 'running' AND w.plugin = b.plugin AND w.plugin_version = b.version)`,
+		BinaryGrace.String())
+	if err != nil {
+		return 0, fmt.Errorf("workflow: trim the stored binaries: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
