@@ -182,3 +182,77 @@ func TestREADMEWorkflows(t *testing.T) {
 			OR (workflow_id IN ('t2', 'app-1') AND state = 'cancelled')`) == 3
 	})
 }
+
+// The README's migrate commands, run as written against a running host
+// whose trips t1, t2 and t3 were pinned to 1.0.0 before a swap to 2.0.0:
+// the first moves t1 and t2, the second the one left (t3); their next
+// decisions run on 2.0.0 and each has one migrated event. A migration the
+// host refuses exits non-zero, with the reason.
+func TestREADMEWorkflowsMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, dbURL := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	_, err := pool.Exec(ctx, `
+		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
+			at timestamptz NOT NULL DEFAULT now());
+		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
+	require.NoError(t, err)
+	home := t.TempDir()
+	h := hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream,
+		Plugins:     []string{hosttest.Build(t, "./host/testdata/flows", "main.version=1.0.0")},
+		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond, AdminAddr: "127.0.0.1:0",
+		AdminTokenFile: filepath.Join(home, ".local", "state", "usher", "admin-token")})
+	hosttest.Eventually(t, 10*time.Second, "the admin API listening", func() bool { return h.AdminAddr() != "" })
+	for _, id := range []string{"t1", "t2", "t3", "stays"} {
+		input := map[string]any{"order": id, "stay": id == "stays"}
+		_, err := client.StartWorkflow(ctx, pool, "trip", id, input)
+		require.NoError(t, err)
+	}
+	hosttest.Eventually(t, 60*time.Second, "the trips pinned to 1.0.0", func() bool {
+		return hosttest.Count(t, pool, `SELECT count(*) FROM workflows WHERE plugin_version = '1.0.0'`) == 4
+	})
+	_, err = h.Host.Swap(ctx, "flows", hosttest.Build(t, "./host/testdata/flows", "main.version=2.0.0"))
+	require.NoError(t, err)
+	// The one that refuses is cancelled first: the README's second line
+	// then finds only t3.
+	_, err = client.CancelWorkflow(ctx, pool, "trip", "stays", "")
+	require.NoError(t, err)
+	hosttest.Eventually(t, 60*time.Second, "stays cancelled (decided by 1.0.0)", func() bool {
+		return hosttest.Count(t, pool, `SELECT count(*) FROM workflows WHERE workflow_id = 'stays' AND state = 'cancelled'`) == 1
+	})
+
+	work := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(work, "bin"), 0o755))
+	bin := hosttest.Build(t, "./cmd/host")
+	require.NoError(t, os.Symlink(bin, filepath.Join(work, "bin", "host")))
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "USHER_ADMIN_ADDR=" + h.AdminAddr()}
+	want := []string{"2 of 2 migrated to flows 2.0.0, 0 refused", "1 of 1 migrated to flows 2.0.0, 0 refused"}
+	lines := readmeBlock(t, "`migrated` event in its history:", "sh")
+	require.Len(t, lines, len(want))
+	for i, line := range lines {
+		cmdline, _, _ := strings.Cut(line, "  #")
+		cmd := exec.Command("sh", "-c", cmdline)
+		cmd.Dir, cmd.Env = work, env
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s: %s", line, out)
+		require.Contains(t, string(out), want[i], line)
+	}
+	for _, id := range []string{"t1", "t2", "t3"} {
+		_, err := client.SignalWorkflow(ctx, pool, "trip", id, "pay", "paid", nil)
+		require.NoError(t, err)
+	}
+	hosttest.Eventually(t, 60*time.Second, "the migrated trips completed on 2.0.0", func() bool {
+		return hosttest.Count(t, pool, `SELECT count(DISTINCT w.id) FROM workflows w JOIN workflow_decisions d ON d.workflow = w.id
+			WHERE w.state = 'completed' AND d.plugin_version = '2.0.0' AND d.finish = 'completed'`) == 3
+	})
+	require.EqualValues(t, 3, hosttest.Count(t, pool, `SELECT count(*) FROM workflow_events WHERE type = 'migrated'`))
+
+	// A migration from the version serving the type is refused by the
+	// host before any plugin is asked, and the command exits non-zero.
+	cmd := exec.Command(bin, "workflows", "migrate", "trip", "--from", "2.0.0")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "%s", out)
+	require.Contains(t, string(out), "flows version 2.0.0 serves trip already; migrate from another version")
+}
