@@ -203,12 +203,29 @@ func (h WorkflowHistory[In]) CancelRequested() (reason string, ok bool) {
 type StepCall struct {
 	id, kind string
 	args     any
+	// child, when set, makes the step a child workflow of that type, with
+	// id childID and input args.
+	child, childID string
 }
 
 // Step is step id running a job of T's kind with args. A step id is used
 // once in a workflow; its events carry it.
 func Step[T Args](id string, args T) StepCall {
 	return StepCall{id: id, kind: args.Kind(), args: args}
+}
+
+// Child is step id starting child workflow workflowID of type typ with
+// input: a new workflow, with its own history and decisions, that the
+// step waits for. The step completes when the child completes, with the
+// child's result as [StepStatus].Result; it fails when the child fails or
+// is cancelled, with why as its Error. Asking this workflow to cancel asks
+// its running children too, and a workflow that ends asks its running
+// children to cancel. The plugin must serve typ, or list its kind
+// (usher.workflow.typ) in its manifest's enqueues; a workflowID that
+// exists already is refused (a child is a new workflow), and so are more
+// than wfmsg.MaxChildren children over a workflow's life.
+func Child(id, typ, workflowID string, input any) StepCall {
+	return StepCall{id: id, kind: contract.WorkflowKind(typ), args: input, child: typ, childID: workflowID}
 }
 
 // Timer is a durable timer a decision sets: due After from the history's
@@ -265,6 +282,10 @@ func (d Decision) proto(now time.Time) (*usherv1.Decision, error) {
 		b, err := json.Marshal(s.args)
 		if err != nil {
 			return nil, fmt.Errorf("step %q: its payload does not encode: %w", s.id, err)
+		}
+		if s.child != "" {
+			out.Children = append(out.Children, &usherv1.ChildCommand{Id: s.id, Type: s.child, WorkflowId: s.childID, Input: b})
+			continue
 		}
 		out.Steps = append(out.Steps, &usherv1.StepCommand{Id: s.id, Kind: s.kind, Payload: b})
 	}

@@ -124,3 +124,18 @@ func TestWorkflowAcceptMigration(t *testing.T) {
 	require.Equal(t, usherv1.Outcome_OUTCOME_PERMANENT, res.GetOutcome())
 	require.Contains(t, res.GetError(), "refused to take over trip workflow t1 from version 1.0.0: orders of the old shape are not mine")
 }
+
+// A child step is encoded as a child workflow to start, not as a job.
+func TestWorkflowChildEncodes(t *testing.T) {
+	t.Parallel()
+	d := Decision{Steps: []StepCall{Step("a", wfStep{N: 1}), Child("c", "trip", "tour-1", map[string]string{"order": "o"})}}
+	pd, err := d.proto(time.Unix(0, 0))
+	require.NoError(t, err)
+	require.Len(t, pd.GetSteps(), 1)
+	require.Len(t, pd.GetChildren(), 1)
+	c := pd.GetChildren()[0]
+	require.Equal(t, "c", c.GetId())
+	require.Equal(t, "trip", c.GetType())
+	require.Equal(t, "tour-1", c.GetWorkflowId())
+	require.JSONEq(t, `{"order": "o"}`, string(c.GetInput()))
+}

@@ -281,8 +281,8 @@ func check(dec *usherv1.Decision, now time.Time) error {
 			return errors.New("a decision that does not finish the workflow carries a result or an error")
 		}
 	case usherv1.Finish_FINISH_COMPLETE, usherv1.Finish_FINISH_CANCEL, usherv1.Finish_FINISH_FAIL:
-		if len(dec.GetSteps()) > 0 || len(dec.GetTimers()) > 0 {
-			return errors.New("a decision that finishes the workflow schedules no step and sets no timer")
+		if len(dec.GetSteps()) > 0 || len(dec.GetTimers()) > 0 || len(dec.GetChildren()) > 0 {
+			return errors.New("a decision that finishes the workflow schedules no step, starts no child and sets no timer")
 		}
 	default:
 		return fmt.Errorf("unknown finish %d", dec.GetFinish())
@@ -296,8 +296,8 @@ func check(dec *usherv1.Decision, now time.Time) error {
 	if n := len(dec.GetError()); n > MaxErrorBytes {
 		return fmt.Errorf("the failure's reason of %d bytes is over the %d-byte limit (workflow.MaxErrorBytes)", n, MaxErrorBytes)
 	}
-	if n := len(dec.GetSteps()); n > wfmsg.MaxStepsPerDecision {
-		return fmt.Errorf("%d steps in one decision is over the limit of %d (wfmsg.MaxStepsPerDecision)", n, wfmsg.MaxStepsPerDecision)
+	if n := len(dec.GetSteps()) + len(dec.GetChildren()); n > wfmsg.MaxStepsPerDecision {
+		return fmt.Errorf("%d steps (children included) in one decision is over the limit of %d (wfmsg.MaxStepsPerDecision)", n, wfmsg.MaxStepsPerDecision)
 	}
 	if n := len(dec.GetTimers()); n > wfmsg.MaxTimersPerDecision {
 		return fmt.Errorf("%d timers in one decision is over the limit of %d (wfmsg.MaxTimersPerDecision)", n, wfmsg.MaxTimersPerDecision)
@@ -317,6 +317,24 @@ func check(dec *usherv1.Decision, now time.Time) error {
 		if err := jobmsg.Check(st.GetKind(), st.GetPayload(), "", "", ""); err != nil {
 			return fmt.Errorf("step %q: %w", st.GetId(), err)
 		}
+	}
+	children := map[[2]string]bool{}
+	for _, c := range dec.GetChildren() {
+		if err := wfmsg.CheckName("step id", c.GetId(), wfmsg.MaxTypeBytes); err != nil {
+			return err
+		}
+		if ids[c.GetId()] {
+			return fmt.Errorf("step %q is scheduled twice", c.GetId())
+		}
+		ids[c.GetId()] = true
+		if err := wfmsg.CheckStart(c.GetType(), c.GetWorkflowId(), c.GetInput()); err != nil {
+			return fmt.Errorf("child step %q: %w", c.GetId(), err)
+		}
+		key := [2]string{c.GetType(), c.GetWorkflowId()}
+		if children[key] {
+			return fmt.Errorf("child step %q: %s workflow %s is started twice", c.GetId(), c.GetType(), c.GetWorkflowId())
+		}
+		children[key] = true
 	}
 	names := map[string]bool{}
 	for _, tm := range dec.GetTimers() {
@@ -420,18 +438,23 @@ func (dc *Decider) allowed(ctx context.Context, tx pgx.Tx, db guard.DB, s *snaps
 	no := func(err error) (guard.Outcome, bool) {
 		return refused(fmt.Errorf("%s workflow %s: decision refused: %w", s.typ, s.wfID, err)), false
 	}
-	events := lastSeq + int64(len(dec.GetSteps())+len(dec.GetTimers()))
+	events := lastSeq + int64(len(dec.GetSteps())+len(dec.GetChildren())+len(dec.GetTimers()))
 	if dec.GetFinish() != usherv1.Finish_FINISH_UNSPECIFIED {
 		events++
 	}
 	if events >= wfmsg.MaxEvents {
 		return no(fmt.Errorf("its history would reach %d events, over the limit of %d (wfmsg.MaxEvents)", events, wfmsg.MaxEvents))
 	}
-	if len(dec.GetSteps()) > 0 {
-		kinds := make([]string, 0, len(dec.GetSteps()))
-		ids := make([]string, 0, len(dec.GetSteps()))
+	if len(dec.GetSteps())+len(dec.GetChildren()) > 0 {
+		kinds := make([]string, 0, len(dec.GetSteps())+len(dec.GetChildren()))
+		ids := make([]string, 0, cap(kinds))
 		for _, st := range dec.GetSteps() {
 			kinds, ids = append(kinds, st.GetKind()), append(ids, st.GetId())
+		}
+		// A child's type is the kind its decisions are: the plugin must
+		// serve it or list it in its manifest's enqueues.
+		for _, c := range dec.GetChildren() {
+			kinds, ids = append(kinds, contract.WorkflowKind(c.GetType())), append(ids, c.GetId())
 		}
 		var denied, used []string
 		var steps int
@@ -451,6 +474,28 @@ func (dc *Decider) allowed(ctx context.Context, tx pgx.Tx, db guard.DB, s *snaps
 			return no(fmt.Errorf("steps %v were scheduled by an earlier decision: a step id is used once", used))
 		case steps+len(ids) > wfmsg.MaxSteps:
 			return no(fmt.Errorf("%d steps over the workflow's life is over the limit of %d (wfmsg.MaxSteps)", steps+len(ids), wfmsg.MaxSteps))
+		}
+	}
+	if len(dec.GetChildren()) > 0 {
+		types := make([]string, 0, len(dec.GetChildren()))
+		wfIDs := make([]string, 0, len(dec.GetChildren()))
+		for _, c := range dec.GetChildren() {
+			types, wfIDs = append(types, c.GetType()), append(wfIDs, c.GetWorkflowId())
+		}
+		var exist []string
+		var children int
+		err := tx.QueryRow(ctx, `SELECT
+			coalesce(array(SELECT w.type || ' ' || w.workflow_id FROM workflows w JOIN unnest($1::text[], $2::text[]) u(t, i)
+				ON w.type = u.t AND w.workflow_id = u.i ORDER BY 1), '{}'),
+			(SELECT count(*) FROM workflows WHERE parent = $3)`, types, wfIDs, s.id).Scan(&exist, &children)
+		if err != nil {
+			return guard.Outcome{Verdict: guard.Abandoned, Err: err, Reason: err.Error()}, false
+		}
+		switch {
+		case len(exist) > 0:
+			return no(fmt.Errorf("workflows %v exist: a child is a new workflow", exist))
+		case children+len(types) > wfmsg.MaxChildren:
+			return no(fmt.Errorf("%d children over the workflow's life is over the limit of %d (wfmsg.MaxChildren)", children+len(types), wfmsg.MaxChildren))
 		}
 	}
 	if len(dec.GetTimers()) > 0 {
@@ -488,6 +533,30 @@ func record(ctx context.Context, tx pgx.Tx, job *usherv1.Job, s *snapshot, dec *
 			SELECT $1, $4, $2, o.id::text, e.seq FROM o, e`,
 			s.id, st.GetKind(), string(st.GetPayload()), st.GetId()); err != nil {
 			return fmt.Errorf("schedule step %s: %w", st.GetId(), err)
+		}
+	}
+	for _, c := range dec.GetChildren() {
+		// A child is a new workflow (allowed checked that none has its
+		// type and id; one started since makes the insert fail, and the
+		// decision runs again) and a step of its parent, in that order:
+		// the step's event names the child's kind, the child's start
+		// wakes it.
+		var child int64
+		if err := tx.QueryRow(ctx, `
+			INSERT INTO workflows (type, workflow_id, input, request_id, trace, parent)
+			SELECT $2, $3, $4::jsonb, $2 || ':' || $3, w.trace, w.id FROM workflows w WHERE w.id = $1
+			RETURNING id`, s.id, c.GetType(), c.GetWorkflowId(), string(c.GetInput())).Scan(&child); err != nil {
+			return fmt.Errorf("start child %s: %w", c.GetId(), err)
+		}
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO workflow_steps (workflow, step, kind, job_id, scheduled_seq)
+			SELECT $1, $2, $3, 'child:' || $4::bigint, usher_workflow_append($1, 'step_scheduled', $2, $3, $5::jsonb)`,
+			s.id, c.GetId(), contract.WorkflowKind(c.GetType()), child, string(c.GetInput())); err != nil {
+			return fmt.Errorf("schedule child step %s: %w", c.GetId(), err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT usher_workflow_append($1, 'started', '', $2, $3::jsonb)`,
+			child, fmt.Sprintf("child of %s workflow %s (step %s)", s.typ, s.wfID, c.GetId()), string(c.GetInput())); err != nil {
+			return fmt.Errorf("start child %s: %w", c.GetId(), err)
 		}
 	}
 	for _, tm := range dec.GetTimers() {

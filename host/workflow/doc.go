@@ -19,9 +19,19 @@
 // that writes its outbox outcome, which records step_completed or
 // step_failed and enqueues the next decision task (the same trigger).
 //
-// What is not built yet: a running workflow is decided by the version now
-// serving its type (its first decision's plugin and version are recorded,
-// not routed to); finished workflows are kept for ever (no retention
-// window); a cancel does not stop steps already scheduled; child
-// workflows, schedules and `host workflows migrate` do not exist.
+// A running workflow is pinned to the plugin version that took its first
+// decision: a decision for it goes to that version (Config.Versions, the
+// fleet's pinned versions, started from the binaries stored in
+// workflow_binaries) while the route serves another; Decider.Migrate
+// moves running workflows to the serving version when it accepts them.
+//
+// A decision may start child workflows (usherv1.ChildCommand): each is a
+// new workflow with its parent recorded, and a step of the parent that the
+// workflows_ended trigger ends (with the child's result, or why it
+// failed) in the transaction that ends the child. A cancel is asked of a
+// workflow's running children too, and a workflow that ends asks its
+// running children to cancel.
+//
+// What is not built yet: a cancel does not stop steps already scheduled
+// (their jobs run; the workflow decides after them); schedules.
 package workflow

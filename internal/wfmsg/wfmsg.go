@@ -32,6 +32,9 @@ const (
 	MaxTimersPerDecision = 100
 	// MaxTimers bounds the timers of one workflow, over its whole life.
 	MaxTimers = 1000
+	// MaxChildren bounds the child workflows one workflow starts, over its
+	// whole life (each is one of its steps too).
+	MaxChildren = 100
 )
 
 // CheckStart refuses a start the host would refuse.

@@ -176,6 +176,44 @@ func trip(_ context.Context, h sdk.WorkflowHistory[Trip]) (sdk.Decision, error) 
 	return sdk.Complete(map[string]int{"paid_signals": len(paid)}), nil
 }
 
+// Tour is the input of workflow type "tour": a parent whose one step is a
+// child trip (ChildType and ChildID, when set, ask for a child the host
+// must refuse).
+type Tour struct {
+	Order     string `json:"order"`
+	ChildType string `json:"child_type,omitempty"`
+	ChildID   string `json:"child_id,omitempty"`
+}
+
+// tour runs a trip as its child and completes with the trip's result; asked
+// to cancel, it waits for the child (asked to cancel with it) to end.
+func tour(_ context.Context, h sdk.WorkflowHistory[Tour]) (sdk.Decision, error) {
+	child := h.Step("trip")
+	if _, ok := h.CancelRequested(); ok {
+		if child.Scheduled && !child.Done() {
+			return sdk.Decision{}, nil
+		}
+		return sdk.Cancelled(map[string]any{"trip": child.Error}), nil
+	}
+	if !child.Scheduled {
+		typ, id := "trip", "tour-"+h.ID
+		if h.Input.ChildType != "" {
+			typ = h.Input.ChildType
+		}
+		if h.Input.ChildID != "" {
+			id = h.Input.ChildID
+		}
+		return sdk.Decision{Steps: []sdk.StepCall{sdk.Child("trip", typ, id, Trip{Order: h.Input.Order})}}, nil
+	}
+	switch {
+	case child.Completed:
+		return sdk.Complete(map[string]json.RawMessage{"trip": child.Result}), nil
+	case child.Failed:
+		return sdk.Fail("its trip ended: " + child.Error), nil
+	}
+	return sdk.Decision{}, nil
+}
+
 // version is set at build time (-ldflags -X main.version=2.0.0): the
 // versioning tests run two at once.
 var version = "1.0.0"
@@ -195,5 +233,6 @@ func main() {
 	sdk.HandleRecordJobID(p, fails{})
 	sdk.HandleRecordJobID(p, flaky{})
 	sdk.HandleWorkflow(p, "trip", decide, sdk.AcceptMigration(accept))
+	sdk.HandleWorkflow(p, "tour", tour)
 	sdk.Serve(p)
 }

@@ -1263,7 +1263,10 @@ type Decision struct {
 	// JSON: the workflow's result (complete, cancel); may be empty.
 	Result []byte `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
 	// FINISH_FAIL: why.
-	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// Child workflows to start, each a step of this workflow that ends when
+	// the child ends (its result, or why it failed or was cancelled).
+	Children      []*ChildCommand `protobuf:"bytes,6,rep,name=children,proto3" json:"children,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1333,6 +1336,84 @@ func (x *Decision) GetError() string {
 	return ""
 }
 
+func (x *Decision) GetChildren() []*ChildCommand {
+	if x != nil {
+		return x.Children
+	}
+	return nil
+}
+
+type ChildCommand struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The step's id in the parent, unique among its steps.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The child's workflow type and id (unique per type).
+	Type       string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	WorkflowId string `protobuf:"bytes,3,opt,name=workflow_id,json=workflowId,proto3" json:"workflow_id,omitempty"`
+	// JSON.
+	Input         []byte `protobuf:"bytes,4,opt,name=input,proto3" json:"input,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChildCommand) Reset() {
+	*x = ChildCommand{}
+	mi := &file_usher_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChildCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChildCommand) ProtoMessage() {}
+
+func (x *ChildCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_usher_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChildCommand.ProtoReflect.Descriptor instead.
+func (*ChildCommand) Descriptor() ([]byte, []int) {
+	return file_usher_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ChildCommand) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ChildCommand) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *ChildCommand) GetWorkflowId() string {
+	if x != nil {
+		return x.WorkflowId
+	}
+	return ""
+}
+
+func (x *ChildCommand) GetInput() []byte {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
 type InvokeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One result per call, in order.
@@ -1347,7 +1428,7 @@ type InvokeResponse struct {
 
 func (x *InvokeResponse) Reset() {
 	*x = InvokeResponse{}
-	mi := &file_usher_proto_msgTypes[13]
+	mi := &file_usher_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1359,7 +1440,7 @@ func (x *InvokeResponse) String() string {
 func (*InvokeResponse) ProtoMessage() {}
 
 func (x *InvokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[13]
+	mi := &file_usher_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1372,7 +1453,7 @@ func (x *InvokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvokeResponse.ProtoReflect.Descriptor instead.
 func (*InvokeResponse) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{13}
+	return file_usher_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *InvokeResponse) GetResults() []*Result {
@@ -1407,7 +1488,7 @@ type Value struct {
 
 func (x *Value) Reset() {
 	*x = Value{}
-	mi := &file_usher_proto_msgTypes[14]
+	mi := &file_usher_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1500,7 @@ func (x *Value) String() string {
 func (*Value) ProtoMessage() {}
 
 func (x *Value) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[14]
+	mi := &file_usher_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1513,7 @@ func (x *Value) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Value.ProtoReflect.Descriptor instead.
 func (*Value) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{14}
+	return file_usher_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Value) GetKind() isValue_Kind {
@@ -1567,7 +1648,7 @@ type Statement struct {
 
 func (x *Statement) Reset() {
 	*x = Statement{}
-	mi := &file_usher_proto_msgTypes[15]
+	mi := &file_usher_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1579,7 +1660,7 @@ func (x *Statement) String() string {
 func (*Statement) ProtoMessage() {}
 
 func (x *Statement) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[15]
+	mi := &file_usher_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1592,7 +1673,7 @@ func (x *Statement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Statement.ProtoReflect.Descriptor instead.
 func (*Statement) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{15}
+	return file_usher_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Statement) GetMode() Mode {
@@ -1639,7 +1720,7 @@ type Row struct {
 
 func (x *Row) Reset() {
 	*x = Row{}
-	mi := &file_usher_proto_msgTypes[16]
+	mi := &file_usher_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1732,7 @@ func (x *Row) String() string {
 func (*Row) ProtoMessage() {}
 
 func (x *Row) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[16]
+	mi := &file_usher_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1745,7 @@ func (x *Row) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Row.ProtoReflect.Descriptor instead.
 func (*Row) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{16}
+	return file_usher_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Row) GetValues() []*Value {
@@ -1687,7 +1768,7 @@ type StatementResult struct {
 
 func (x *StatementResult) Reset() {
 	*x = StatementResult{}
-	mi := &file_usher_proto_msgTypes[17]
+	mi := &file_usher_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1780,7 @@ func (x *StatementResult) String() string {
 func (*StatementResult) ProtoMessage() {}
 
 func (x *StatementResult) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[17]
+	mi := &file_usher_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1793,7 @@ func (x *StatementResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatementResult.ProtoReflect.Descriptor instead.
 func (*StatementResult) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{17}
+	return file_usher_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StatementResult) GetColumns() []string {
@@ -1753,7 +1834,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_usher_proto_msgTypes[18]
+	mi := &file_usher_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1765,7 +1846,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[18]
+	mi := &file_usher_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1778,7 +1859,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{18}
+	return file_usher_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecRequest) GetHandle() string {
@@ -1804,7 +1885,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_usher_proto_msgTypes[19]
+	mi := &file_usher_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +1897,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[19]
+	mi := &file_usher_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +1910,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{19}
+	return file_usher_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExecResponse) GetResults() []*StatementResult {
@@ -1849,7 +1930,7 @@ type OutboxMessage struct {
 
 func (x *OutboxMessage) Reset() {
 	*x = OutboxMessage{}
-	mi := &file_usher_proto_msgTypes[20]
+	mi := &file_usher_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1861,7 +1942,7 @@ func (x *OutboxMessage) String() string {
 func (*OutboxMessage) ProtoMessage() {}
 
 func (x *OutboxMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[20]
+	mi := &file_usher_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1874,7 +1955,7 @@ func (x *OutboxMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutboxMessage.ProtoReflect.Descriptor instead.
 func (*OutboxMessage) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{20}
+	return file_usher_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *OutboxMessage) GetKind() string {
@@ -1901,7 +1982,7 @@ type EnqueueRequest struct {
 
 func (x *EnqueueRequest) Reset() {
 	*x = EnqueueRequest{}
-	mi := &file_usher_proto_msgTypes[21]
+	mi := &file_usher_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +1994,7 @@ func (x *EnqueueRequest) String() string {
 func (*EnqueueRequest) ProtoMessage() {}
 
 func (x *EnqueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[21]
+	mi := &file_usher_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +2007,7 @@ func (x *EnqueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueRequest.ProtoReflect.Descriptor instead.
 func (*EnqueueRequest) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{21}
+	return file_usher_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EnqueueRequest) GetHandle() string {
@@ -1952,7 +2033,7 @@ type EnqueueResponse struct {
 
 func (x *EnqueueResponse) Reset() {
 	*x = EnqueueResponse{}
-	mi := &file_usher_proto_msgTypes[22]
+	mi := &file_usher_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2045,7 @@ func (x *EnqueueResponse) String() string {
 func (*EnqueueResponse) ProtoMessage() {}
 
 func (x *EnqueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[22]
+	mi := &file_usher_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2058,7 @@ func (x *EnqueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueResponse.ProtoReflect.Descriptor instead.
 func (*EnqueueResponse) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{22}
+	return file_usher_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EnqueueResponse) GetOutboxIds() []int64 {
@@ -2005,7 +2086,7 @@ type LogRecord struct {
 
 func (x *LogRecord) Reset() {
 	*x = LogRecord{}
-	mi := &file_usher_proto_msgTypes[23]
+	mi := &file_usher_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2017,7 +2098,7 @@ func (x *LogRecord) String() string {
 func (*LogRecord) ProtoMessage() {}
 
 func (x *LogRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[23]
+	mi := &file_usher_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2030,7 +2111,7 @@ func (x *LogRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogRecord.ProtoReflect.Descriptor instead.
 func (*LogRecord) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{23}
+	return file_usher_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LogRecord) GetLevel() int32 {
@@ -2091,7 +2172,7 @@ type LogRequest struct {
 
 func (x *LogRequest) Reset() {
 	*x = LogRequest{}
-	mi := &file_usher_proto_msgTypes[24]
+	mi := &file_usher_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2184,7 @@ func (x *LogRequest) String() string {
 func (*LogRequest) ProtoMessage() {}
 
 func (x *LogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[24]
+	mi := &file_usher_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2197,7 @@ func (x *LogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogRequest.ProtoReflect.Descriptor instead.
 func (*LogRequest) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{24}
+	return file_usher_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LogRequest) GetRecords() []*LogRecord {
@@ -2134,7 +2215,7 @@ type LogResponse struct {
 
 func (x *LogResponse) Reset() {
 	*x = LogResponse{}
-	mi := &file_usher_proto_msgTypes[25]
+	mi := &file_usher_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2146,7 +2227,7 @@ func (x *LogResponse) String() string {
 func (*LogResponse) ProtoMessage() {}
 
 func (x *LogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_usher_proto_msgTypes[25]
+	mi := &file_usher_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2159,7 +2240,7 @@ func (x *LogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogResponse.ProtoReflect.Descriptor instead.
 func (*LogResponse) Descriptor() ([]byte, []int) {
-	return file_usher_proto_rawDescGZIP(), []int{25}
+	return file_usher_proto_rawDescGZIP(), []int{26}
 }
 
 var File_usher_proto protoreflect.FileDescriptor
@@ -2237,13 +2318,20 @@ const file_usher_proto_rawDesc = "" +
 	"\apayload\x18\x03 \x01(\fR\apayload\"O\n" +
 	"\fTimerCommand\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
-	"\x12fire_at_unix_nanos\x18\x02 \x01(\x03R\x0ffireAtUnixNanos\"\xbf\x01\n" +
+	"\x12fire_at_unix_nanos\x18\x02 \x01(\x03R\x0ffireAtUnixNanos\"\xf3\x01\n" +
 	"\bDecision\x12+\n" +
 	"\x05steps\x18\x01 \x03(\v2\x15.usher.v1.StepCommandR\x05steps\x12.\n" +
 	"\x06timers\x18\x02 \x03(\v2\x16.usher.v1.TimerCommandR\x06timers\x12(\n" +
 	"\x06finish\x18\x03 \x01(\x0e2\x10.usher.v1.FinishR\x06finish\x12\x16\n" +
 	"\x06result\x18\x04 \x01(\fR\x06result\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"e\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x122\n" +
+	"\bchildren\x18\x06 \x03(\v2\x16.usher.v1.ChildCommandR\bchildren\"i\n" +
+	"\fChildCommand\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1f\n" +
+	"\vworkflow_id\x18\x03 \x01(\tR\n" +
+	"workflowId\x12\x14\n" +
+	"\x05input\x18\x04 \x01(\fR\x05input\"e\n" +
 	"\x0eInvokeResponse\x12*\n" +
 	"\aresults\x18\x01 \x03(\v2\x10.usher.v1.ResultR\aresults\x12'\n" +
 	"\x04logs\x18\x02 \x03(\v2\x13.usher.v1.LogRecordR\x04logs\"\xbf\x01\n" +
@@ -2360,7 +2448,7 @@ func file_usher_proto_rawDescGZIP() []byte {
 }
 
 var file_usher_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_usher_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_usher_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_usher_proto_goTypes = []any{
 	(Guard)(0),               // 0: usher.v1.Guard
 	(Phase)(0),               // 1: usher.v1.Phase
@@ -2380,21 +2468,22 @@ var file_usher_proto_goTypes = []any{
 	(*StepCommand)(nil),      // 15: usher.v1.StepCommand
 	(*TimerCommand)(nil),     // 16: usher.v1.TimerCommand
 	(*Decision)(nil),         // 17: usher.v1.Decision
-	(*InvokeResponse)(nil),   // 18: usher.v1.InvokeResponse
-	(*Value)(nil),            // 19: usher.v1.Value
-	(*Statement)(nil),        // 20: usher.v1.Statement
-	(*Row)(nil),              // 21: usher.v1.Row
-	(*StatementResult)(nil),  // 22: usher.v1.StatementResult
-	(*ExecRequest)(nil),      // 23: usher.v1.ExecRequest
-	(*ExecResponse)(nil),     // 24: usher.v1.ExecResponse
-	(*OutboxMessage)(nil),    // 25: usher.v1.OutboxMessage
-	(*EnqueueRequest)(nil),   // 26: usher.v1.EnqueueRequest
-	(*EnqueueResponse)(nil),  // 27: usher.v1.EnqueueResponse
-	(*LogRecord)(nil),        // 28: usher.v1.LogRecord
-	(*LogRequest)(nil),       // 29: usher.v1.LogRequest
-	(*LogResponse)(nil),      // 30: usher.v1.LogResponse
-	nil,                      // 31: usher.v1.LogRecord.AttrsEntry
-	nil,                      // 32: usher.v1.LogRecord.ValuesEntry
+	(*ChildCommand)(nil),     // 18: usher.v1.ChildCommand
+	(*InvokeResponse)(nil),   // 19: usher.v1.InvokeResponse
+	(*Value)(nil),            // 20: usher.v1.Value
+	(*Statement)(nil),        // 21: usher.v1.Statement
+	(*Row)(nil),              // 22: usher.v1.Row
+	(*StatementResult)(nil),  // 23: usher.v1.StatementResult
+	(*ExecRequest)(nil),      // 24: usher.v1.ExecRequest
+	(*ExecResponse)(nil),     // 25: usher.v1.ExecResponse
+	(*OutboxMessage)(nil),    // 26: usher.v1.OutboxMessage
+	(*EnqueueRequest)(nil),   // 27: usher.v1.EnqueueRequest
+	(*EnqueueResponse)(nil),  // 28: usher.v1.EnqueueResponse
+	(*LogRecord)(nil),        // 29: usher.v1.LogRecord
+	(*LogRequest)(nil),       // 30: usher.v1.LogRequest
+	(*LogResponse)(nil),      // 31: usher.v1.LogResponse
+	nil,                      // 32: usher.v1.LogRecord.AttrsEntry
+	nil,                      // 33: usher.v1.LogRecord.ValuesEntry
 }
 var file_usher_proto_depIdxs = []int32{
 	0,  // 0: usher.v1.KindInfo.guard:type_name -> usher.v1.Guard
@@ -2403,44 +2492,45 @@ var file_usher_proto_depIdxs = []int32{
 	8,  // 3: usher.v1.Call.job:type_name -> usher.v1.Job
 	14, // 4: usher.v1.Call.workflow:type_name -> usher.v1.WorkflowHistory
 	9,  // 5: usher.v1.InvokeRequest.calls:type_name -> usher.v1.Call
-	19, // 6: usher.v1.ClaimSpec.key_values:type_name -> usher.v1.Value
+	20, // 6: usher.v1.ClaimSpec.key_values:type_name -> usher.v1.Value
 	2,  // 7: usher.v1.Result.outcome:type_name -> usher.v1.Outcome
 	11, // 8: usher.v1.Result.claim:type_name -> usher.v1.ClaimSpec
-	20, // 9: usher.v1.Result.writes:type_name -> usher.v1.Statement
-	19, // 10: usher.v1.Result.effect_result:type_name -> usher.v1.Value
+	21, // 9: usher.v1.Result.writes:type_name -> usher.v1.Statement
+	20, // 10: usher.v1.Result.effect_result:type_name -> usher.v1.Value
 	17, // 11: usher.v1.Result.decision:type_name -> usher.v1.Decision
 	13, // 12: usher.v1.WorkflowHistory.events:type_name -> usher.v1.WorkflowEvent
 	15, // 13: usher.v1.Decision.steps:type_name -> usher.v1.StepCommand
 	16, // 14: usher.v1.Decision.timers:type_name -> usher.v1.TimerCommand
 	3,  // 15: usher.v1.Decision.finish:type_name -> usher.v1.Finish
-	12, // 16: usher.v1.InvokeResponse.results:type_name -> usher.v1.Result
-	28, // 17: usher.v1.InvokeResponse.logs:type_name -> usher.v1.LogRecord
-	4,  // 18: usher.v1.Statement.mode:type_name -> usher.v1.Mode
-	19, // 19: usher.v1.Statement.args:type_name -> usher.v1.Value
-	19, // 20: usher.v1.Row.values:type_name -> usher.v1.Value
-	21, // 21: usher.v1.StatementResult.rows:type_name -> usher.v1.Row
-	20, // 22: usher.v1.ExecRequest.statements:type_name -> usher.v1.Statement
-	22, // 23: usher.v1.ExecResponse.results:type_name -> usher.v1.StatementResult
-	25, // 24: usher.v1.EnqueueRequest.messages:type_name -> usher.v1.OutboxMessage
-	31, // 25: usher.v1.LogRecord.attrs:type_name -> usher.v1.LogRecord.AttrsEntry
-	32, // 26: usher.v1.LogRecord.values:type_name -> usher.v1.LogRecord.ValuesEntry
-	28, // 27: usher.v1.LogRequest.records:type_name -> usher.v1.LogRecord
-	19, // 28: usher.v1.LogRecord.ValuesEntry.value:type_name -> usher.v1.Value
-	6,  // 29: usher.v1.Plugin.Manifest:input_type -> usher.v1.ManifestRequest
-	10, // 30: usher.v1.Plugin.Invoke:input_type -> usher.v1.InvokeRequest
-	23, // 31: usher.v1.Host.Exec:input_type -> usher.v1.ExecRequest
-	26, // 32: usher.v1.Host.Enqueue:input_type -> usher.v1.EnqueueRequest
-	29, // 33: usher.v1.Host.Log:input_type -> usher.v1.LogRequest
-	7,  // 34: usher.v1.Plugin.Manifest:output_type -> usher.v1.ManifestResponse
-	18, // 35: usher.v1.Plugin.Invoke:output_type -> usher.v1.InvokeResponse
-	24, // 36: usher.v1.Host.Exec:output_type -> usher.v1.ExecResponse
-	27, // 37: usher.v1.Host.Enqueue:output_type -> usher.v1.EnqueueResponse
-	30, // 38: usher.v1.Host.Log:output_type -> usher.v1.LogResponse
-	34, // [34:39] is the sub-list for method output_type
-	29, // [29:34] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	18, // 16: usher.v1.Decision.children:type_name -> usher.v1.ChildCommand
+	12, // 17: usher.v1.InvokeResponse.results:type_name -> usher.v1.Result
+	29, // 18: usher.v1.InvokeResponse.logs:type_name -> usher.v1.LogRecord
+	4,  // 19: usher.v1.Statement.mode:type_name -> usher.v1.Mode
+	20, // 20: usher.v1.Statement.args:type_name -> usher.v1.Value
+	20, // 21: usher.v1.Row.values:type_name -> usher.v1.Value
+	22, // 22: usher.v1.StatementResult.rows:type_name -> usher.v1.Row
+	21, // 23: usher.v1.ExecRequest.statements:type_name -> usher.v1.Statement
+	23, // 24: usher.v1.ExecResponse.results:type_name -> usher.v1.StatementResult
+	26, // 25: usher.v1.EnqueueRequest.messages:type_name -> usher.v1.OutboxMessage
+	32, // 26: usher.v1.LogRecord.attrs:type_name -> usher.v1.LogRecord.AttrsEntry
+	33, // 27: usher.v1.LogRecord.values:type_name -> usher.v1.LogRecord.ValuesEntry
+	29, // 28: usher.v1.LogRequest.records:type_name -> usher.v1.LogRecord
+	20, // 29: usher.v1.LogRecord.ValuesEntry.value:type_name -> usher.v1.Value
+	6,  // 30: usher.v1.Plugin.Manifest:input_type -> usher.v1.ManifestRequest
+	10, // 31: usher.v1.Plugin.Invoke:input_type -> usher.v1.InvokeRequest
+	24, // 32: usher.v1.Host.Exec:input_type -> usher.v1.ExecRequest
+	27, // 33: usher.v1.Host.Enqueue:input_type -> usher.v1.EnqueueRequest
+	30, // 34: usher.v1.Host.Log:input_type -> usher.v1.LogRequest
+	7,  // 35: usher.v1.Plugin.Manifest:output_type -> usher.v1.ManifestResponse
+	19, // 36: usher.v1.Plugin.Invoke:output_type -> usher.v1.InvokeResponse
+	25, // 37: usher.v1.Host.Exec:output_type -> usher.v1.ExecResponse
+	28, // 38: usher.v1.Host.Enqueue:output_type -> usher.v1.EnqueueResponse
+	31, // 39: usher.v1.Host.Log:output_type -> usher.v1.LogResponse
+	35, // [35:40] is the sub-list for method output_type
+	30, // [30:35] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_usher_proto_init() }
@@ -2448,7 +2538,7 @@ func file_usher_proto_init() {
 	if File_usher_proto != nil {
 		return
 	}
-	file_usher_proto_msgTypes[14].OneofWrappers = []any{
+	file_usher_proto_msgTypes[15].OneofWrappers = []any{
 		(*Value_Null)(nil),
 		(*Value_Int)(nil),
 		(*Value_Float)(nil),
@@ -2463,7 +2553,7 @@ func file_usher_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_usher_proto_rawDesc), len(file_usher_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
