@@ -100,7 +100,7 @@ func PluginRole(name string) string { return sandbox.PluginRoleIn(Deployment, na
 
 // PluginNames are the plugins the tests load; DB makes sure each has its
 // login role (roles are cluster-wide: created once, kept).
-var PluginNames = []string{"counters", "tickets", "raw", "rolecheck", "flaky", "hostile", "sdktest", "fanout", "lateload", "flows"}
+var PluginNames = []string{"counters", "tickets", "raw", "rolecheck", "flaky", "hostile", "sdktest", "fanout", "lateload", "flows", "checkout"}
 
 var rolesOnce sync.Once
 
@@ -223,7 +223,7 @@ func EmptyDB(tb testing.TB) (*pgxpool.Pool, string) {
 // Shipped are the plugins this repository ships, whose schema and grants
 // live in plugins/<name>/db: migrations/ (none for counters) and
 // grants.json, the files `make plugins` writes into their manifests.
-var Shipped = []string{"counters", "tickets"}
+var Shipped = []string{"counters", "tickets", "checkout"}
 
 // ShippedSpec is the install of shipped plugin name from its source
 // files, as its manifest would carry them.
