@@ -24,7 +24,9 @@ func history(events ...sdk.WorkflowEvent) sdk.WorkflowHistory[stagedoor.Checkout
 	return h
 }
 
-func scheduled(id string) sdk.WorkflowEvent { return sdk.WorkflowEvent{Type: sdk.EventStepScheduled, Name: id} }
+func scheduled(id string) sdk.WorkflowEvent {
+	return sdk.WorkflowEvent{Type: sdk.EventStepScheduled, Name: id}
+}
 func completed(id string) sdk.WorkflowEvent {
 	return sdk.WorkflowEvent{Type: sdk.EventStepCompleted, Name: id, Detail: "applied"}
 }
