@@ -17,6 +17,8 @@ type Checkout struct {
 	Placed
 	// Workflow is the runtime's number for the checkout workflow.
 	Workflow int64
+	// Seats is the order's.
+	Seats int
 }
 
 // PlaceCheckout commits the order, one ticket row per seat, and starts its
@@ -43,7 +45,7 @@ func PlaceCheckoutTx(ctx context.Context, tx pgx.Tx, o Order, payWithin time.Dur
 		return Checkout{}, err
 	}
 	in, _ := json.Marshal(stagedoor.Checkout{OrderID: p.ID, PayWithinMS: payWithin.Milliseconds()})
-	c := Checkout{Placed: p}
+	c := Checkout{Placed: p, Seats: o.Seats}
 	var started bool
 	if err := tx.QueryRow(ctx, `SELECT id, started FROM usher_start_workflow($1, $2, $3::jsonb)`,
 		stagedoor.CheckoutType, p.PublicID, string(in)).Scan(&c.Workflow, &started); err != nil {
