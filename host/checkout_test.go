@@ -15,17 +15,15 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
-	"github.com/usherhq/usher/host/pluginhost"
-	"github.com/usherhq/usher/plugins/checkout/checkout"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 	"github.com/usherhq/usher/plugins/tickets/mail"
 )
 
 // checkouts is a host serving the shipped plugins' chaos builds (counters,
-// tickets, checkout) from a plugin directory with their manifests, the
-// checkout's listing the kinds its workflow schedules, beside a mail
-// provider, on its own database and stream.
+// tickets, checkout) from a plugin directory with their manifests
+// (hosttest.ChaosPlugins), beside a mail provider, on its own database and
+// stream.
 type checkouts struct {
 	*testBundle
 	cfg    host.Config
@@ -37,23 +35,7 @@ type checkouts struct {
 func startCheckouts(t *testing.T) *checkouts {
 	t.Helper()
 	b := setup(t)
-	dir, work := t.TempDir(), t.TempDir()
-	for name, pkg := range map[string]string{"counters": "./plugins/counters/chaos", "tickets": "./plugins/tickets/chaos",
-		"checkout": "./plugins/checkout/chaos"} {
-		src, err := os.ReadFile(hosttest.Build(t, pkg))
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(dir, name), src, 0o755))
-		kinds := map[string][]string{"counters": {"update_sales_counter"}, "tickets": {"render_tickets", "send_tickets"},
-			"checkout": checkout.Kinds}[name]
-		m, err := pluginhost.NewFileManifest(filepath.Join(dir, name), name, "1.0.0", kinds)
-		require.NoError(t, err)
-		hosttest.AddShipped(t, &m, dir)
-		if name == "checkout" {
-			m.Enqueues = checkout.Enqueues
-		}
-		_, err = m.Write(dir)
-		require.NoError(t, err)
-	}
+	dir, work := hosttest.ChaosPlugins(t), t.TempDir()
 	mailURL := hosttest.MailProvider(t)
 	c := &checkouts{testBundle: b, mailer: &mail.Client{BaseURL: mailURL, HTTP: &http.Client{Timeout: 5 * time.Second}}}
 	c.cfg = b.config()

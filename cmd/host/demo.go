@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
@@ -52,16 +53,19 @@ type demo struct {
 	pluginKills atomic.Int64
 	// reserveKills counts kill -9s of the checkout plugin mid-reserve.
 	reserveKills atomic.Int64
-	// dbName and stream name the demo's database and stream (the tests
-	// give them names of their own).
-	dbName, stream string
-	plan           checkoutPlan
-	restart        restartReport
-	latePayment    string
+	// dbName, deployment and stream name the demo's database, its
+	// deployment (whose owner is usher_<deployment>) and its stream; its
+	// test gives them names of their own.
+	dbName, deployment, stream string
+	// out is where the demo reports: the command's stdout.
+	out         io.Writer
+	plan        checkoutPlan
+	restart     restartReport
+	latePayment string
 }
 
 func (cl *cli) demoFlags(fs *flag.FlagSet) runner {
-	d := &demo{dbName: demoDatabase, stream: demoStream}
+	d := &demo{dbName: demoDatabase, deployment: demoDeployment, stream: demoStream, out: cl.stdout}
 	// Only Redis's address: the demo makes its own database and stream.
 	d.conn.registerRedis(fs)
 	fs.StringVar(&d.adminURL, "admin-url", env("USHER_ADMIN_URL", demoAdminURL),
@@ -89,7 +93,7 @@ func (cl *cli) demoFlags(fs *flag.FlagSet) runner {
 	}
 }
 
-func (d *demo) say(format string, a ...any) { fmt.Printf("demo: "+format+"\n", a...) }
+func (d *demo) say(format string, a ...any) { fmt.Fprintf(d.out, "demo: "+format+"\n", a...) }
 
 func (d *demo) run(ctx context.Context) error {
 	if err := d.prepare(ctx); err != nil {
@@ -199,9 +203,9 @@ func must(err error) {
 const (
 	// demoDeployment is the demo's deployment (host setup --deployment):
 	// its roles are its own, never the tests' or a real deployment's on
-	// the same cluster; demoOwner is its owner role, the hosts' login.
+	// the same cluster; its owner role, the hosts' login, is
+	// usher_<deployment>.
 	demoDeployment = "demo"
-	demoOwner      = "usher_" + demoDeployment
 	// demoAdminURL is --admin-url's default.
 	demoAdminURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	// demoStream is the stream the demo's hosts share.
@@ -211,23 +215,23 @@ const (
 // demoDatabaseURL is the URL of the demo's database, usher_demo, on the
 // server adminURL names: as the administrator, or logged in as the owner.
 func demoDatabaseURL(adminURL string, asOwner bool) (string, error) {
-	return databaseURLOf(adminURL, demoDatabase, asOwner)
+	return databaseURLOf(adminURL, demoDatabase, demoDeployment, asOwner)
 }
 
 // demoDatabase is the demo's database; its test runs the demo on one of
-// its own.
+// its own, in a deployment of its own.
 const demoDatabase = "usher_demo"
 
 // databaseURLOf is database name on adminURL's server, as the administrator
-// or logged in as the demo's owner.
-func databaseURLOf(adminURL, name string, asOwner bool) (string, error) {
+// or logged in as deployment's owner (usher_<deployment>).
+func databaseURLOf(adminURL, name, deployment string, asOwner bool) (string, error) {
 	u, err := url.Parse(adminURL)
 	if err != nil {
 		return "", err
 	}
 	u.Path = "/" + name
 	if asOwner {
-		u.User = url.User(demoOwner)
+		u.User = url.User("usher_" + deployment)
 	}
 	return u.String(), nil
 }
@@ -276,11 +280,11 @@ func (d *demo) prepare(ctx context.Context) error {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+db); err != nil {
 		return err
 	}
-	adminDemo, err := databaseURLOf(d.adminURL, d.dbName, false)
+	adminDemo, err := databaseURLOf(d.adminURL, d.dbName, d.deployment, false)
 	if err != nil {
 		return err
 	}
-	if d.dbURL, err = databaseURLOf(d.adminURL, d.dbName, true); err != nil {
+	if d.dbURL, err = databaseURLOf(d.adminURL, d.dbName, d.deployment, true); err != nil {
 		return err
 	}
 	// The administrator's one step (host setup): the runtime's owner, the
@@ -291,7 +295,7 @@ func (d *demo) prepare(ctx context.Context) error {
 		return err
 	}
 	defer demoAdmin.Close(ctx)
-	if err := sandbox.Setup(ctx, demoAdmin, sandbox.SetupConfig{Deployment: demoDeployment, Owner: demoOwner, Plugins: []string{"counters", "tickets", "checkout"}}); err != nil {
+	if err := sandbox.Setup(ctx, demoAdmin, sandbox.SetupConfig{Deployment: d.deployment, Owner: "usher_" + d.deployment, Plugins: []string{"counters", "tickets", "checkout"}}); err != nil {
 		return fmt.Errorf("demo: setup: %w", err)
 	}
 	if d.pool, err = pgxpool.New(ctx, d.dbURL); err != nil {
@@ -538,9 +542,9 @@ func (d *demo) waitDone(ctx context.Context, timeout time.Duration) error {
 
 func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir string, elapsed time.Duration) (bool, error) {
 	ok := true
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Println()
-	fmt.Println("== sales counters (update_sales_counter, guard: job id recorded) ==")
+	w := tabwriter.NewWriter(d.out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(d.out)
+	fmt.Fprintln(d.out, "== sales counters (update_sales_counter, guard: job id recorded) ==")
 	fmt.Fprintln(w, "event\texpected seats\tcounter\t")
 	rows, err := d.pool.Query(ctx, `SELECT id, name, seats_sold FROM events ORDER BY id`)
 	if err != nil {
@@ -598,8 +602,8 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	}
 	stats, _ := d.mailer.Stats(ctx)
 
-	fmt.Println()
-	fmt.Printf("== effects, per order (%d orders and %d paid checkouts) ==\n", d.orders, len(d.plan.paid))
+	fmt.Fprintln(d.out)
+	fmt.Fprintf(d.out, "== effects, per order (%d orders and %d paid checkouts) ==\n", d.orders, len(d.plan.paid))
 	fmt.Fprintln(w, "effect\texpected\tfound\tlost\tdoubled\t")
 	check := func(name string, found, distinct int64) {
 		lost := max(n-distinct, 0)
@@ -615,24 +619,24 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	check("emails at the provider", int64(len(msgs)), int64(len(keys)))
 	check("email_sends marked sent", sentRows, sentRows)
 	w.Flush()
-	fmt.Printf("outbox rows: %d, every one with an outcome: %v\n", outboxRows, unfinished == 0)
+	fmt.Fprintf(d.out, "outbox rows: %d, every one with an outcome: %v\n", outboxRows, unfinished == 0)
 	if unfinished != 0 {
 		ok = false
-		fmt.Printf("outbox rows without an outcome: %d\n", unfinished)
+		fmt.Fprintf(d.out, "outbox rows without an outcome: %d\n", unfinished)
 	}
 	if staleRetries != 0 {
 		// A row's outcome is its job's (migration 00030): none may say
 		// retry_scheduled once the job applied.
 		ok = false
-		fmt.Printf("outbox rows left at retry_scheduled after their job ended: %d\n", staleRetries)
+		fmt.Fprintf(d.out, "outbox rows left at retry_scheduled after their job ended: %d\n", staleRetries)
 	}
 	if dead != 0 {
 		ok = false
-		fmt.Printf("dead letters: %d (expected 0; see `%s`)\n", dead, inspectCommands(d.dbURL, d.conn.stream)[1])
+		fmt.Fprintf(d.out, "dead letters: %d (expected 0; see `%s`)\n", dead, inspectCommands(d.dbURL, d.conn.stream)[1])
 	}
 
-	fmt.Println()
-	fmt.Println("== faults injected ==")
+	fmt.Fprintln(d.out)
+	fmt.Fprintln(d.out, "== faults injected ==")
 	fmt.Fprintln(w, "fault\tcount\t")
 	fmt.Fprintf(w, "relay crash between publish and mark (rows republished)\t%d\t\n", d.relayDups.Load())
 	fmt.Fprintf(w, "kill -9 of a plugin mid-job\t%d\t\n", d.pluginKills.Load())
@@ -647,8 +651,8 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	if err != nil {
 		return false, err
 	}
-	fmt.Println()
-	fmt.Println("== outbox rows by outcome ==")
+	fmt.Fprintln(d.out)
+	fmt.Fprintln(d.out, "== outbox rows by outcome ==")
 	if err := forEach(outcomes, func(r pgx.Rows) error {
 		var o string
 		var c int64
@@ -669,7 +673,7 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	if err != nil {
 		return false, err
 	}
-	fmt.Println()
+	fmt.Fprintln(d.out)
 	fmt.Fprintln(w, "kind\trows\tjobs\t")
 	if err := forEach(byKind, func(r pgx.Rows) error {
 		var kind string
@@ -683,16 +687,16 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 		return false, err
 	}
 	w.Flush()
-	fmt.Println("Each order makes one job of each kind (send_tickets is enqueued by its render); a paid checkout's render, count and")
-	fmt.Println("send are its steps, and reserve_seats, release_seats and usher.workflow.checkout (its decision tasks) are the")
-	fmt.Println("checkouts' own. A retry is a row of its own with")
-	fmt.Println("the same job id, and every row of a job shows how the job ended: retry_scheduled only while it waits to run again.")
-	fmt.Println("What each attempt did (a retry and why, then applied) is the job's history: `host jobs show ID`. absorbed is a")
-	fmt.Println("row whose run found its effect already applied; the table below counts every duplicate absorbed, redeliveries of")
-	fmt.Println("rows already done (relay republishes, reclaimed entries) included.")
+	fmt.Fprintln(d.out, "Each order makes one job of each kind (send_tickets is enqueued by its render); a paid checkout's render, count and")
+	fmt.Fprintln(d.out, "send are its steps, and reserve_seats, release_seats and usher.workflow.checkout (its decision tasks) are the")
+	fmt.Fprintln(d.out, "checkouts' own. A retry is a row of its own with")
+	fmt.Fprintln(d.out, "the same job id, and every row of a job shows how the job ended: retry_scheduled only while it waits to run again.")
+	fmt.Fprintln(d.out, "What each attempt did (a retry and why, then applied) is the job's history: `host jobs show ID`. absorbed is a")
+	fmt.Fprintln(d.out, "row whose run found its effect already applied; the table below counts every duplicate absorbed, redeliveries of")
+	fmt.Fprintln(d.out, "rows already done (relay republishes, reclaimed entries) included.")
 
-	fmt.Println()
-	fmt.Println("== duplicates absorbed, per guard ==")
+	fmt.Fprintln(d.out)
+	fmt.Fprintln(d.out, "== duplicates absorbed, per guard ==")
 	fmt.Fprintln(w, "guard\tkind\treason\tcount\t")
 	rows, err = d.pool.Query(ctx, `SELECT guard, kind, reason, count FROM absorbed_duplicates ORDER BY guard, kind, reason`)
 	if err != nil {
@@ -716,15 +720,15 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 		return false, err
 	}
 	ok = ok && cok
-	fmt.Println()
+	fmt.Fprintln(d.out)
 	verdict := "OK: nothing lost, nothing doubled"
 	if !ok {
 		verdict = "FAILED: an invariant does not hold"
 	}
-	fmt.Printf("%d orders and %d checkouts in %s. %s. Logs: %s/host-a.log, %s/host-b.log\n", d.orders, d.checkouts, elapsed.Round(100*time.Millisecond), verdict, d.work, d.work)
-	fmt.Println("The demo's database and stream stay until the next run; to look at them:")
+	fmt.Fprintf(d.out, "%d orders and %d checkouts in %s. %s. Logs: %s/host-a.log, %s/host-b.log\n", d.orders, d.checkouts, elapsed.Round(100*time.Millisecond), verdict, d.work, d.work)
+	fmt.Fprintln(d.out, "The demo's database and stream stay until the next run; to look at them:")
 	for _, c := range inspectCommands(d.dbURL, d.conn.stream) {
-		fmt.Println("  " + c)
+		fmt.Fprintln(d.out, "  "+c)
 	}
 	return ok, nil
 }

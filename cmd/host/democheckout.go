@@ -293,20 +293,13 @@ func (d *demo) payLate(ctx context.Context) error {
 	return nil
 }
 
-// workflowsRunning counts the checkouts still running.
-func (d *demo) workflowsRunning(ctx context.Context) (int64, error) {
-	var n int64
-	err := d.pool.QueryRow(ctx, `SELECT count(*) FROM workflows WHERE state = 'running'`).Scan(&n)
-	return n, err
-}
-
 // checkoutSummary prints the checkouts' states and effects, expected next
 // to found, and reports whether every one is right.
 func (d *demo) checkoutSummary(ctx context.Context, w *tabwriter.Writer) (bool, error) {
 	ok := true
 	p := d.plan
-	fmt.Println()
-	fmt.Println("== checkout workflows, by state ==")
+	fmt.Fprintln(d.out)
+	fmt.Fprintln(d.out, "== checkout workflows, by state ==")
 	fmt.Fprintln(w, "state\tcause\texpected\tfound\t")
 	found := map[string]int64{}
 	rows, err := d.pool.Query(ctx, `SELECT state, coalesce(result->>'cause', ''), count(*) FROM workflows
@@ -362,11 +355,11 @@ func (d *demo) checkoutSummary(ctx context.Context, w *tabwriter.Writer) (bool, 
 	}
 	if wrong != 0 {
 		ok = false
-		fmt.Printf("checkouts that did not end as planned: %d\n", wrong)
+		fmt.Fprintf(d.out, "checkouts that did not end as planned: %d\n", wrong)
 	}
 
-	fmt.Println()
-	fmt.Println("== checkout effects (seats: reserve_seats and release_seats, guard: state first) ==")
+	fmt.Fprintln(d.out)
+	fmt.Fprintln(d.out, "== checkout effects (seats: reserve_seats and release_seats, guard: state first) ==")
 	fmt.Fprintln(w, "effect\texpected\tfound\tlost\tdoubled\t")
 	unpaid := append(append([]orders.Checkout{}, p.timeout...), p.cancel...)
 	line := func(name string, want []orders.Checkout, sql string) error {
@@ -415,12 +408,12 @@ func (d *demo) checkoutSummary(ctx context.Context, w *tabwriter.Writer) (bool, 
 		(SELECT count(*) FROM plugin_tickets.email_sends WHERE order_id = ANY($2))`, orderIDs(p.paid), orderIDs(unpaid)).Scan(&strays); err != nil {
 		return false, err
 	}
-	fmt.Printf("effects that must not exist (a paid checkout released; an unpaid one paid, rendered, counted or mailed): %d\n", strays)
+	fmt.Fprintf(d.out, "effects that must not exist (a paid checkout released; an unpaid one paid, rendered, counted or mailed): %d\n", strays)
 	if strays != 0 {
 		ok = false
 	}
 
-	fmt.Println()
+	fmt.Fprintln(d.out)
 	fmt.Fprintln(w, "event\tseats held, expected (paid)\theld\t")
 	rows, err = d.pool.Query(ctx, `SELECT id, name, seats_held FROM events ORDER BY id`)
 	if err != nil {
@@ -457,20 +450,20 @@ func (d *demo) checkoutSummary(ctx context.Context, w *tabwriter.Writer) (bool, 
 		workflowIDs(p.timeout), d.restart.sleeping, d.restart.at).Scan(&twice, &stepsTwice, &signalsTwice, &timersFired, &timeoutTimers, &late); err != nil {
 		return false, err
 	}
-	fmt.Printf("decision tasks decided twice: %d; steps scheduled twice: %d; signals counted twice: %d\n", twice, stepsTwice, signalsTwice)
-	fmt.Printf("timed-out checkouts' timers: %d set, %d fired once each\n", timeoutTimers, timersFired)
+	fmt.Fprintf(d.out, "decision tasks decided twice: %d; steps scheduled twice: %d; signals counted twice: %d\n", twice, stepsTwice, signalsTwice)
+	fmt.Fprintf(d.out, "timed-out checkouts' timers: %d set, %d fired once each\n", timeoutTimers, timersFired)
 	if len(d.restart.sleeping) > 0 {
-		fmt.Printf("the %d asleep through the restart fired at most %s after the hosts were back (the hosts' stop took %s)\n",
+		fmt.Fprintf(d.out, "the %d asleep through the restart fired at most %s after the hosts were back (the hosts' stop took %s)\n",
 			len(d.restart.sleeping), late.Round(10*time.Millisecond), d.restart.stopTook.Round(10*time.Millisecond))
 	} else {
-		fmt.Printf("no checkout slept through the restart: the hosts' stop took %s, and every timer fired before it ended\n",
+		fmt.Fprintf(d.out, "no checkout slept through the restart: the hosts' stop took %s, and every timer fired before it ended\n",
 			d.restart.stopTook.Round(10*time.Millisecond))
 	}
 	if twice != 0 || stepsTwice != 0 || signalsTwice != 0 || timersFired != int64(len(p.timeout)) || timeoutTimers != int64(len(p.timeout)) {
 		ok = false
 	}
 	if d.latePayment != "" {
-		fmt.Printf("a payment after its checkout timed out: refused, and rolled back (%s)\n", d.latePayment)
+		fmt.Fprintf(d.out, "a payment after its checkout timed out: refused, and rolled back (%s)\n", d.latePayment)
 	}
 	return ok, nil
 }
