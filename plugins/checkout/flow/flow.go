@@ -22,7 +22,10 @@
 //     cancelled, with the cause in the result.
 //
 // A cancel asked after the payment came is recorded and ignored: the sale
-// stands and the checkout completes (its result says so). A step that
+// stands and the checkout completes (its result says so). A payment that
+// comes after the timeout or the cancel, while the seats are released,
+// changes nothing: the checkout ends cancelled, its result naming the
+// payment (late_payment) for the application to refund. A step that
 // dead-letters fails the checkout with the step's reason.
 package flow
 
@@ -62,6 +65,11 @@ type Result struct {
 	Cause         string `json:"cause,omitempty"`
 	Reason        string `json:"reason,omitempty"`
 	Released      bool   `json:"released,omitempty"`
+	// LatePayment is the signal id of a payment that came after the
+	// timeout or the cancel, while the seats were being released: the
+	// workflow was still running, so the signal (and the application's
+	// payment with it) was accepted, and the application must refund it.
+	LatePayment string `json:"late_payment,omitempty"`
 }
 
 // outcome is what decided the checkout: the first of the payment, the
@@ -126,6 +134,9 @@ func Decide(_ context.Context, h sdk.WorkflowHistory[stagedoor.Checkout]) (sdk.D
 		r := Result{OrderID: order, Cause: CauseTimeout, Released: true}
 		if o.cancelled {
 			r.Cause, r.Reason = CauseCancel, o.reason
+		}
+		if late := h.Signals(stagedoor.PaymentConfirmed); len(late) > 0 {
+			r.LatePayment = late[0].ID
 		}
 		return sdk.Cancelled(r), nil
 	}

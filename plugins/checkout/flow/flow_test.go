@@ -88,6 +88,8 @@ func TestCheckoutDecisions(t *testing.T) {
 		{"releasing: wait", join(reserved, one(timedOut, scheduled("release"))), wait},
 		{"released after the timeout: cancelled", join(reserved, one(timedOut, scheduled("release"), completed("release"))),
 			sdk.Cancelled(flow.Result{OrderID: o, Cause: flow.CauseTimeout, Released: true})},
+		{"released with a payment after the timeout: cancelled, naming it", join(reserved, one(timedOut, paid, scheduled("release"), completed("release"))),
+			sdk.Cancelled(flow.Result{OrderID: o, Cause: flow.CauseTimeout, Released: true, LatePayment: "pay-1"})},
 		{"released after a cancel: cancelled", join(reserved, one(cancel, scheduled("release"), completed("release"))),
 			sdk.Cancelled(flow.Result{OrderID: o, Cause: flow.CauseCancel, Reason: "buyer left", Released: true})},
 		{"the reserve failed", one(scheduled("reserve"), failed("reserve")), sdk.Fail("reserve_seats failed: permanent failure: boom")},
