@@ -73,7 +73,7 @@ func (cl *cli) demoFlags(fs *flag.FlagSet) runner {
 	fs.IntVar(&d.orders, "orders", 300, "Stagedoor orders to place")
 	fs.IntVar(&d.checkouts, "checkouts", 100, "Stagedoor checkouts to start (the checkout workflow, each in its order's transaction): about 70% paid, 15% left to time out, 15% cancelled")
 	fs.DurationVar(&d.hold, "checkout-hold", 5*time.Second, "how long a checkout holds its seats waiting for the payment (15m in production; short so the demo is quick)")
-	fs.StringVar(&d.pluginDir, "plugin-dir", "bin/chaos-plugins", "directory with the counters and tickets plugins' chaos builds, whose faults the demo arms (make chaos-plugins)")
+	fs.StringVar(&d.pluginDir, "plugin-dir", "bin/chaos-plugins", "directory with the counters, tickets and checkout plugins' chaos builds, whose faults the demo arms (make chaos-plugins)")
 	fs.StringVar(&d.mailBin, "mailprovider", "bin/mailprovider", "the mail provider binary")
 	fs.StringVar(&d.work, "workdir", ".demo", "scratch directory (recreated)")
 	fs.DurationVar(&d.reclaim, "reclaim-idle", 3*time.Second, "reclaim threshold (60s in production; short so the demo is quick)")
@@ -150,9 +150,9 @@ func (d *demo) run(ctx context.Context) error {
 	cancelled := make(chan error, 1)
 	go func() { cancelled <- d.cancelWhenHeld(ctx, 2*time.Minute) }()
 	// A host restart with workflows asleep: once the checkouts left to
-	// time out hold their seats and wait on their timers (and the
-	// counters plugin was killed), both hosts stop; they start again
-	// after the timers are due.
+	// time out have their timers set (and the counters plugin was
+	// killed), both hosts stop; they start again after the timers are
+	// due, and the summary says how many slept through it.
 	if err := d.waitSleeping(ctx, killed, 2*time.Minute); err != nil {
 		stopHosts()
 		return err
