@@ -29,6 +29,15 @@ plugins:
 		--grants plugins/counters/db/grants.json --write
 	$(GO) run ./cmd/host plugins manifest $(PLUGINS)/tickets --name tickets --version $(or $(TICKETS_VERSION),1.0.0) --kind render_tickets --kind send_tickets \
 		--migrations $(PLUGINS)/tickets-migrations --grants plugins/tickets/db/grants.json --write
+	$(GO) build -ldflags "-X main.version=$(or $(CHECKOUT_VERSION),1.0.0)" -o $(PLUGINS)/checkout ./plugins/checkout
+	rm -rf $(PLUGINS)/checkout-migrations && cp -r plugins/checkout/db/migrations $(PLUGINS)/checkout-migrations
+	$(GO) run ./cmd/host plugins manifest $(PLUGINS)/checkout --name checkout --version $(or $(CHECKOUT_VERSION),1.0.0) \
+		$(CHECKOUT_MANIFEST_FLAGS) --migrations $(PLUGINS)/checkout-migrations --grants plugins/checkout/db/grants.json --write
+
+# The checkout workflow's kinds, and the other plugins' kinds its steps
+# run, which a decision may schedule only when the manifest lists them.
+CHECKOUT_MANIFEST_FLAGS := --kind reserve_seats --kind release_seats --kind usher.workflow.checkout \
+	--enqueue render_tickets --enqueue update_sales_counter --enqueue send_tickets
 
 # The same plugins built for the demo, the chaos suite and the tests: the
 # shipped handlers wrapped in faults.Middleware (and, for counters, a
@@ -43,6 +52,10 @@ chaos-plugins:
 		--grants plugins/counters/chaos/grants.json --write
 	$(GO) run ./cmd/host plugins manifest $(CHAOS_PLUGINS)/tickets --name tickets --version $(or $(TICKETS_VERSION),1.0.0) --kind render_tickets --kind send_tickets \
 		--migrations $(CHAOS_PLUGINS)/tickets-migrations --grants plugins/tickets/db/grants.json --write
+	$(GO) build -ldflags "-X main.version=$(or $(CHECKOUT_VERSION),1.0.0)" -o $(CHAOS_PLUGINS)/checkout ./plugins/checkout/chaos
+	rm -rf $(CHAOS_PLUGINS)/checkout-migrations && cp -r plugins/checkout/db/migrations $(CHAOS_PLUGINS)/checkout-migrations
+	$(GO) run ./cmd/host plugins manifest $(CHAOS_PLUGINS)/checkout --name checkout --version $(or $(CHECKOUT_VERSION),1.0.0) \
+		$(CHECKOUT_MANIFEST_FLAGS) --migrations $(CHAOS_PLUGINS)/checkout-migrations --grants plugins/checkout/db/grants.json --write
 
 services:
 	@.ci/services

@@ -21,8 +21,8 @@ const (
 // shipped are the plugin binaries usher ships; chaos are their builds for
 // the demo, the chaos suite and the tests.
 var (
-	shipped = []string{"./counters", "./tickets"}
-	chaos   = []string{"./counters/chaos", "./tickets/chaos"}
+	shipped = []string{"./counters", "./tickets", "./checkout"}
+	chaos   = []string{"./counters/chaos", "./tickets/chaos", "./checkout/chaos"}
 )
 
 type pkg struct {

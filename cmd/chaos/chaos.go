@@ -102,7 +102,7 @@ func (c *chaos) replayCommand() string {
 // runChaos is the whole run: start everything, load and break it, drain,
 // check. It stops every child before it returns.
 func runChaos(ctx context.Context, cfg config, out io.Writer) (err error) {
-	if err := faults.RequireChaosBuilds(cfg.pluginDir); err != nil {
+	if err := faults.RequireChaosBuilds(cfg.pluginDir, "counters", "tickets", "checkout"); err != nil {
 		return err
 	}
 	c := &chaos{cfg: cfg, out: out, start: time.Now()}
@@ -143,10 +143,15 @@ func runChaos(ctx context.Context, cfg config, out io.Writer) (err error) {
 	go c.progressLoop(progressCtx, min(max(cfg.duration/15, 3*time.Second), 30*time.Second))
 	var wg sync.WaitGroup
 	var loadErr error
-	wg.Add(2)
+	var checkoutErr error
+	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		loadErr = c.load.run(ctx, cfg.duration)
+	}()
+	go func() {
+		defer wg.Done()
+		checkoutErr = c.load.runCheckouts(ctx, cfg.duration)
 	}()
 	go func() {
 		defer wg.Done()
@@ -159,6 +164,9 @@ func runChaos(ctx context.Context, cfg config, out io.Writer) (err error) {
 	}
 	if loadErr != nil {
 		return fmt.Errorf("placing orders: %w", loadErr)
+	}
+	if checkoutErr != nil {
+		return fmt.Errorf("checkouts: %w", checkoutErr)
 	}
 	c.say("load done: %d orders confirmed (%d commits ambiguous, %d attempts retried); faults stop",
 		c.load.confirmed.Load(), c.load.ambiguous.Load(), c.load.failed.Load())
@@ -255,7 +263,7 @@ func (c *chaos) startStores(ctx context.Context) error {
 	// The hosts log in as the runtime's owner, never as a superuser; the
 	// administrator's one step creates it and the plugins' login roles.
 	setup := exec.CommandContext(ctx, c.cfg.hostBin, "setup", "--admin-url", c.pg.url("usher"),
-		"--owner", "usher", "--plugin", "counters", "--plugin", "tickets")
+		"--owner", "usher", "--plugin", "counters", "--plugin", "tickets", "--plugin", "checkout")
 	if out, err := setup.CombinedOutput(); err != nil {
 		return fmt.Errorf("host setup: %w\n%s", err, out)
 	}
@@ -377,8 +385,8 @@ func (c *chaos) startHosts(ctx context.Context) error {
 		for _, p := range ps {
 			served[p.Name] = p.Healthy
 		}
-		if !served["counters"] || !served["tickets"] {
-			return fmt.Errorf("%s does not serve both the counters and the tickets plugin (%v): does %s hold their binaries and manifests (make build)?",
+		if !served["counters"] || !served["tickets"] || !served["checkout"] {
+			return fmt.Errorf("%s does not serve the counters, tickets and checkout plugins (%v): does %s hold their binaries and manifests (make chaos-plugins)?",
 				name, served, c.cfg.pluginDir)
 		}
 	}

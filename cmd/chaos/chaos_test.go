@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/usherhq/usher/plugins/checkout/checkout"
 )
 
 // TestChaosShort runs `chaos --short` against freshly built binaries: its
@@ -75,6 +77,7 @@ func buildSystem(t *testing.T) string {
 		"mailprovider":     "./cmd/mailprovider",
 		"plugins/counters": "./plugins/counters/chaos",
 		"plugins/tickets":  "./plugins/tickets/chaos",
+		"plugins/checkout": "./plugins/checkout/chaos",
 	}
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -95,7 +98,8 @@ func buildSystem(t *testing.T) string {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	for p, kinds := range map[string][]string{"counters": {"update_sales_counter"}, "tickets": {"render_tickets", "send_tickets"}} {
+	for p, kinds := range map[string][]string{"counters": {"update_sales_counter"}, "tickets": {"render_tickets", "send_tickets"},
+		"checkout": checkout.Kinds} {
 		// As make plugins writes them: the grants, and the tickets
 		// plugin's migrations copied beside its binary.
 		args := []string{"plugins", "manifest", filepath.Join(bin, "plugins", p), "--name", p, "--version", "1.0.0", "--write",
@@ -103,7 +107,12 @@ func buildSystem(t *testing.T) string {
 		if p == "counters" { // its chaos build also records counter_applies
 			args[len(args)-1] = filepath.Join(root, "plugins", p, "chaos", "grants.json")
 		}
-		if src := filepath.Join(root, "plugins", p, "db", "migrations"); p == "tickets" {
+		if p == "checkout" {
+			for _, k := range checkout.Enqueues {
+				args = append(args, "--enqueue", k)
+			}
+		}
+		if src := filepath.Join(root, "plugins", p, "db", "migrations"); p == "tickets" || p == "checkout" {
 			dst := filepath.Join(bin, "plugins", p+"-migrations")
 			if err := os.RemoveAll(dst); err != nil {
 				t.Fatal(err)

@@ -18,21 +18,37 @@ import (
 	"github.com/usherhq/usher/plugins/tickets/mail"
 )
 
+// The orders of checkouts (their effects follow how the checkout ended,
+// not the order) and those of the checkouts that did not complete (no
+// render, count or send).
+const (
+	checkoutOrders = `(SELECT (input->>'order_id')::bigint FROM workflows WHERE type = 'checkout')`
+	unpaidOrders   = `(SELECT (input->>'order_id')::bigint FROM workflows WHERE type = 'checkout' AND state <> 'completed')`
+	// busyCheckouts counts running checkouts not legitimately waiting:
+	// every one has a step, a decision or a timer due soon, except those
+	// left waiting on a hold of minutes (a cancel the loader gave up).
+	busyCheckouts = `(SELECT count(*) FROM workflows w WHERE w.type = 'checkout' AND w.state = 'running'
+		AND NOT EXISTS (SELECT 1 FROM workflow_timers t WHERE t.workflow = w.id AND t.fired_at IS NULL AND t.fire_at > now() + interval '1 minute')
+		  OR w.type = 'checkout' AND w.state = 'running' AND (w.task_job IS NOT NULL
+		  OR EXISTS (SELECT 1 FROM workflow_steps s WHERE s.workflow = w.id AND s.state = 'scheduled')))`
+)
+
 // progress is a cheap look at where the system is.
 type progress struct {
 	orders, counted, rendered, sent int64
+	busyCheckouts                   int64
 	unpublished, scheduled, dead    int64
 	pending, undelivered, streamLen int64
 	hostsUp                         int
 }
 
 func (p progress) quiet() bool {
-	return p.unpublished == 0 && p.scheduled == 0 && p.pending == 0 && p.undelivered == 0
+	return p.unpublished == 0 && p.scheduled == 0 && p.pending == 0 && p.undelivered == 0 && p.busyCheckouts == 0
 }
 
 func (p progress) String() string {
-	return fmt.Sprintf("orders %d: counted %d, rendered %d, sent %d | unpublished %d, scheduled %d, stream pending %d, undelivered %d, dead letters %d | hosts up %d",
-		p.orders, p.counted, p.rendered, p.sent, p.unpublished, p.scheduled, p.pending, p.undelivered, p.dead, p.hostsUp)
+	return fmt.Sprintf("orders %d: counted %d, rendered %d, sent %d | checkouts busy %d | unpublished %d, scheduled %d, stream pending %d, undelivered %d, dead letters %d | hosts up %d",
+		p.orders, p.counted, p.rendered, p.sent, p.busyCheckouts, p.unpublished, p.scheduled, p.pending, p.undelivered, p.dead, p.hostsUp)
 }
 
 func (c *chaos) progress(ctx context.Context) (progress, error) {
@@ -46,8 +62,9 @@ func (c *chaos) progress(ctx context.Context) (progress, error) {
 		(SELECT count(*) FROM plugin_tickets.email_sends WHERE sent_at IS NOT NULL),
 		(SELECT count(*) FROM outbox WHERE published_at IS NULL),
 		(SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL),
-		(SELECT count(*) FROM dead_letters)`).
-		Scan(&p.orders, &p.counted, &p.rendered, &p.sent, &p.unpublished, &p.scheduled, &p.dead)
+		(SELECT count(*) FROM dead_letters),
+		`+busyCheckouts).
+		Scan(&p.orders, &p.counted, &p.rendered, &p.sent, &p.unpublished, &p.scheduled, &p.dead, &p.busyCheckouts)
 	if err != nil {
 		return p, err
 	}
@@ -205,8 +222,11 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 
 	// The orders that exist are the truth: an ambiguous commit may have
 	// made one the loader then placed again.
-	var n int64
-	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n); err != nil {
+	var n, paidCheckouts int64
+	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE id NOT IN `+checkoutOrders).Scan(&n); err != nil {
+		return false, err
+	}
+	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM workflows WHERE type = 'checkout' AND state = 'completed'`).Scan(&paidCheckouts); err != nil {
 		return false, err
 	}
 	confirmed, ambiguous := c.load.confirmed.Load(), c.load.ambiguous.Load()
@@ -217,7 +237,7 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 	fmt.Fprintln(c.out, "== sales counters (update_sales_counter, guard: job id recorded) ==")
 	fmt.Fprintln(w, "event\texpected seats\tcounter\t")
 	rows, err := c.pool.Query(ctx, `
-		SELECT e.name, coalesce((SELECT sum(o.seats) FROM orders o WHERE o.event_id = e.id), 0), e.seats_sold
+		SELECT e.name, coalesce((SELECT sum(o.seats) FROM orders o WHERE o.event_id = e.id AND o.id NOT IN `+unpaidOrders+`), 0), e.seats_sold
 		FROM events e ORDER BY e.id`)
 	if err != nil {
 		return false, err
@@ -241,14 +261,16 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 	}
 	w.Flush()
 
-	// Effects, per order.
+	// Effects, per order: the orders and the paid checkouts.
+	plainOrders := n
+	n += paidCheckouts
 	var applies, applyJobs, applyOrders, processedCounter, pdfOrders, badKeys, sendQueued, sendOrders, sentRows, sendRows int64
 	if err := c.pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM counter_applies),
 		(SELECT count(DISTINCT job_id) FROM counter_applies),
 		(SELECT count(DISTINCT order_id) FROM counter_applies),
 		(SELECT count(*) FROM processed_jobs WHERE kind = 'update_sales_counter'),
-		(SELECT count(*) FROM orders o WHERE NOT EXISTS (SELECT 1 FROM tickets t WHERE t.order_id = o.id AND t.pdf_key IS DISTINCT FROM 'tickets/' || o.public_id || '.pdf')),
+		(SELECT count(*) FROM orders o WHERE o.id NOT IN `+unpaidOrders+` AND NOT EXISTS (SELECT 1 FROM tickets t WHERE t.order_id = o.id AND t.pdf_key IS DISTINCT FROM 'tickets/' || o.public_id || '.pdf')),
 		(SELECT count(*) FROM tickets t JOIN orders o ON o.id = t.order_id WHERE t.pdf_key IS NOT NULL AND t.pdf_key <> 'tickets/' || o.public_id || '.pdf'),
 		(SELECT count(*) FROM outbox WHERE kind = 'send_tickets' AND job_id IS NULL),
 		(SELECT count(DISTINCT payload->>'order_id') FROM outbox WHERE kind = 'send_tickets' AND job_id IS NULL),
@@ -259,7 +281,7 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 	}
 	publicIDs := map[string]bool{}
 	orderIDs := map[string]bool{}
-	rows, err = c.pool.Query(ctx, `SELECT id, public_id FROM orders`)
+	rows, err = c.pool.Query(ctx, `SELECT id, public_id FROM orders WHERE id NOT IN `+unpaidOrders)
 	if err != nil {
 		return false, err
 	}
@@ -354,6 +376,9 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 		        WHEN 'render_tickets' THEN EXISTS (SELECT 1 FROM tickets t WHERE t.order_id = (o.payload->>'order_id')::bigint)
 		            AND NOT EXISTS (SELECT 1 FROM tickets t WHERE t.order_id = (o.payload->>'order_id')::bigint AND t.pdf_key IS NULL)
 		        WHEN 'send_tickets' THEN EXISTS (SELECT 1 FROM plugin_tickets.email_sends e WHERE e.order_id = (o.payload->>'order_id')::bigint AND e.kind = 'tickets' AND e.sent_at IS NOT NULL)
+		        WHEN 'reserve_seats' THEN EXISTS (SELECT 1 FROM plugin_checkout.seat_holds h WHERE h.order_id = (o.payload->>'order_id')::bigint)
+		        WHEN 'release_seats' THEN EXISTS (SELECT 1 FROM plugin_checkout.seat_holds h WHERE h.order_id = (o.payload->>'order_id')::bigint AND h.released_at IS NOT NULL)
+		        WHEN 'usher.workflow.checkout' THEN o.outcome IN ('applied', 'absorbed')
 		        ELSE false END AS applied,
 		        EXISTS (SELECT 1 FROM dead_letters d WHERE d.job_id = coalesce(o.job_id, o.id::text) AND d.reason <> '') AS dead
 		    FROM outbox o) x
@@ -513,10 +538,14 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 		v.fail("%s", f)
 	}
 
+	if err := c.checkCheckouts(ctx, w, &v); err != nil {
+		return false, err
+	}
+
 	fmt.Fprintln(c.out)
 	fmt.Fprintln(c.out, "== summary ==")
 	fmt.Fprintln(w, "seed\t"+strconv.FormatUint(c.cfg.seed, 10)+"\t")
-	fmt.Fprintf(w, "orders\t%d (confirmed %d, ambiguous commits %d)\t\n", n, confirmed, ambiguous)
+	fmt.Fprintf(w, "orders\t%d (confirmed %d, ambiguous commits %d), and %d paid checkouts\t\n", plainOrders, confirmed, ambiguous, paidCheckouts)
 	fmt.Fprintf(w, "jobs\t%d outbox rows, %d stream entries\t\n", total.rows, streamLen)
 	faultsTotal := 0
 	for _, k := range c.cfg.faults {
@@ -550,6 +579,9 @@ func (c *chaos) listUnaccounted(ctx context.Context) {
 		      WHEN 'update_sales_counter' THEN NOT EXISTS (SELECT 1 FROM counter_applies a WHERE a.job_id = coalesce(o.job_id, o.id::text))
 		      WHEN 'render_tickets' THEN EXISTS (SELECT 1 FROM tickets t WHERE t.order_id = (o.payload->>'order_id')::bigint AND t.pdf_key IS NULL)
 		      WHEN 'send_tickets' THEN NOT EXISTS (SELECT 1 FROM plugin_tickets.email_sends e WHERE e.order_id = (o.payload->>'order_id')::bigint AND e.sent_at IS NOT NULL)
+		      WHEN 'reserve_seats' THEN NOT EXISTS (SELECT 1 FROM plugin_checkout.seat_holds h WHERE h.order_id = (o.payload->>'order_id')::bigint)
+		      WHEN 'release_seats' THEN NOT EXISTS (SELECT 1 FROM plugin_checkout.seat_holds h WHERE h.order_id = (o.payload->>'order_id')::bigint AND h.released_at IS NOT NULL)
+		      WHEN 'usher.workflow.checkout' THEN o.outcome IS DISTINCT FROM 'applied' AND o.outcome IS DISTINCT FROM 'absorbed'
 		      ELSE true END
 		ORDER BY o.id LIMIT 20`)
 	if err != nil {

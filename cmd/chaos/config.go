@@ -17,12 +17,17 @@ type config struct {
 	mailBin   string // the mail provider binary; default bin/mailprovider
 	pgBinDir  string // Postgres' bin directory; default the newest /usr/lib/postgresql/*/bin
 
-	hosts    int           // host processes; default 3
-	orders   int           // orders placed at a steady rate; default 20000 (300 with --short)
-	duration time.Duration // how long orders are placed and faults injected; default 10m (50s with --short)
-	rounds   int           // rounds of faults, each injecting every type once; default 12 (3 with --short)
-	faults   []faultKind   // the fault types to inject; default all
-	seed     uint64        // seed of the order mix and the fault schedule; default time-based
+	hosts  int // host processes; default 3
+	orders int // orders placed at a steady rate; default 20000 (300 with --short)
+	// checkouts are checkout workflows started at a steady rate over
+	// duration; default 2000 (40 with --short). hold is their seats'
+	// hold, default 3s.
+	checkouts int
+	hold      time.Duration
+	duration  time.Duration // how long orders are placed and faults injected; default 10m (50s with --short)
+	rounds    int           // rounds of faults, each injecting every type once; default 12 (3 with --short)
+	faults    []faultKind   // the fault types to inject; default all
+	seed      uint64        // seed of the order mix and the fault schedule; default time-based
 
 	reclaimIdle  time.Duration // the hosts' reclaim threshold; default 3s
 	lease        time.Duration // send_tickets' claim lease; default 4s
@@ -45,6 +50,8 @@ func parseConfig(args []string, usageOut io.Writer) (config, error) {
 	fs.StringVar(&c.pgBinDir, "pg-bin", "", "Postgres bin directory (default: the newest /usr/lib/postgresql/*/bin)")
 	fs.IntVar(&c.hosts, "hosts", 3, "host processes in the consumer group")
 	fs.IntVar(&c.orders, "orders", 20000, "orders to place at a steady rate over --duration")
+	fs.IntVar(&c.checkouts, "checkouts", 2000, "checkout workflows to start at a steady rate over --duration (70% paid, 15% left to time out, 15% cancelled)")
+	fs.DurationVar(&c.hold, "checkout-hold", 3*time.Second, "how long a checkout holds its seats waiting for the payment (15m in production)")
 	fs.DurationVar(&c.duration, "duration", 10*time.Minute, "how long orders are placed and faults injected")
 	fs.IntVar(&c.rounds, "rounds", 12, "rounds of faults; each round injects every fault type once, in a random order")
 	faults := fs.String("faults", "all", "comma-separated fault types to inject: "+strings.Join(faultNames(), ", "))
@@ -80,6 +87,9 @@ func (c *config) shorten(set map[string]bool) {
 	if !set["orders"] {
 		c.orders = 300
 	}
+	if !set["checkouts"] {
+		c.checkouts = 40
+	}
 	if !set["duration"] {
 		c.duration = 50 * time.Second
 	}
@@ -97,6 +107,8 @@ func (c *config) validate() error {
 		return errors.New("--hosts must be at least 2: a stalled or killed host's entries are reclaimed by another")
 	case c.orders < 10:
 		return errors.New("--orders must be at least 10")
+	case c.checkouts < 0 || c.hold <= 0:
+		return errors.New("--checkouts must not be negative, --checkout-hold must be positive")
 	case c.duration < 10*time.Second:
 		return errors.New("--duration must be at least 10s")
 	case c.rounds < 1:

@@ -26,6 +26,8 @@ type loader struct {
 	events []int64
 	mix    []orders.Order // the planned orders, from the seed
 
+	checkouts checkoutLoad
+
 	confirmed atomic.Int64 // commits that returned success
 	ambiguous atomic.Int64 // commits that returned an error: the order may exist
 	failed    atomic.Int64 // attempts that failed before COMMIT (retried)

@@ -4,7 +4,9 @@
 // It starts its own Redis and its own throwaway Postgres cluster (so it may
 // restart both), the mail provider, and N `host run` processes in one
 // consumer group, each with its plugin processes. Acting as the Stagedoor
-// application, it places orders at a steady rate through orders.Place while
+// application, it places orders at a steady rate through orders.Place, and
+// starts checkout workflows (orders.PlaceCheckout: most paid, some left to
+// time out, some cancelled; checkouts.go), while
 // it injects faults on a schedule derived from a printed seed: kill -9 of a
 // plugin, kill -9 of a host, SIGSTOP of a host past the reclaim threshold,
 // a Redis crash, a Postgres restart, relay duplicates, and mail provider
@@ -15,7 +17,7 @@
 //	chaos --host-bin bin/host --plugin-dir bin/chaos-plugins --mailprovider bin/mailprovider [--short] [--seed N]
 //
 // The plugins are their chaos builds (plugins/counters/chaos,
-// plugins/tickets/chaos): the shipped handlers wrapped in faults.Middleware,
+// plugins/tickets/chaos, plugins/checkout/chaos): the shipped handlers wrapped in faults.Middleware,
 // which the mid-job kills arm, and a counter_applies row per apply, which
 // the checks count. It builds nothing (`make chaos` builds first). Every process logs to a
 // file in the work directory it prints; every child is stopped on exit,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
@@ -34,6 +35,8 @@ import (
 
 type demo struct {
 	orders      int
+	checkouts   int
+	hold        time.Duration
 	pluginDir   string
 	mailBin     string
 	work        string
@@ -48,16 +51,29 @@ type demo struct {
 	mailer      *mail.Client
 	relayDups   atomic.Int64
 	pluginKills atomic.Int64
+	// reserveKills counts kill -9s of the checkout plugin mid-reserve.
+	reserveKills atomic.Int64
+	// dbName, deployment and stream name the demo's database, its
+	// deployment (whose owner is usher_<deployment>) and its stream; its
+	// test gives them names of their own.
+	dbName, deployment, stream string
+	// out is where the demo reports: the command's stdout.
+	out         io.Writer
+	plan        checkoutPlan
+	restart     restartReport
+	latePayment string
 }
 
 func (cl *cli) demoFlags(fs *flag.FlagSet) runner {
-	d := &demo{}
+	d := &demo{dbName: demoDatabase, deployment: demoDeployment, stream: demoStream, out: cl.stdout}
 	// Only Redis's address: the demo makes its own database and stream.
 	d.conn.registerRedis(fs)
 	fs.StringVar(&d.adminURL, "admin-url", env("USHER_ADMIN_URL", demoAdminURL),
 		"a database administrator's URL: the demo creates its database and roles with it; its hosts log in as the owner role usher (USHER_ADMIN_URL)")
 	fs.IntVar(&d.orders, "orders", 300, "Stagedoor orders to place")
-	fs.StringVar(&d.pluginDir, "plugin-dir", "bin/chaos-plugins", "directory with the counters and tickets plugins' chaos builds, whose faults the demo arms (make chaos-plugins)")
+	fs.IntVar(&d.checkouts, "checkouts", 100, "Stagedoor checkouts to start (the checkout workflow, each in its order's transaction): about 70% paid, 15% left to time out, 15% cancelled")
+	fs.DurationVar(&d.hold, "checkout-hold", 5*time.Second, "how long a checkout holds its seats waiting for the payment (15m in production; short so the demo is quick)")
+	fs.StringVar(&d.pluginDir, "plugin-dir", "bin/chaos-plugins", "directory with the counters, tickets and checkout plugins' chaos builds, whose faults the demo arms (make chaos-plugins)")
 	fs.StringVar(&d.mailBin, "mailprovider", "bin/mailprovider", "the mail provider binary")
 	fs.StringVar(&d.work, "workdir", ".demo", "scratch directory (recreated)")
 	fs.DurationVar(&d.reclaim, "reclaim-idle", 3*time.Second, "reclaim threshold (60s in production; short so the demo is quick)")
@@ -70,11 +86,14 @@ func (cl *cli) demoFlags(fs *flag.FlagSet) runner {
 		if d.orders < 10 {
 			return usageError{"demo: --orders must be at least 10"}
 		}
+		if d.checkouts < 10 {
+			return usageError{"demo: --checkouts must be at least 10"}
+		}
 		return d.run(ctx)
 	}
 }
 
-func (d *demo) say(format string, a ...any) { fmt.Printf("demo: "+format+"\n", a...) }
+func (d *demo) say(format string, a ...any) { fmt.Fprintf(d.out, "demo: "+format+"\n", a...) }
 
 func (d *demo) run(ctx context.Context) error {
 	if err := d.prepare(ctx); err != nil {
@@ -95,27 +114,73 @@ func (d *demo) run(ctx context.Context) error {
 	must(faults.Arm(faultDir, "counter.before_apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{killJob}, Once: true}))
 	must(faults.Arm(faultDir, "render.after_check", faults.Spec{Action: "stall", Duration: (2 * d.reclaim).String(), JobIDs: []string{slowJob}, Once: true}))
 	must(faults.Arm(faultDir, "send.after_effect", faults.Spec{Action: "crash", Every: 60, Once: true}))
+	// The checkout plugin: killed with -9 while it holds ~1 in 15
+	// reserves before their commit, and crashed after ~1 in 4 releases'
+	// commit phase (the won write rolled back with the process).
+	must(faults.Arm(faultDir, "reserve.before_commit", faults.Spec{Action: "stall", Duration: "1h", Every: 15, Once: true}))
+	must(faults.Arm(faultDir, "release.after_commit", faults.Spec{Action: "crash", Every: 4, Once: true}))
 	if err := d.mailer.SetFaults(ctx, mail.Faults{FailNext: 5, FailStatus: 503}); err != nil {
 		return fmt.Errorf("demo: mail provider faults: %w", err)
 	}
-	d.say("faults armed: relay crash after publish (batches holding every 100th row), kill -9 of the plugin holding job %s, job %s stalled %s past the %s reclaim threshold, a crash after the provider accepted ~1 in 60 emails, 5 provider 503s",
+	d.say("faults armed: relay crash after publish (batches holding every 100th row), kill -9 of the plugin holding job %s, job %s stalled %s past the %s reclaim threshold, a crash after the provider accepted ~1 in 60 emails, 5 provider 503s; kill -9 of the checkout plugin holding ~1 in 15 reserves, a crash after ~1 in 4 releases' commit; both hosts restarted while checkouts sleep on their timers",
 		killJob, slowJob, 2*d.reclaim, d.reclaim)
 
-	hosts, stopHosts, err := d.startHosts(ctx, mailURL, faultDir)
+	_, stopHosts, err := d.startHosts(ctx, mailURL, faultDir)
 	if err != nil {
 		return err
 	}
+	start := time.Now()
 	want, err := d.placeOrders(ctx)
 	if err != nil {
 		stopHosts()
 		return err
 	}
-	go d.killWhenHeld(ctx, faultDir, "counter.before_apply", killJob)
-	start := time.Now()
-	waitErr := d.waitDone(ctx, 5*time.Minute)
-	elapsed := time.Since(start)
+	killed := make(chan struct{})
+	go func() {
+		defer close(killed)
+		d.killWhenHeld(ctx, faultDir, "counter.before_apply", killJob)
+	}()
+	killCtx, stopKilling := context.WithCancel(ctx)
+	defer stopKilling()
+	go d.killEveryHolder(killCtx, faultDir, "reserve.before_commit")
+	if err := d.placeCheckouts(ctx, want); err != nil {
+		stopHosts()
+		return err
+	}
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- d.cancelWhenHeld(ctx, 2*time.Minute) }()
+	// A host restart with workflows asleep: once the checkouts left to
+	// time out have their timers set (and the counters plugin was
+	// killed), both hosts stop; they start again after the timers are
+	// due, and the summary says how many slept through it.
+	if err := d.waitSleeping(ctx, killed, 2*time.Minute); err != nil {
+		stopHosts()
+		return err
+	}
+	stopAt := time.Now()
 	stopHosts()
-	_ = hosts
+	if err := d.stopped(ctx, time.Since(stopAt)); err != nil {
+		return err
+	}
+	d.say("both hosts stopped (in %s) with %d checkouts asleep on their payment timers", time.Since(stopAt).Round(10*time.Millisecond), len(d.restart.sleeping))
+	if err := d.waitTimersDue(ctx, time.Minute); err != nil {
+		return err
+	}
+	d.restart.at = time.Now()
+	_, stopHosts, err = d.startHosts(ctx, mailURL, faultDir)
+	if err != nil {
+		return err
+	}
+	waitErr := <-cancelled
+	if waitErr == nil {
+		waitErr = d.waitDone(ctx, 5*time.Minute)
+	}
+	elapsed := time.Since(start)
+	stopKilling()
+	stopHosts()
+	if waitErr == nil {
+		waitErr = d.payLate(ctx)
+	}
 	ok, err := d.summary(ctx, want, faultDir, elapsed)
 	if err != nil {
 		return err
@@ -138,9 +203,9 @@ func must(err error) {
 const (
 	// demoDeployment is the demo's deployment (host setup --deployment):
 	// its roles are its own, never the tests' or a real deployment's on
-	// the same cluster; demoOwner is its owner role, the hosts' login.
+	// the same cluster; its owner role, the hosts' login, is
+	// usher_<deployment>.
 	demoDeployment = "demo"
-	demoOwner      = "usher_" + demoDeployment
 	// demoAdminURL is --admin-url's default.
 	demoAdminURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	// demoStream is the stream the demo's hosts share.
@@ -150,13 +215,23 @@ const (
 // demoDatabaseURL is the URL of the demo's database, usher_demo, on the
 // server adminURL names: as the administrator, or logged in as the owner.
 func demoDatabaseURL(adminURL string, asOwner bool) (string, error) {
+	return databaseURLOf(adminURL, demoDatabase, demoDeployment, asOwner)
+}
+
+// demoDatabase is the demo's database; its test runs the demo on one of
+// its own, in a deployment of its own.
+const demoDatabase = "usher_demo"
+
+// databaseURLOf is database name on adminURL's server, as the administrator
+// or logged in as deployment's owner (usher_<deployment>).
+func databaseURLOf(adminURL, name, deployment string, asOwner bool) (string, error) {
 	u, err := url.Parse(adminURL)
 	if err != nil {
 		return "", err
 	}
-	u.Path = "/usher_demo"
+	u.Path = "/" + name
 	if asOwner {
-		u.User = url.User(demoOwner)
+		u.User = url.User("usher_" + deployment)
 	}
 	return u.String(), nil
 }
@@ -182,7 +257,7 @@ func shellQuote(s string) string {
 
 // prepare makes a fresh database and stream and a clean work directory.
 func (d *demo) prepare(ctx context.Context) error {
-	if err := faults.RequireChaosBuilds(d.pluginDir); err != nil {
+	if err := faults.RequireChaosBuilds(d.pluginDir, "counters", "tickets", "checkout"); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
 	if err := os.RemoveAll(d.work); err != nil {
@@ -198,17 +273,18 @@ func (d *demo) prepare(ctx context.Context) error {
 		return fmt.Errorf("demo: postgres at %s: %w (run `make services`)", d.adminURL, err)
 	}
 	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS usher_demo WITH (FORCE)"); err != nil {
+	db := pgx.Identifier{d.dbName}.Sanitize()
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)"); err != nil {
 		return err
 	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE usher_demo"); err != nil {
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+db); err != nil {
 		return err
 	}
-	adminDemo, err := demoDatabaseURL(d.adminURL, false)
+	adminDemo, err := databaseURLOf(d.adminURL, d.dbName, d.deployment, false)
 	if err != nil {
 		return err
 	}
-	if d.dbURL, err = demoDatabaseURL(d.adminURL, true); err != nil {
+	if d.dbURL, err = databaseURLOf(d.adminURL, d.dbName, d.deployment, true); err != nil {
 		return err
 	}
 	// The administrator's one step (host setup): the runtime's owner, the
@@ -219,7 +295,7 @@ func (d *demo) prepare(ctx context.Context) error {
 		return err
 	}
 	defer demoAdmin.Close(ctx)
-	if err := sandbox.Setup(ctx, demoAdmin, sandbox.SetupConfig{Deployment: demoDeployment, Owner: demoOwner, Plugins: []string{"counters", "tickets"}}); err != nil {
+	if err := sandbox.Setup(ctx, demoAdmin, sandbox.SetupConfig{Deployment: d.deployment, Owner: "usher_" + d.deployment, Plugins: []string{"counters", "tickets", "checkout"}}); err != nil {
 		return fmt.Errorf("demo: setup: %w", err)
 	}
 	if d.pool, err = pgxpool.New(ctx, d.dbURL); err != nil {
@@ -238,11 +314,11 @@ func (d *demo) prepare(ctx context.Context) error {
 		return err
 	}
 	d.rdb = redis.NewClient(opt)
-	d.conn.stream = demoStream
+	d.conn.stream = d.stream
 	if err := d.rdb.Del(ctx, d.conn.stream).Err(); err != nil {
 		return fmt.Errorf("demo: redis at %s: %w (run `make services`)", host.MaskURL(d.conn.redisURL), err)
 	}
-	d.say("fresh database usher_demo, stream %s, work dir %s", d.conn.stream, d.work)
+	d.say("fresh database %s, stream %s, work dir %s", d.dbName, d.conn.stream, d.work)
 	return nil
 }
 
@@ -271,7 +347,8 @@ func (d *demo) startHosts(ctx context.Context, mailURL, faultDir string) ([]*hos
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var crashedOnce sync.Map
 	for _, name := range []string{"host-a", "host-b"} {
-		logf, err := os.Create(filepath.Join(d.work, name+".log"))
+		// Appended to: the demo restarts its hosts.
+		logf, err := os.OpenFile(filepath.Join(d.work, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			cancel()
 			return nil, nil, err
@@ -284,6 +361,15 @@ func (d *demo) startHosts(ctx context.Context, mailURL, faultDir string) ([]*hos
 			// a minute; in production five crashes a minute mark a plugin
 			// unhealthy and its jobs wait for a fixed version.
 			PluginCrashLoop: 50,
+			// Every crash and kill above, and the restart, is a delivery
+			// of each job in flight in that plugin or host; the demo's
+			// crashes are many and close together, so a job may see more
+			// than production's 10 before it ends.
+			MaxDeliveries: 30,
+			// The restart abandons what is in flight after 2s (left
+			// unacked, reclaimed after the restart), as a host killed
+			// would, rather than waiting out the stalls.
+			ShutdownGrace: 2 * time.Second,
 			PluginEnv: []string{
 				faults.DirEnv + "=" + faultDir,
 				"USHER_BLOB_DIR=" + filepath.Join(d.work, "blobs"),
@@ -400,7 +486,7 @@ func (d *demo) killWhenHeld(ctx context.Context, dir, point, job string) {
 }
 
 type progress struct {
-	unpublished, scheduled, pending, counted, rendered, sent int64
+	unpublished, scheduled, pending, counted, rendered, sent, running int64
 	// open counts outbox rows without an outcome: an entry published and
 	// not yet read by any consumer is in neither unpublished nor pending.
 	open int64
@@ -414,8 +500,9 @@ func (d *demo) progress(ctx context.Context) (progress, error) {
 		(SELECT count(*) FROM counter_applies),
 		(SELECT count(DISTINCT order_id) FROM tickets WHERE pdf_key IS NOT NULL),
 		(SELECT count(*) FROM plugin_tickets.email_sends WHERE sent_at IS NOT NULL),
-		(SELECT count(*) FROM outbox WHERE done_at IS NULL)`).
-		Scan(&p.unpublished, &p.scheduled, &p.counted, &p.rendered, &p.sent, &p.open)
+		(SELECT count(*) FROM outbox WHERE done_at IS NULL),
+		(SELECT count(*) FROM workflows WHERE state = 'running')`).
+		Scan(&p.unpublished, &p.scheduled, &p.counted, &p.rendered, &p.sent, &p.open, &p.running)
 	if err != nil {
 		return p, err
 	}
@@ -428,18 +515,18 @@ func (d *demo) progress(ctx context.Context) (progress, error) {
 func (d *demo) waitDone(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	last := time.Time{}
-	n := int64(d.orders)
+	n := int64(d.orders + len(d.plan.paid))
 	for {
 		p, err := d.progress(ctx)
 		if err != nil {
 			return err
 		}
 		if time.Since(last) > 2*time.Second {
-			d.say("counted %d/%d, rendered %d/%d, sent %d/%d; pending %d, unpublished %d, scheduled %d",
-				p.counted, n, p.rendered, n, p.sent, n, p.pending, p.unpublished, p.scheduled)
+			d.say("counted %d/%d, rendered %d/%d, sent %d/%d; checkouts running %d; pending %d, unpublished %d, scheduled %d",
+				p.counted, n, p.rendered, n, p.sent, n, p.running, p.pending, p.unpublished, p.scheduled)
 			last = time.Now()
 		}
-		if p.counted >= n && p.rendered >= n && p.sent >= n && p.pending == 0 && p.unpublished == 0 && p.scheduled == 0 && p.open == 0 {
+		if p.counted >= n && p.rendered >= n && p.sent >= n && p.running == 0 && p.pending == 0 && p.unpublished == 0 && p.scheduled == 0 && p.open == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -455,9 +542,9 @@ func (d *demo) waitDone(ctx context.Context, timeout time.Duration) error {
 
 func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir string, elapsed time.Duration) (bool, error) {
 	ok := true
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Println()
-	fmt.Println("== sales counters (update_sales_counter, guard: job id recorded) ==")
+	w := tabwriter.NewWriter(d.out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(d.out)
+	fmt.Fprintln(d.out, "== sales counters (update_sales_counter, guard: job id recorded) ==")
 	fmt.Fprintln(w, "event\texpected seats\tcounter\t")
 	rows, err := d.pool.Query(ctx, `SELECT id, name, seats_sold FROM events ORDER BY id`)
 	if err != nil {
@@ -481,7 +568,7 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	}
 	w.Flush()
 
-	n := int64(d.orders)
+	n := int64(d.orders + len(d.plan.paid))
 	var counterApplies, counterJobs, pdfOrders, sendQueued, sentRows, dead, outboxRows, unfinished, staleRetries int64
 	if err := d.pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM counter_applies),
@@ -515,8 +602,8 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	}
 	stats, _ := d.mailer.Stats(ctx)
 
-	fmt.Println()
-	fmt.Println("== effects, per order ==")
+	fmt.Fprintln(d.out)
+	fmt.Fprintf(d.out, "== effects, per order (%d orders and %d paid checkouts) ==\n", d.orders, len(d.plan.paid))
 	fmt.Fprintln(w, "effect\texpected\tfound\tlost\tdoubled\t")
 	check := func(name string, found, distinct int64) {
 		lost := max(n-distinct, 0)
@@ -532,37 +619,40 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	check("emails at the provider", int64(len(msgs)), int64(len(keys)))
 	check("email_sends marked sent", sentRows, sentRows)
 	w.Flush()
-	fmt.Printf("outbox rows: %d, every one with an outcome: %v\n", outboxRows, unfinished == 0)
+	fmt.Fprintf(d.out, "outbox rows: %d, every one with an outcome: %v\n", outboxRows, unfinished == 0)
 	if unfinished != 0 {
 		ok = false
-		fmt.Printf("outbox rows without an outcome: %d\n", unfinished)
+		fmt.Fprintf(d.out, "outbox rows without an outcome: %d\n", unfinished)
 	}
 	if staleRetries != 0 {
 		// A row's outcome is its job's (migration 00030): none may say
 		// retry_scheduled once the job applied.
 		ok = false
-		fmt.Printf("outbox rows left at retry_scheduled after their job ended: %d\n", staleRetries)
+		fmt.Fprintf(d.out, "outbox rows left at retry_scheduled after their job ended: %d\n", staleRetries)
 	}
 	if dead != 0 {
 		ok = false
-		fmt.Printf("dead letters: %d (expected 0; see `%s`)\n", dead, inspectCommands(d.dbURL, d.conn.stream)[1])
+		fmt.Fprintf(d.out, "dead letters: %d (expected 0; see `%s`)\n", dead, inspectCommands(d.dbURL, d.conn.stream)[1])
 	}
 
-	fmt.Println()
-	fmt.Println("== faults injected ==")
+	fmt.Fprintln(d.out)
+	fmt.Fprintln(d.out, "== faults injected ==")
 	fmt.Fprintln(w, "fault\tcount\t")
 	fmt.Fprintf(w, "relay crash between publish and mark (rows republished)\t%d\t\n", d.relayDups.Load())
 	fmt.Fprintf(w, "kill -9 of a plugin mid-job\t%d\t\n", d.pluginKills.Load())
 	fmt.Fprintf(w, "worker stalled past the reclaim threshold\t%d\t\n", countHits(faultDir, "render.after_check"))
 	fmt.Fprintf(w, "plugin crash after the provider accepted, before sent_at\t%d\t\n", countHits(faultDir, "send.after_effect"))
 	fmt.Fprintf(w, "mail provider 503 before sending\t%d\t\n", stats.FailedInjected)
+	fmt.Fprintf(w, "kill -9 of the checkout plugin mid-reserve\t%d\t\n", d.reserveKills.Load())
+	fmt.Fprintf(w, "checkout plugin crash after a release's commit phase\t%d\t\n", countHits(faultDir, "release.after_commit"))
+	fmt.Fprintf(w, "both hosts restarted, checkouts asleep on their timers\t%d\t\n", len(d.restart.sleeping))
 	w.Flush()
 	outcomes, err := d.pool.Query(ctx, `SELECT coalesce(outcome, 'none'), count(*) FROM outbox GROUP BY 1 ORDER BY 1`)
 	if err != nil {
 		return false, err
 	}
-	fmt.Println()
-	fmt.Println("== outbox rows by outcome ==")
+	fmt.Fprintln(d.out)
+	fmt.Fprintln(d.out, "== outbox rows by outcome ==")
 	if err := forEach(outcomes, func(r pgx.Rows) error {
 		var o string
 		var c int64
@@ -583,7 +673,7 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	if err != nil {
 		return false, err
 	}
-	fmt.Println()
+	fmt.Fprintln(d.out)
 	fmt.Fprintln(w, "kind\trows\tjobs\t")
 	if err := forEach(byKind, func(r pgx.Rows) error {
 		var kind string
@@ -597,14 +687,16 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 		return false, err
 	}
 	w.Flush()
-	fmt.Println("Each order makes one job of each kind (send_tickets is enqueued by its render). A retry is a row of its own with")
-	fmt.Println("the same job id, and every row of a job shows how the job ended: retry_scheduled only while it waits to run again.")
-	fmt.Println("What each attempt did (a retry and why, then applied) is the job's history: `host jobs show ID`. absorbed is a")
-	fmt.Println("row whose run found its effect already applied; the table below counts every duplicate absorbed, redeliveries of")
-	fmt.Println("rows already done (relay republishes, reclaimed entries) included.")
+	fmt.Fprintln(d.out, "Each order makes one job of each kind (send_tickets is enqueued by its render); a paid checkout's render, count and")
+	fmt.Fprintln(d.out, "send are its steps, and reserve_seats, release_seats and usher.workflow.checkout (its decision tasks) are the")
+	fmt.Fprintln(d.out, "checkouts' own. A retry is a row of its own with")
+	fmt.Fprintln(d.out, "the same job id, and every row of a job shows how the job ended: retry_scheduled only while it waits to run again.")
+	fmt.Fprintln(d.out, "What each attempt did (a retry and why, then applied) is the job's history: `host jobs show ID`. absorbed is a")
+	fmt.Fprintln(d.out, "row whose run found its effect already applied; the table below counts every duplicate absorbed, redeliveries of")
+	fmt.Fprintln(d.out, "rows already done (relay republishes, reclaimed entries) included.")
 
-	fmt.Println()
-	fmt.Println("== duplicates absorbed, per guard ==")
+	fmt.Fprintln(d.out)
+	fmt.Fprintln(d.out, "== duplicates absorbed, per guard ==")
 	fmt.Fprintln(w, "guard\tkind\treason\tcount\t")
 	rows, err = d.pool.Query(ctx, `SELECT guard, kind, reason, count FROM absorbed_duplicates ORDER BY guard, kind, reason`)
 	if err != nil {
@@ -623,15 +715,20 @@ func (d *demo) summary(ctx context.Context, want map[int64]int64, faultDir strin
 	}
 	fmt.Fprintf(w, "provider key\tsend_tickets\tsame key replayed by the provider\t%d\t\n", stats.Replayed)
 	w.Flush()
-	fmt.Println()
+	cok, err := d.checkoutSummary(ctx, w)
+	if err != nil {
+		return false, err
+	}
+	ok = ok && cok
+	fmt.Fprintln(d.out)
 	verdict := "OK: nothing lost, nothing doubled"
 	if !ok {
 		verdict = "FAILED: an invariant does not hold"
 	}
-	fmt.Printf("%d orders in %s. %s. Logs: %s/host-a.log, %s/host-b.log\n", n, elapsed.Round(100*time.Millisecond), verdict, d.work, d.work)
-	fmt.Println("The demo's database and stream stay until the next run; to look at them:")
+	fmt.Fprintf(d.out, "%d orders and %d checkouts in %s. %s. Logs: %s/host-a.log, %s/host-b.log\n", d.orders, d.checkouts, elapsed.Round(100*time.Millisecond), verdict, d.work, d.work)
+	fmt.Fprintln(d.out, "The demo's database and stream stay until the next run; to look at them:")
 	for _, c := range inspectCommands(d.dbURL, d.conn.stream) {
-		fmt.Println("  " + c)
+		fmt.Fprintln(d.out, "  "+c)
 	}
 	return ok, nil
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/usherhq/usher/host/sandbox"
 	"github.com/usherhq/usher/internal/entry"
 	"github.com/usherhq/usher/migrations"
+	"github.com/usherhq/usher/plugins/checkout/checkout"
 	"github.com/usherhq/usher/plugins/stagedoor/appdb"
 )
 
@@ -100,7 +101,7 @@ func PluginRole(name string) string { return sandbox.PluginRoleIn(Deployment, na
 
 // PluginNames are the plugins the tests load; DB makes sure each has its
 // login role (roles are cluster-wide: created once, kept).
-var PluginNames = []string{"counters", "tickets", "raw", "rolecheck", "flaky", "hostile", "sdktest", "fanout", "lateload", "flows"}
+var PluginNames = []string{"counters", "tickets", "raw", "rolecheck", "flaky", "hostile", "sdktest", "fanout", "lateload", "flows", "checkout"}
 
 var rolesOnce sync.Once
 
@@ -223,7 +224,7 @@ func EmptyDB(tb testing.TB) (*pgxpool.Pool, string) {
 // Shipped are the plugins this repository ships, whose schema and grants
 // live in plugins/<name>/db: migrations/ (none for counters) and
 // grants.json, the files `make plugins` writes into their manifests.
-var Shipped = []string{"counters", "tickets"}
+var Shipped = []string{"counters", "tickets", "checkout"}
 
 // ShippedSpec is the install of shipped plugin name from its source
 // files, as its manifest would carry them.
@@ -631,4 +632,40 @@ func SharedBinary(tb testing.TB, path, name string) string {
 		tb.Fatal(err)
 	}
 	return dst
+}
+
+// ChaosPlugins builds the shipped plugins' chaos builds (counters, tickets,
+// checkout) into a fresh plugin directory with their manifests, as `make
+// chaos-plugins` does: each binary's kinds, migrations and grants, and the
+// checkout's enqueues (the other plugins' kinds its workflow schedules).
+// It returns the directory, for host.Config.PluginDir.
+func ChaosPlugins(tb testing.TB) string {
+	tb.Helper()
+	dir := tb.TempDir()
+	for _, p := range []struct {
+		name            string
+		kinds, enqueues []string
+	}{
+		{"counters", []string{"update_sales_counter"}, nil},
+		{"tickets", []string{"render_tickets", "send_tickets"}, nil},
+		{"checkout", checkout.Kinds, checkout.Enqueues},
+	} {
+		src, err := os.ReadFile(Build(tb, "./plugins/"+p.name+"/chaos"))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, p.name), src, 0o755); err != nil {
+			tb.Fatal(err)
+		}
+		m, err := pluginhost.NewFileManifest(filepath.Join(dir, p.name), p.name, "1.0.0", p.kinds)
+		if err != nil {
+			tb.Fatalf("hosttest: %v", err)
+		}
+		AddShipped(tb, &m, dir)
+		m.Enqueues = p.enqueues
+		if _, err := m.Write(dir); err != nil {
+			tb.Fatalf("hosttest: %v", err)
+		}
+	}
+	return dir
 }

@@ -2,12 +2,13 @@
 // plugin at a chosen point: stall it (so it can be killed with -9 or
 // overrun its deadline), crash it, panic, or fail. The shipped plugins do
 // not import it: their chaos builds (plugins/counters/chaos,
-// plugins/tickets/chaos) serve the same handlers wrapped in [Middleware],
+// plugins/tickets/chaos, plugins/checkout/chaos) serve the same handlers wrapped in [Middleware],
 // which has a point before and after every phase of every kind:
 //
 //	counter.before_apply   counter.after_apply                 update_sales_counter
 //	render.before_check    render.after_check    ...           render_tickets (check, prepare, commit)
 //	send.before_claim      send.after_effect     ...           send_tickets (claim, effect)
+//	reserve.before_check   release.after_commit  ...           reserve_seats, release_seats (check, prepare, commit)
 //
 // An after point fires only when the phase succeeded. It is inert unless
 // the host passes the plugin USHER_FAULT_DIR; each point is a JSON file in
@@ -56,6 +57,8 @@ var ShortNames = map[string]string{
 	"update_sales_counter": "counter",
 	"render_tickets":       "render",
 	"send_tickets":         "send",
+	"reserve_seats":        "reserve",
+	"release_seats":        "release",
 }
 
 // Middleware injects the armed faults around every phase of every kind of
@@ -169,13 +172,16 @@ func (s Spec) matches(jobID string) bool {
 	return true
 }
 
-// RequireChaosBuilds returns an error naming the first of the counters and
-// tickets plugins in dir that is not a chaos build (plugins/*/chaos, read
-// from the binary's build info): the shipped plugins ignore armed faults
-// and record no counter_applies, so a run that arms and counts them would
-// wait for what never comes.
-func RequireChaosBuilds(dir string) error {
-	for _, name := range []string{"counters", "tickets"} {
+// RequireChaosBuilds returns an error naming the first of the plugins
+// named (default counters and tickets) in dir that is not a chaos build
+// (plugins/*/chaos, read from the binary's build info): the shipped
+// plugins ignore armed faults and record no counter_applies, so a run that
+// arms and counts them would wait for what never comes.
+func RequireChaosBuilds(dir string, names ...string) error {
+	if len(names) == 0 {
+		names = []string{"counters", "tickets"}
+	}
+	for _, name := range names {
 		bin := filepath.Join(dir, name)
 		info, err := buildinfo.ReadFile(bin)
 		if err != nil {

@@ -78,6 +78,39 @@ func TestRenderTicketsIsIdempotent(t *testing.T) {
 	})
 }
 
+// A checkout's render (its caller sends the tickets itself) is as
+// idempotent, and queues no send_tickets.
+func TestRenderTicketsForACheckoutQueuesNoSend(t *testing.T) {
+	t.Parallel()
+	sdktest.Run(t, sdktest.Case[stagedoor.RenderTickets]{
+		Migrations: os.DirFS("../db/migrations"), Grants: ticketsGrants(t),
+		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[stagedoor.RenderTickets] {
+			o := placeOrder(tb, pool)
+			store, err := blob.NewFS(tb.TempDir())
+			require.NoError(tb, err)
+			p := sdk.New("tickets", "test")
+			sdk.HandleStateFirst(p, &handlers.Render{Store: store})
+			return sdktest.Setup[stagedoor.RenderTickets]{
+				Plugin: p, Args: stagedoor.RenderTickets{OrderID: o.ID, SendSeparately: true},
+				Effects: func(ctx context.Context) (any, error) {
+					var e renderEffects
+					if err := pool.QueryRow(ctx, `SELECT
+						(SELECT count(*) FROM tickets WHERE pdf_key IS NOT NULL),
+						(SELECT count(*) FROM outbox WHERE kind = 'send_tickets')`).Scan(&e.TicketsWithKey, &e.SendQueued); err != nil {
+						return nil, err
+					}
+					if e.SendQueued != 0 {
+						return nil, fmt.Errorf("a render with SendSeparately queued %d send_tickets", e.SendQueued)
+					}
+					keys, err := store.List(ctx, "tickets/")
+					e.Stored = []string{fmt.Sprint(len(keys))}
+					return e, err
+				},
+			}
+		},
+	})
+}
+
 type sendEffects struct {
 	Messages int
 	Keys     []string

@@ -82,7 +82,7 @@ func (r *Render) Prepare(ctx context.Context, job sdk.Job[stagedoor.RenderTicket
 }
 
 // Commit writes the key where it is still null; only the winning run queues
-// the email.
+// the email, unless the job says its caller sends it.
 func (r *Render) Commit(ctx context.Context, job sdk.Job[stagedoor.RenderTickets], tx *sdk.CommitTx, st RenderState) error {
 	win, err := tx.WriteIf(ctx, `UPDATE tickets SET pdf_key = $1 WHERE order_id = $2 AND pdf_key IS NULL RETURNING id`,
 		st.PDFKey, job.Args.OrderID)
@@ -94,5 +94,8 @@ func (r *Render) Commit(ctx context.Context, job sdk.Job[stagedoor.RenderTickets
 		return nil
 	}
 	job.Log.Info("tickets rendered", "order_id", job.Args.OrderID, "pdf_key", st.PDFKey, "tickets", win.Returned().Len())
+	if job.Args.SendSeparately {
+		return nil // its caller queues send_tickets (a checkout's step)
+	}
 	return win.Enqueue(ctx, stagedoor.SendTickets{OrderID: job.Args.OrderID})
 }
