@@ -15,6 +15,7 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/workflow"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 	"github.com/usherhq/usher/plugins/tickets/mail"
@@ -337,4 +338,100 @@ func hits(t *testing.T, dir, point string) []string {
 	m, err := filepath.Glob(filepath.Join(dir, point+".*.hit"))
 	require.NoError(t, err)
 	return m
+}
+
+// A hot swap under 1,000 checkouts: 500 started on checkout 1.0.0 keep
+// being decided by 1.0.0 (run beside 2.0.0 under the same role) after the
+// swap, the 500 started after it are decided by 2.0.0, twenty old ones
+// are moved to 2.0.0 explicitly (host workflows migrate) and decided there
+// from then on; every checkout completes, paid, with each effect once.
+func TestCheckoutHotSwapUnderAThousand(t *testing.T) {
+	t.Parallel()
+	c := startCheckouts(t)
+	ctx := context.Background()
+	const half, moved = 500, 20
+	all := make([]orders.Checkout, 0, 2*half)
+	place := func(n int) {
+		for range n {
+			all = append(all, c.place(t, 1, time.Hour))
+		}
+	}
+	pinned := func(version string) int64 {
+		return hosttest.Count(t, c.pool, `SELECT count(*) FROM workflows WHERE type = 'checkout' AND plugin_version = $1`, version)
+	}
+	place(half)
+	hosttest.Eventually(t, 180*time.Second, "500 checkouts pinned to 1.0.0", func() bool { return pinned("1.0.0") == half })
+
+	hosttest.InstallChaosPlugin(t, c.cfg.PluginDir, "checkout", "2.0.0")
+	res, err := c.h.Host.Reload(ctx, "checkout")
+	require.NoError(t, err)
+	require.Len(t, res, 1)
+	require.Equal(t, "swapped", res[0].Action, res[0].Error)
+	require.Equal(t, "2.0.0", res[0].To)
+	place(half)
+	hosttest.Eventually(t, 180*time.Second, "500 checkouts pinned to 2.0.0", func() bool { return pinned("2.0.0") == half })
+
+	pay := func(list []orders.Checkout) {
+		for _, o := range list {
+			_, err := orders.ConfirmPayment(ctx, c.pool, o.ID, o.PublicID, "pay-"+o.PublicID)
+			require.NoError(t, err)
+		}
+	}
+	completed := func() int64 {
+		return hosttest.Count(t, c.pool, `SELECT count(*) FROM workflows WHERE type = 'checkout' AND state = 'completed'`)
+	}
+	pay(all[moved:])
+	hosttest.Eventually(t, 300*time.Second, "980 checkouts completed", func() bool { return completed() == 2*half-moved })
+	require.Equal(t, []string{"checkout@1.0.0"}, c.h.Host.PinnedVersions())
+
+	ids := make([]string, 0, moved)
+	for _, o := range all[:moved] {
+		ids = append(ids, o.PublicID)
+	}
+	mres, err := c.h.Host.MigrateWorkflows(ctx, workflow.MigrateRequest{Type: "checkout", From: "1.0.0", IDs: ids})
+	require.NoError(t, err)
+	require.Len(t, mres.Migrated, moved, "refused: %v", mres.Refused)
+	pay(all[:moved])
+	hosttest.Eventually(t, 120*time.Second, "every checkout completed", func() bool { return completed() == 2*half })
+
+	// Effects, all at once: every order held its seat once and never
+	// released it, has its PDF, its count and its send once.
+	require.Zero(t, hosttest.Count(t, c.pool, `SELECT count(*) FROM workflows w JOIN orders o ON o.public_id = w.workflow_id
+		WHERE w.type = 'checkout' AND (
+			(SELECT count(*) FROM plugin_checkout.seat_moves m WHERE m.order_id = o.id AND m.delta > 0) <> 1
+			OR EXISTS (SELECT 1 FROM plugin_checkout.seat_moves m WHERE m.order_id = o.id AND m.delta < 0)
+			OR (SELECT count(*) FROM counter_applies a WHERE a.order_id = o.id) <> 1
+			OR (SELECT count(*) FROM plugin_tickets.email_sends s WHERE s.order_id = o.id AND s.sent_at IS NOT NULL) <> 1
+			OR NOT EXISTS (SELECT 1 FROM tickets k WHERE k.order_id = o.id AND k.pdf_key IS NOT NULL))`),
+		"a checkout's effect lost or doubled")
+	require.EqualValues(t, 2*half, hosttest.Count(t, c.pool, `SELECT count(*) FROM workflows w JOIN orders o ON o.public_id = w.workflow_id
+		WHERE w.type = 'checkout'`))
+	msgs, err := c.mailer.Messages(ctx)
+	require.NoError(t, err)
+	sent := map[string]int{}
+	for _, m := range msgs {
+		sent[m.IdempotencyKey]++
+	}
+	for _, o := range all {
+		require.Equal(t, 1, sent["tickets-"+strconv.FormatInt(o.ID, 10)], "order %d's emails at the provider", o.ID)
+	}
+	// Versions: the old ones on 1.0.0 only, the new ones on 2.0.0 only,
+	// the moved ones on 2.0.0 after their migrated event.
+	on := func(o orders.Checkout, version string) int64 {
+		return hosttest.Count(t, c.pool, `SELECT count(*) FROM workflow_decisions WHERE workflow = $1 AND plugin_version = $2`, o.Workflow, version)
+	}
+	for i, o := range all {
+		c.requireDecidedOnce(t, o)
+		switch {
+		case i < moved:
+			require.NotZero(t, on(o, "2.0.0"), "moved checkout %s", o.PublicID)
+			require.Zero(t, hosttest.Count(t, c.pool, `SELECT count(*) FROM workflow_decisions d WHERE d.workflow = $1 AND d.plugin_version = '1.0.0'
+				AND d.seq > (SELECT seq FROM workflow_events e WHERE e.workflow = $1 AND e.type = 'migrated')`, o.Workflow),
+				"moved checkout %s decided by 1.0.0 after it moved", o.PublicID)
+		case i < half:
+			require.Zero(t, on(o, "2.0.0"), "checkout %s started on 1.0.0 was decided by 2.0.0", o.PublicID)
+		default:
+			require.Zero(t, on(o, "1.0.0"), "checkout %s started on 2.0.0 was decided by 1.0.0", o.PublicID)
+		}
+	}
 }

@@ -642,30 +642,46 @@ func SharedBinary(tb testing.TB, path, name string) string {
 func ChaosPlugins(tb testing.TB) string {
 	tb.Helper()
 	dir := tb.TempDir()
-	for _, p := range []struct {
-		name            string
-		kinds, enqueues []string
-	}{
-		{"counters", []string{"update_sales_counter"}, nil},
-		{"tickets", []string{"render_tickets", "send_tickets"}, nil},
-		{"checkout", checkout.Kinds, checkout.Enqueues},
-	} {
-		src, err := os.ReadFile(Build(tb, "./plugins/"+p.name+"/chaos"))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, p.name), src, 0o755); err != nil {
-			tb.Fatal(err)
-		}
-		m, err := pluginhost.NewFileManifest(filepath.Join(dir, p.name), p.name, "1.0.0", p.kinds)
-		if err != nil {
-			tb.Fatalf("hosttest: %v", err)
-		}
-		AddShipped(tb, &m, dir)
-		m.Enqueues = p.enqueues
-		if _, err := m.Write(dir); err != nil {
-			tb.Fatalf("hosttest: %v", err)
-		}
+	for _, name := range []string{"counters", "tickets", "checkout"} {
+		InstallChaosPlugin(tb, dir, name, "1.0.0")
 	}
 	return dir
+}
+
+// InstallChaosPlugin writes the chaos build of shipped plugin name, built
+// as version, and its manifest into dir (over what is there): a host
+// watching dir, or asked to reload it, swaps to it.
+func InstallChaosPlugin(tb testing.TB, dir, name, version string) {
+	tb.Helper()
+	kinds := map[string][]string{"counters": {"update_sales_counter"}, "tickets": {"render_tickets", "send_tickets"},
+		"checkout": checkout.Kinds}[name]
+	var enqueues []string
+	if name == "checkout" {
+		enqueues = checkout.Enqueues
+	}
+	var xflags []string
+	if version != "1.0.0" { // the builds' default: the other tests' builds serve
+		xflags = []string{"main.version=" + version}
+	}
+	src, err := os.ReadFile(Build(tb, "./plugins/"+name+"/chaos", xflags...))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// A new file, renamed over the old one: a running copy is not written.
+	tmp := filepath.Join(dir, "."+name+".new")
+	if err := os.WriteFile(tmp, src, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		tb.Fatal(err)
+	}
+	m, err := pluginhost.NewFileManifest(filepath.Join(dir, name), name, version, kinds)
+	if err != nil {
+		tb.Fatalf("hosttest: %v", err)
+	}
+	AddShipped(tb, &m, dir)
+	m.Enqueues = enqueues
+	if _, err := m.Write(dir); err != nil {
+		tb.Fatalf("hosttest: %v", err)
+	}
 }

@@ -23,6 +23,6 @@ func Plugin(version string) *sdk.Plugin {
 	p := sdk.New("checkout", version)
 	sdk.HandleStateFirst(p, seats.Reserve{})
 	sdk.HandleStateFirst(p, seats.Release{})
-	sdk.HandleWorkflow(p, stagedoor.CheckoutType, flow.Decide)
+	sdk.HandleWorkflow(p, stagedoor.CheckoutType, flow.Decide, sdk.AcceptMigration(flow.Accept))
 	return p
 }

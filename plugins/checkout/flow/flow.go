@@ -165,3 +165,19 @@ func Decide(_ context.Context, h sdk.WorkflowHistory[stagedoor.Checkout]) (sdk.D
 	}
 	return sdk.Complete(r), nil
 }
+
+// Accept is how a version takes over a running checkout from another
+// (`host workflows migrate`, sdk.AcceptMigration): every event of its
+// history must be one this code decides from; a history with an event it
+// does not know stays on the version that wrote it.
+func Accept(_ context.Context, h sdk.WorkflowHistory[stagedoor.Checkout], from string) error {
+	for _, e := range h.Events {
+		switch e.Type {
+		case sdk.EventStarted, sdk.EventStepScheduled, sdk.EventStepCompleted, sdk.EventStepFailed, sdk.EventTimerSet,
+			sdk.EventTimerFired, sdk.EventSignalReceived, sdk.EventCancelRequested, sdk.EventMigrated:
+		default:
+			return fmt.Errorf("checkout %s from %s has a %s event (#%d), which this version does not decide from", h.ID, from, e.Type, e.Seq)
+		}
+	}
+	return nil
+}

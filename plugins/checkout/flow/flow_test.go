@@ -112,3 +112,14 @@ func TestPayWithinDefault(t *testing.T) {
 	require.Equal(t, 15*time.Minute, flow.PayWithin(stagedoor.Checkout{OrderID: 1}))
 	require.Equal(t, 2500*time.Millisecond, flow.PayWithin(stagedoor.Checkout{OrderID: 1, PayWithinMS: 2500}))
 }
+
+// A checkout is taken over from another version when every event of its
+// history is one this code decides from.
+func TestAcceptMigration(t *testing.T) {
+	t.Parallel()
+	h := sdk.WorkflowHistory[stagedoor.Checkout]{ID: "c1", Events: []sdk.WorkflowEvent{
+		{Seq: 1, Type: sdk.EventStarted}, {Seq: 2, Type: sdk.EventStepScheduled}, {Seq: 3, Type: sdk.EventTimerSet}}}
+	require.NoError(t, flow.Accept(context.Background(), h, "1.0.0"))
+	h.Events = append(h.Events, sdk.WorkflowEvent{Seq: 4, Type: "child_started"})
+	require.ErrorContains(t, flow.Accept(context.Background(), h, "1.0.0"), "has a child_started event (#4), which this version does not decide from")
+}
