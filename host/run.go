@@ -5,6 +5,7 @@ import (
 
 	"github.com/usherhq/usher/host/internal/lifecycle"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/recurring"
 	"github.com/usherhq/usher/host/schedule"
 	"github.com/usherhq/usher/host/stream"
 	"github.com/usherhq/usher/host/workflow"
@@ -66,7 +67,12 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 		if err != nil {
 			return nil, err
 		}
-		background = append(background, lifecycle.Func("scheduler", sched.Run), lifecycle.Func("workflow timers", timers.Run))
+		ticker, err := recurring.NewTicker(recurring.TickerConfig{Pool: h.pool, Logger: h.log})
+		if err != nil {
+			return nil, err
+		}
+		background = append(background, lifecycle.Func("scheduler", sched.Run), lifecycle.Func("workflow timers", timers.Run),
+			lifecycle.Func("schedules", ticker.Run))
 	}
 	ret, err := h.retainer()
 	if err != nil {

@@ -11,6 +11,8 @@
 //	host workflows    show REQUEST_ID: the jobs one request started, as a tree (a durable
 //	                  workflow's history first) | start TYPE ID [JSON] | signal TYPE ID SIGNAL_ID NAME [JSON]
 //	                  | cancel TYPE ID [REASON] | list [--type T] [--state S] [--older-than D]
+//	                  | migrate TYPE [ID...] (a running host, admin API)
+//	host schedules    list | add NAME (--workflow TYPE | --job KIND) (--cron SPEC | --every D) | pause | resume | delete NAME
 //	host plugins      list | reload [NAME] (a running host, admin API) | manifest BINARY | install [NAME] | init NAME
 //
 // Flags go anywhere on the command line, before or after the command, its
@@ -82,6 +84,7 @@ func (cl *cli) commands() *command {
 		{name: "deadletters", summary: "list, show and requeue dead letters", subs: cl.deadLetterCommands()},
 		{name: "jobs", summary: "a job's state and the history of its deliveries", subs: cl.jobCommands()},
 		{name: "kinds", summary: "pause and resume a kind on every host, and show the paused ones", subs: cl.kindCommands()},
+		{name: "schedules", summary: "recurring schedules that start a workflow or enqueue a job once per tick", dflt: "list", subs: cl.scheduleCommands()},
 		{name: "workflows", summary: "durable workflows (start, signal, cancel, list) and the tree of jobs one request started", subs: cl.workflowCommands()},
 		{name: "plugins", summary: "a running host's plugins (via its admin address), and plugin manifests", dflt: "list", subs: cl.pluginCommands()},
 	}}

@@ -256,3 +256,52 @@ func TestREADMEWorkflowsMigrate(t *testing.T) {
 	require.Error(t, err, "%s", out)
 	require.Contains(t, string(out), "flows version 2.0.0 serves trip already; migrate from another version")
 }
+
+// The README's schedule commands, run as written against a host running
+// the flows plugin: the schedule starts trips named nightly-trip@TICK,
+// once per tick; paused it starts none; deleted it is gone.
+func TestREADMESchedules(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, dbURL := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	_, err := pool.Exec(ctx, `
+		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
+			at timestamptz NOT NULL DEFAULT now());
+		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
+	require.NoError(t, err)
+	hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream,
+		Plugins:     []string{hosttest.Build(t, "./host/testdata/flows")},
+		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond})
+	work := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(work, "bin"), 0o755))
+	require.NoError(t, os.Symlink(hosttest.Build(t, "./cmd/host"), filepath.Join(work, "bin", "host")))
+	run := func(line, want string) {
+		t.Helper()
+		cmdline, _, _ := strings.Cut(line, "  #")
+		cmd := exec.Command("sh", "-c", cmdline)
+		cmd.Dir, cmd.Env = work, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + work, "DATABASE_URL=" + dbURL}
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s: %s", line, out)
+		require.Contains(t, string(out), want, line)
+	}
+	started := func() int64 {
+		return hosttest.Count(t, pool, `SELECT count(*) FROM workflows WHERE type = 'trip' AND workflow_id LIKE 'nightly-trip@%'`)
+	}
+	block := readmeBlock(t, "paused schedule skips its ticks; resumed, its next tick is the first after\nnow. With a host running the flows test plugin:", "sh")
+	require.Len(t, block, 5)
+	run(block[0], "schedule nightly-trip added: starts workflow trip every 2s (catch-up one), next tick ")
+	hosttest.Eventually(t, 30*time.Second, "two ticks started trips", func() bool { return started() >= 2 })
+	run(block[1], "nightly-trip  starts workflow trip every 2s (catch-up one)")
+	run(block[2], "schedule nightly-trip paused")
+	paused := started()
+	time.Sleep(5 * time.Second)
+	require.Equal(t, paused, started(), "a paused schedule starts nothing")
+	run(block[3], "schedule nightly-trip resumed: next tick ")
+	hosttest.Eventually(t, 30*time.Second, "ticks after the resume", func() bool { return started() > paused })
+	run(block[4], "schedule nightly-trip deleted")
+	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM schedules`))
+	// Each trip is one tick's: its id names the tick, a distinct time.
+	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM (SELECT workflow_id FROM workflows WHERE type = 'trip'
+		GROUP BY workflow_id HAVING count(*) > 1) x`))
+}
