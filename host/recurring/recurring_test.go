@@ -119,7 +119,7 @@ func TestScheduleControls(t *testing.T) {
 	ctx := context.Background()
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for s, msg := range map[*recurring.Schedule]string{
-		{Name: "x", Target: "email", What: "k", Every: time.Minute}:                "the target is \"workflow\" or \"job\"",
+		{Name: "x", Target: "email", What: "k", Every: time.Minute}:                 "the target is \"workflow\" or \"job\"",
 		{Name: "x", Target: recurring.Job, What: "k"}:                               "give a cron spec or an interval",
 		{Name: "x", Target: recurring.Job, What: "k", Every: time.Millisecond}:      "under the 1s minimum",
 		{Name: "x", Target: recurring.Job, What: "k", Cron: "every tuesday"}:        "cron \"every tuesday\"",
