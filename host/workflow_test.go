@@ -221,7 +221,7 @@ func TestWorkflowRefusedDecisions(t *testing.T) {
 	require.Contains(t, e, "its decision task was dead-lettered")
 	require.Contains(t, e, "role usher_plugin_flows may not enqueue kinds [update_sales_counter]")
 	_, e = f.state(t, "too-many")
-	require.Contains(t, e, "101 steps in one decision is over the limit of 100 (wfmsg.MaxStepsPerDecision)")
+	require.Contains(t, e, "101 steps (children included) in one decision is over the limit of 100 (wfmsg.MaxStepsPerDecision)")
 	_, e = f.state(t, "fail-step")
 	require.Contains(t, e, "reserve failed: ")
 	require.Contains(t, e, "this step always fails")
