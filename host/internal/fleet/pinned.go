@@ -114,9 +114,11 @@ func (f *Fleet) Pinned(plugin, version string) (guard.Invoker, error) {
 	case p != nil && time.Since(p.failedAt) < pinRetry:
 		return nil, p.err
 	}
+	// Started under mu, as autoRollback's: Run clears runCtx under mu
+	// before it waits for the tasks, so none starts after that wait.
 	f.mu.RLock()
+	defer f.mu.RUnlock()
 	ctx := f.runCtx
-	f.mu.RUnlock()
 	if ctx == nil || ctx.Err() != nil {
 		return nil, fmt.Errorf("plugin %s version %s is not running and the host is stopping", plugin, version)
 	}
