@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/client"
@@ -28,13 +29,7 @@ import (
 func TestWorkflowCommands(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, dbURL := hosttest.DB(t)
-	rdb, stream := hosttest.Redis(t)
-	_, err := pool.Exec(ctx, `
-		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
-			at timestamptz NOT NULL DEFAULT now());
-		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
-	require.NoError(t, err)
+	pool, dbURL, rdb, stream := flowsDB(t)
 	hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream,
 		Plugins:     []string{hosttest.Build(t, "./host/testdata/flows")},
 		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond})
@@ -118,13 +113,7 @@ func TestREADMEWorkflows(t *testing.T) {
 	example := strings.Join(readmeBlock(t, "releases on cancel:", "go"), "\n")
 	require.Contains(t, string(src), "\n"+example+"\n", "the README's trip is host/testdata/flows's")
 
-	pool, dbURL := hosttest.DB(t)
-	rdb, stream := hosttest.Redis(t)
-	_, err = pool.Exec(ctx, `
-		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
-			at timestamptz NOT NULL DEFAULT now());
-		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
-	require.NoError(t, err)
+	pool, dbURL, rdb, stream := flowsDB(t)
 
 	// The grants, to a role of the application's.
 	admin, err := pgx.Connect(ctx, hosttest.AdminURL(t, dbURL))
@@ -191,13 +180,7 @@ func TestREADMEWorkflows(t *testing.T) {
 func TestREADMEWorkflowsMigrate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, dbURL := hosttest.DB(t)
-	rdb, stream := hosttest.Redis(t)
-	_, err := pool.Exec(ctx, `
-		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
-			at timestamptz NOT NULL DEFAULT now());
-		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
-	require.NoError(t, err)
+	pool, dbURL, rdb, stream := flowsDB(t)
 	home := t.TempDir()
 	h := hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream,
 		Plugins:     []string{hosttest.Build(t, "./host/testdata/flows", "main.version=1.0.0")},
@@ -212,7 +195,7 @@ func TestREADMEWorkflowsMigrate(t *testing.T) {
 	hosttest.Eventually(t, 60*time.Second, "the trips pinned to 1.0.0", func() bool {
 		return hosttest.Count(t, pool, `SELECT count(*) FROM workflows WHERE plugin_version = '1.0.0'`) == 4
 	})
-	_, err = h.Host.Swap(ctx, "flows", hosttest.Build(t, "./host/testdata/flows", "main.version=2.0.0"))
+	_, err := h.Host.Swap(ctx, "flows", hosttest.Build(t, "./host/testdata/flows", "main.version=2.0.0"))
 	require.NoError(t, err)
 	// The one that refuses is cancelled first: the README's second line
 	// then finds only t3.
@@ -262,14 +245,7 @@ func TestREADMEWorkflowsMigrate(t *testing.T) {
 // once per tick; paused it starts none; deleted it is gone.
 func TestREADMESchedules(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool, dbURL := hosttest.DB(t)
-	rdb, stream := hosttest.Redis(t)
-	_, err := pool.Exec(ctx, `
-		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
-			at timestamptz NOT NULL DEFAULT now());
-		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
-	require.NoError(t, err)
+	pool, dbURL, rdb, stream := flowsDB(t)
 	hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream,
 		Plugins:     []string{hosttest.Build(t, "./host/testdata/flows")},
 		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond})
@@ -304,4 +280,18 @@ func TestREADMESchedules(t *testing.T) {
 	// Each trip is one tick's: its id names the tick, a distinct time.
 	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM (SELECT workflow_id FROM workflows WHERE type = 'trip'
 		GROUP BY workflow_id HAVING count(*) > 1) x`))
+}
+
+// flowsDB is a fresh database with the flows test plugin's table, and a
+// stream of the test's own.
+func flowsDB(t *testing.T) (*pgxpool.Pool, string, *redis.Client, string) {
+	t.Helper()
+	pool, dbURL := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	_, err := pool.Exec(context.Background(), `
+		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
+			at timestamptz NOT NULL DEFAULT now());
+		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
+	require.NoError(t, err)
+	return pool, dbURL, rdb, stream
 }
