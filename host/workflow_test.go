@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/client"
+	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
 )
 
@@ -25,6 +26,12 @@ type flows struct {
 
 func startFlows(t *testing.T) *flows {
 	t.Helper()
+	return startFlowsFrom(t, hosttest.Build(t, "./host/testdata/flows"))
+}
+
+// startFlowsFrom is startFlows serving the flows binary bin.
+func startFlowsFrom(t *testing.T, bin string) *flows {
+	t.Helper()
 	b := setup(t)
 	_, err := b.pool.Exec(context.Background(), `
 		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
@@ -32,11 +39,16 @@ func startFlows(t *testing.T) *flows {
 		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
 	require.NoError(t, err)
 	f := &flows{testBundle: b, crashDir: t.TempDir()}
-	cfg := b.config()
-	cfg.Plugins = append(cfg.Plugins, hosttest.Build(t, "./host/testdata/flows"))
-	cfg.PluginEnv = append(cfg.PluginEnv, "FLOWS_CRASH_DIR="+f.crashDir)
-	f.h = hosttest.Start(t, cfg)
+	f.h = hosttest.Start(t, f.flowsConfig(bin))
 	return f
+}
+
+// flowsConfig is the bundle's host config serving the flows binary bin.
+func (f *flows) flowsConfig(bin string) host.Config {
+	cfg := f.config()
+	cfg.Plugins = append(cfg.Plugins, bin)
+	cfg.PluginEnv = append(cfg.PluginEnv, "FLOWS_CRASH_DIR="+f.crashDir)
+	return cfg
 }
 
 func (f *flows) start(t *testing.T, id string, input any) client.Workflow {

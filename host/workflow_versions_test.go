@@ -17,22 +17,11 @@ import (
 // first, and returns it with the binaries of 1.0.0 and 2.0.0.
 func flowsVersions(t *testing.T, first string) (*flows, map[string]string) {
 	t.Helper()
-	b := setup(t)
-	_, err := b.pool.Exec(context.Background(), `
-		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
-			at timestamptz NOT NULL DEFAULT now());
-		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
-	require.NoError(t, err)
 	bins := map[string]string{
 		"1.0.0": hosttest.Build(t, "./host/testdata/flows", "main.version=1.0.0"),
 		"2.0.0": hosttest.Build(t, "./host/testdata/flows", "main.version=2.0.0"),
 	}
-	f := &flows{testBundle: b, crashDir: t.TempDir()}
-	cfg := b.config()
-	cfg.Plugins = append(cfg.Plugins, bins[first])
-	cfg.PluginEnv = append(cfg.PluginEnv, "FLOWS_CRASH_DIR="+f.crashDir)
-	f.h = hosttest.Start(t, cfg)
-	return f, bins
+	return startFlowsFrom(t, bins[first]), bins
 }
 
 // decidedOn counts trip id's decisions by the version that took them.
@@ -188,10 +177,7 @@ func TestWorkflowsPinnedThroughRollbackAndRestart(t *testing.T) {
 
 	// Another host, given 1.0.0 only, takes over.
 	require.NoError(t, f.h.Stop())
-	cfg := f.config()
-	cfg.Plugins = append(cfg.Plugins, bins["1.0.0"])
-	cfg.PluginEnv = append(cfg.PluginEnv, "FLOWS_CRASH_DIR="+f.crashDir)
-	f.h = hosttest.Start(t, cfg)
+	f.h = hosttest.Start(t, f.flowsConfig(bins["1.0.0"]))
 	for i := n / 2; i < n; i++ {
 		_, err := client.SignalWorkflow(ctx, f.pool, "trip", trip(i), "pay", "paid", nil)
 		require.NoError(t, err)
