@@ -132,12 +132,16 @@ func (db *database) setup(ctx context.Context, owner, pluginDir string) error {
 		return err
 	}
 	// The plugins' schemas and grants, as `host plugins install` makes
-	// them: the in-process levels load no manifest.
+	// them: the in-process levels load no manifest. Only the plugins the
+	// bench runs have roles; the directory may hold others (checkout).
 	scan, err := pluginhost.ScanDir(pluginDir)
 	if err != nil {
 		return err
 	}
 	for _, p := range scan.Plugins {
+		if !slices.Contains(benchPlugins, p.Manifest.Name) {
+			continue
+		}
 		spec, err := plugindb.FromManifest(p)
 		if err != nil {
 			return err

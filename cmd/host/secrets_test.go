@@ -146,7 +146,12 @@ func TestHostEnvironUnreadableToItsOwnUser(t *testing.T) {
 	sleep.Env, sleep.SysProcAttr = env, nobody
 	require.NoError(t, sleep.Start())
 	t.Cleanup(func() { _ = sleep.Process.Kill(); _ = sleep.Wait() })
-	out, err = readEnviron(sleep.Process.Pid)
-	require.NoError(t, err, "%s", out)
+	// Start returns once exec has closed the child's close-on-exec pipe,
+	// which the kernel does before it sets the new image's environment
+	// range: a read in that window is empty, so read until it is not.
+	require.Eventually(t, func() bool {
+		out, err = readEnviron(sleep.Process.Pid)
+		return err == nil && out != ""
+	}, 5*time.Second, 10*time.Millisecond, "%v: %s", err, out)
 	require.Contains(t, out, secret)
 }
