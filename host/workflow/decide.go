@@ -529,9 +529,9 @@ func record(ctx context.Context, tx pgx.Tx, job *usherv1.Job, s *snapshot, dec *
 			WITH o AS (INSERT INTO outbox (kind, payload, request_id, trace, workflow)
 			           SELECT $2, $3::jsonb, w.request_id, w.trace, w.id FROM workflows w WHERE w.id = $1 RETURNING id),
 			     e AS (SELECT usher_workflow_append($1, 'step_scheduled', $4, $2, $3::jsonb) AS seq)
-			INSERT INTO workflow_steps (workflow, step, kind, job_id, scheduled_seq)
-			SELECT $1, $4, $2, o.id::text, e.seq FROM o, e`,
-			s.id, st.GetKind(), string(st.GetPayload()), st.GetId()); err != nil {
+			INSERT INTO workflow_steps (workflow, step, kind, job_id, scheduled_seq, detached)
+			SELECT $1, $4, $2, o.id::text, e.seq, $5 FROM o, e`,
+			s.id, st.GetKind(), string(st.GetPayload()), st.GetId(), st.GetDetached()); err != nil {
 			return fmt.Errorf("schedule step %s: %w", st.GetId(), err)
 		}
 	}
