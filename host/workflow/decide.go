@@ -365,6 +365,14 @@ func (dc *Decider) commit(ctx context.Context, db guard.DB, job *usherv1.Job, d 
 	err := pgx.BeginFunc(ctx, dc.cfg.Pool, func(tx pgx.Tx) error {
 		var lastSeq int64
 		var pinned string
+		if dec.GetFinish() != usherv1.Finish_FINISH_UNSPECIFIED {
+			// A child's end locks its parent (its step there ends with
+			// it), and a cancel locks a parent before its children: lock
+			// the parent first here too, so the two cannot deadlock.
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM workflows WHERE id = (SELECT parent FROM workflows WHERE id = $1) FOR UPDATE`, s.id); err != nil {
+				return err
+			}
+		}
 		if err := tx.QueryRow(ctx, `SELECT state, task_job, last_seq, coalesce(plugin_version, '') FROM workflows WHERE id = $1 FOR UPDATE`, s.id).
 			Scan(&s.state, &s.taskJob, &lastSeq, &pinned); err != nil {
 			return err
