@@ -27,7 +27,13 @@ import (
 // that Decide runs once per event. A task delivered again (its plugin
 // killed mid-call, a relay duplicate, a reclaim) may call it again with
 // the same or a longer history, and only one answer is committed; Decide
-// must therefore do nothing but decide (its effects belong in steps).
+// must therefore do nothing but decide (its effects belong in steps);
+// usher-vet reports an effect, a clock read or a database reached from it.
+//
+// Cancelling: a cancel request is an event (h.CancelRequested) and the
+// host cancels, with it, every step that has not started and is not
+// [StepCall.Detached]; a started step runs to its end. What completed is
+// the workflow's to compensate, in the steps it decides next.
 type Decide[In any] func(ctx context.Context, h WorkflowHistory[In]) (Decision, error)
 
 // HandleWorkflow registers decide as workflow type typ, with input In.
