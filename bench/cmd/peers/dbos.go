@@ -64,13 +64,13 @@ func workflow3Step(ctx context.Context, env *runEnv, stepID string, orderID int6
 func runDBOS(ctx context.Context, env *runEnv) error {
 	cfg := env.cfg
 	logger := slog.New(slog.NewTextHandler(env.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	sysURL, err := withPoolMaxConns(env.dbURL, env.inflight+10)
-	if err != nil {
-		return err
-	}
+	// A failed workflow ends the run at once instead of leaving the meter
+	// to wait for --timeout.
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
 	dctx, err := dbos.NewContext(context.WithoutCancel(ctx), dbos.Config{
 		AppName:     "usher-peers",
-		DatabaseURL: sysURL,
+		DatabaseURL: env.dbURL, // DBOS's own pool: 20 connections by default
 		Logger:      logger,
 	})
 	if err != nil {
@@ -92,7 +92,9 @@ func runDBOS(ctx context.Context, env *runEnv) error {
 				return workflow3Step(sctx, env, stepID, orderID)
 			}, dbos.WithStepName("step"+strconv.Itoa(n)))
 			if err != nil {
-				return 0, fmt.Errorf("step %d: %w", n, err)
+				err = fmt.Errorf("workflow %s step %d: %w", id, n, err)
+				fail(err)
+				return 0, err
 			}
 		}
 		if throughput {
@@ -125,7 +127,7 @@ func runDBOS(ctx context.Context, env *runEnv) error {
 		}
 	}()
 	env.note("dbos %s, workflow3: 3 steps (dbos.RunAsStep), each one transaction: INSERT processed_jobs '<workflow id>/<n>' ON CONFLICT DO NOTHING RETURNING, UPDATE if inserted, COMMIT", moduleVersion(dbosModule))
-	env.note("queue worker concurrency %d, base polling interval %s (DBOS default 1s), system pool %d connections, steps' pool %d", env.inflight, cfg.DBOSPollingInterval, env.inflight+10, env.inflight)
+	env.note("queue worker concurrency %d, base polling interval %s (DBOS default 1s), DBOS's system pool at its default (20 connections), steps' pool %d", env.inflight, cfg.DBOSPollingInterval, env.inflight)
 
 	// 1. Throughput.
 	fmt.Fprintf(env.stderr, "peers: dbos inflight=%d: enqueueing %d workflows\n", env.inflight, cfg.Jobs)
@@ -370,17 +372,6 @@ func maxRSSMB() float64 {
 		return 0
 	}
 	return float64(ru.Maxrss) / 1024
-}
-
-func withPoolMaxConns(dbURL string, n int) (string, error) {
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		return "", err
-	}
-	q := u.Query()
-	q.Set("pool_max_conns", strconv.Itoa(n))
-	u.RawQuery = q.Encode()
-	return u.String(), nil
 }
 
 func dbNameOf(dbURL string) string {

@@ -179,7 +179,13 @@ func progress(stderr io.Writer, rt string, inflight int, m *meter) func() {
 				rate := 0.0
 				if m.started.Load() {
 					<-m.startCh
-					rate = float64(n) / time.Since(m.start).Seconds()
+					end := time.Now()
+					select {
+					case <-m.done:
+						end = m.end // later phases (workflow3's) must not dilute the rate
+					default:
+					}
+					rate = float64(n) / end.Sub(m.start).Seconds()
 				}
 				fmt.Fprintf(stderr, "peers: %s inflight=%d: %d/%d jobs, %.0f jobs/s%s", rt, inflight, n, m.jobs, rate, eol)
 			}
