@@ -221,6 +221,10 @@ func dbosRate(ctx context.Context, dctx dbos.Context, env *runEnv, wf dbos.Workf
 	return nil
 }
 
+// idleSettle is the wait between the last sleeper asleep and the idle
+// window.
+const idleSettle = 12 * time.Second
+
 // dbosIdle starts cfg.Sleeping workflows that each sleep an hour durably,
 // waits until every one has checkpointed its sleep, then measures this
 // process and the run's database over cfg.IdleSeconds.
@@ -253,11 +257,13 @@ func dbosIdle(ctx context.Context, dctx dbos.Context, env *runEnv, wf dbos.Workf
 		}
 	}
 	asleepAfter := time.Since(t0).Seconds()
-	fmt.Fprintf(env.stderr, "peers: dbos: %d asleep after %.1fs; settling 2s, then measuring %.0fs idle\n", k, asleepAfter, env.cfg.IdleSeconds)
+	fmt.Fprintf(env.stderr, "peers: dbos: %d asleep after %.1fs; settling %s, then measuring %.0fs idle\n", k, asleepAfter, idleSettle, env.cfg.IdleSeconds)
 	env.res.Sleeping = k
-	// Let the start's stragglers (stats flushes, pool) settle.
+	// Let the start's stragglers settle: a Postgres backend that went idle
+	// with unflushed statistics flushes them up to 10s later (PG 15+), which
+	// would count the start's last transactions in the window.
 	select {
-	case <-time.After(2 * time.Second):
+	case <-time.After(idleSettle):
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
