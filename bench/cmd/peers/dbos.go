@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -82,7 +83,7 @@ func runDBOS(ctx context.Context, env *runEnv) error {
 		if err != nil {
 			return 0, err
 		}
-		throughput := len(id) > len(wfThroughput) && id[:len(wfThroughput)] == wfThroughput
+		throughput := strings.HasPrefix(id, wfThroughput)
 		for n := 1; n <= 3; n++ {
 			stepID := id + "/" + strconv.Itoa(n)
 			_, err := dbos.RunAsStep(wctx, func(sctx context.Context) (bool, error) {
