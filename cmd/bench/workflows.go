@@ -451,6 +451,17 @@ func idleWindow(ctx context.Context, db *database, rh *runningHost, d time.Durat
 		err := db.pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()`).Scan(&n)
 		return n, err
 	}
+	// Postgres counts an idle backend's transactions up to some seconds
+	// late: let what came before the window be counted before it opens.
+	settle := time.Second
+	if d >= 5*time.Second {
+		settle = 11 * time.Second
+	}
+	select {
+	case <-ctx.Done():
+		return 0, 0, 0, 0, context.Cause(ctx)
+	case <-time.After(settle):
+	}
 	tx0, err := txs()
 	if err != nil {
 		return 0, 0, 0, 0, err
@@ -492,7 +503,7 @@ func (r *workflowResults) print(w io.Writer) {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "runtime\trate/s\tworkflows\tp50 ms\tp99 ms\tdecision p50 ms\tdecision p99 ms\t")
 		for _, l := range r.Latency {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t\n", l.Runtime, l.Rate, l.Workflows, l.P50MS, l.P99MS, l.DecisionP50MS, l.DecisionP99MS)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%s\t%s\t\n", l.Runtime, l.Rate, l.Workflows, l.P50MS, l.P99MS, orDash(l.DecisionP50MS), orDash(l.DecisionP99MS))
 		}
 		_ = tw.Flush()
 	}
@@ -500,12 +511,20 @@ func (r *workflowResults) print(w io.Writer) {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "runtime\tsleeping\tstart s\tcpu s\ttx/s\tgoroutines\trss MiB\tempty cpu s\tempty tx/s\t")
 		for _, l := range r.Idle {
-			fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%.1f\t%d\t%.0f\t%.2f\t%.1f\t\n", l.Runtime, l.Sleeping, l.StartSeconds, l.CPUSeconds, l.TxPerSec,
-				l.Goroutines, l.RSSMiB, l.EmptyCPUSeconds, l.EmptyTxPerSec)
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%.2f\t%.1f\t%d\t%.0f\t%s\t%s\t\n", l.Runtime, l.Sleeping, orDash(l.StartSeconds), l.CPUSeconds, l.TxPerSec,
+				l.Goroutines, l.RSSMiB, orDash(l.EmptyCPUSeconds), orDash(l.EmptyTxPerSec))
 		}
 		_ = tw.Flush()
 		fmt.Fprintf(w, "  (cpu and tx/s over %.0fs idle windows; usher's cpu is the host's and the plugin's)\n", r.Idle[0].Seconds)
 	}
+}
+
+// orDash prints x, or - for a figure the runtime does not report.
+func orDash(x float64) string {
+	if x == 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(x, 'f', 1, 64)
 }
 
 // tally adds the workflow rows' checks to r's totals.
@@ -544,7 +563,8 @@ func runWorkflowRows(ctx context.Context, cfg config, res *workflowResults, logg
 	return runDBOS(ctx, cfg, res, stderr)
 }
 
-// dbosResult is one object of `peers --workload workflow3 --json`.
+// dbosResult is one object of `peers --workload workflow3 --json`
+// (bench/README.md's schema).
 type dbosResult struct {
 	Runtime        string  `json:"runtime"`
 	Inflight       int     `json:"inflight"`
@@ -554,12 +574,12 @@ type dbosResult struct {
 	CPUSeconds     float64 `json:"cpu_seconds"`
 	Lost           int64   `json:"lost"`
 	Doubled        int64   `json:"doubled"`
-	Rate           int     `json:"rate"`
-	RateSeconds    int     `json:"rate_seconds"`
+	Rate           float64 `json:"rate"`
+	RateWorkflows  int     `json:"rate_workflows"`
 	P50MS          float64 `json:"p50_ms"`
 	P99MS          float64 `json:"p99_ms"`
 	Sleeping       int     `json:"sleeping"`
-	SleepSeconds   float64 `json:"sleep_start_seconds"`
+	IdleSeconds    float64 `json:"idle_seconds"`
 	IdleCPUSeconds float64 `json:"idle_cpu_seconds"`
 	IdleTxPerSec   float64 `json:"idle_tx_per_sec"`
 	IdleGoroutines int     `json:"idle_goroutines"`
@@ -589,13 +609,14 @@ func runDBOS(ctx context.Context, cfg config, res *workflowResults, stderr io.Wr
 		}
 		res.Levels = append(res.Levels, workflowLevel{Runtime: d.Runtime, Inflight: d.Inflight, Workflows: d.Workflows, Seconds: d.Seconds,
 			PerSec: d.PerSec, CPUSeconds: d.CPUSeconds, Lost: d.Lost, Doubled: d.Doubled, Notes: notes})
-		if d.P50MS > 0 && d.Inflight == cfg.largest() {
-			res.Latency = append(res.Latency, workflowLatency{Runtime: d.Runtime, Rate: d.Rate, Seconds: d.RateSeconds,
-				Workflows: d.Rate * d.RateSeconds, P50MS: d.P50MS, P99MS: d.P99MS})
+		// peers runs the latency and idle phases in its first level's row.
+		if d.P50MS > 0 {
+			res.Latency = append(res.Latency, workflowLatency{Runtime: d.Runtime, Rate: int(d.Rate), Seconds: cfg.WorkflowRateSeconds,
+				Workflows: d.RateWorkflows, P50MS: d.P50MS, P99MS: d.P99MS})
 		}
-		if d.Sleeping > 0 && d.Inflight == cfg.largest() {
-			res.Idle = append(res.Idle, workflowIdle{Runtime: d.Runtime, Sleeping: d.Sleeping, Seconds: cfg.IdleWindow.Seconds(),
-				StartSeconds: d.SleepSeconds, CPUSeconds: d.IdleCPUSeconds, TxPerSec: d.IdleTxPerSec, Goroutines: d.IdleGoroutines, RSSMiB: d.IdleRSSMiB})
+		if d.Sleeping > 0 {
+			res.Idle = append(res.Idle, workflowIdle{Runtime: d.Runtime, Sleeping: d.Sleeping, Seconds: d.IdleSeconds,
+				CPUSeconds: d.IdleCPUSeconds, TxPerSec: d.IdleTxPerSec, Goroutines: d.IdleGoroutines, RSSMiB: d.IdleRSSMiB})
 		}
 	}
 	return nil
