@@ -585,11 +585,11 @@ func (hs *Handles) execInTx(ctx context.Context, h *handle, st *usherv1.Statemen
 		// database says whether something was, in the write's round
 		// trip, before the write runs. (When something was, the write
 		// has run too, in a transaction the breach rolls back.)
-		var before *int64
+		var before, after *int64
 		if h.cap == capCommit && !h.won {
-			before = new(int64)
+			before, after = new(int64), new(int64)
 		}
-		res, tag, err := hs.run(ctx, h, h.tx, st, before)
+		res, tag, err := hs.run(ctx, h, h.tx, st, before, after)
 		if before != nil && *before > h.baseline {
 			return nil, h.breach("the commit phase wrote before its conditional write won")
 		}
@@ -600,6 +600,16 @@ func (hs *Handles) execInTx(ctx context.Context, h *handle, st *usherv1.Statemen
 			return nil, h.breach("a conditional write must be an INSERT, UPDATE, DELETE or MERGE; the database ran %q", tag.String())
 		}
 		res.Won = tag.RowsAffected() > 0
+		if !res.Won && after != nil {
+			// What a lost write itself counts is not a write after the
+			// loss: an INSERT ... ON CONFLICT DO NOTHING that raced
+			// another run's insert inserted speculatively and took it
+			// back, which the statistics count as a row inserted and one
+			// deleted. Whatever it did is rolled back with the lost
+			// transaction; only what comes after it is the plugin's
+			// breach.
+			h.baseline = *after
+		}
 		h.wroteIf = true
 		h.won = h.won || res.Won
 		return res, nil
@@ -615,7 +625,7 @@ func (hs *Handles) execInTx(ctx context.Context, h *handle, st *usherv1.Statemen
 }
 
 func (hs *Handles) runPlugin(ctx context.Context, h *handle, tx txConn, st *usherv1.Statement) (*usherv1.StatementResult, error) {
-	res, _, err := hs.run(ctx, h, tx, st, nil)
+	res, _, err := hs.run(ctx, h, tx, st, nil, nil)
 	return res, err
 }
 
@@ -663,7 +673,7 @@ func refusedCommand(tag pgconn.CommandTag) bool {
 // tx is still the transaction the host opened. When before is set, the
 // rows tx wrote so far (rowWrites) are read into it first, in the same
 // round trip.
-func (hs *Handles) run(ctx context.Context, h *handle, tx txConn, st *usherv1.Statement, before *int64) (*usherv1.StatementResult, pgconn.CommandTag, error) {
+func (hs *Handles) run(ctx context.Context, h *handle, tx txConn, st *usherv1.Statement, before, after *int64) (*usherv1.StatementResult, pgconn.CommandTag, error) {
 	if tx.Conn().PgConn().TxStatus() == 'I' {
 		// Another handle's statement on a shared transaction ended it.
 		return nil, pgconn.CommandTag{}, h.breach("the host's transaction had ended before this statement; it is not run")
@@ -674,7 +684,7 @@ func (hs *Handles) run(ctx context.Context, h *handle, tx txConn, st *usherv1.St
 	if before == nil {
 		res, tag, err = runStatement(ctx, tx, st)
 	} else {
-		res, tag, err = runCounted(ctx, tx.Conn(), st, before)
+		res, tag, err = runCounted(ctx, tx.Conn(), st, before, after)
 	}
 	h.noteFailed(tx, err)
 	switch ts := tx.Conn().PgConn().TxStatus(); {
@@ -697,17 +707,26 @@ func runStatement(ctx context.Context, q queryer, st *usherv1.Statement) (*usher
 }
 
 // runCounted runs st after the query of the rows its transaction wrote so
-// far (rowWrites), in one round trip, and reads that count into written.
-func runCounted(ctx context.Context, conn *pgx.Conn, st *usherv1.Statement, written *int64) (*usherv1.StatementResult, pgconn.CommandTag, error) {
+// far (rowWrites), in one round trip, and reads that count into written;
+// with after, the count once st ran too, in the same round trip.
+func runCounted(ctx context.Context, conn *pgx.Conn, st *usherv1.Statement, written, after *int64) (*usherv1.StatementResult, pgconn.CommandTag, error) {
 	b := &pgx.Batch{}
 	b.Queue(rowWritesSQL)
 	b.Queue(st.GetSql(), contract.FromValues(st.GetArgs())...)
+	if after != nil {
+		b.Queue(rowWritesSQL)
+	}
 	br := conn.SendBatch(ctx, b)
 	if err := br.QueryRow().Scan(written); err != nil {
 		_ = br.Close()
 		return nil, pgconn.CommandTag{}, sqlStatus(err)
 	}
 	res, tag, err := collect(br.Query())
+	if err == nil && after != nil {
+		if err = br.QueryRow().Scan(after); err != nil {
+			res, err = nil, sqlStatus(err)
+		}
+	}
 	if cerr := br.Close(); err == nil && cerr != nil {
 		res, err = nil, sqlStatus(cerr)
 	}
