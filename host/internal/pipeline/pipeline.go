@@ -114,12 +114,25 @@ type Config struct {
 	// Paused reports whether an operator paused kind (pause.Watcher):
 	// its entries are parked until it is resumed. Optional (nil: none).
 	Paused func(kind string) bool
+	// Limits holds kinds to their concurrency and rate limits across
+	// every host (limits.Limiter): an entry held back is parked until a
+	// permit or a token is free. Optional (nil: no limits).
+	Limits Limits
 	// Detach gives the slot of the running entry streamID back to the
 	// consumer (stream.Consumer.Detach). Optional.
 	Detach  func(streamID string) bool
 	Metrics *telemetry.Metrics
 	Tracer  telemetry.Tracer
 	Logger  *slog.Logger
+}
+
+// Limits is what the pipeline asks of the kinds' limits (limits.Limiter).
+type Limits interface {
+	// Acquire asks to start a job of kind, id naming the run; when ok,
+	// release is called once the run ends.
+	Acquire(ctx context.Context, kind, id string) (release func(), ok bool, err error)
+	// Ready reports whether a start of kind may be tried now.
+	Ready(kind string) bool
 }
 
 // Pipeline dispatches entries.
@@ -145,7 +158,8 @@ func (p *Pipeline) StalledCap() int64 { return int64(max(1, p.cfg.Concurrency/2)
 // running and below its share of stalled jobs (the Redispatcher's test).
 func (p *Pipeline) Ready(kind string) bool {
 	rt, ok := p.cfg.Routes.Get(kind)
-	return ok && rt.Plugin.Ready() && rt.Counters.Stalled.Load() < p.StalledCap() && !p.paused(kind)
+	return ok && rt.Plugin.Ready() && rt.Counters.Stalled.Load() < p.StalledCap() && !p.paused(kind) &&
+		(p.cfg.Limits == nil || p.cfg.Limits.Ready(kind))
 }
 
 func (p *Pipeline) paused(kind string) bool { return p.cfg.Paused != nil && p.cfg.Paused(kind) }
@@ -256,6 +270,22 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 	if crashes >= int64(p.cfg.PoisonCrashes) {
 		d.Arrive()
 		return p.poison(ctx, e, d, rt, crashes, nil)
+	}
+	if p.cfg.Limits != nil {
+		release, ok, err := p.cfg.Limits.Acquire(ctx, e.Kind, e.StreamID)
+		if err != nil || !ok {
+			// Held back by its kind's limit (or the limit could not be
+			// asked): it waits in the stream, its delivery given back, and
+			// runs when a permit or a token is free. Not an attempt.
+			if err != nil {
+				p.log.Warn("could not ask the kind's limits; the entry waits", "stream_id", e.StreamID, "kind", e.Kind, "err", err)
+			}
+			d.Arrive()
+			p.park(ctx, e, rt, "its kind is at its limit")
+			p.redispatch(e, rt)
+			return pending
+		}
+		defer release()
 	}
 	defer func() {
 		if s.ack && crashes > 0 {
