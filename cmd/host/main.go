@@ -83,7 +83,7 @@ func (cl *cli) commands() *command {
 		{name: "inspect", summary: "show pending entries, backlog, dead letters and absorbed duplicates", flags: cl.inspectFlags},
 		{name: "deadletters", summary: "list, show and requeue dead letters", subs: cl.deadLetterCommands()},
 		{name: "jobs", summary: "a job's state and the history of its deliveries", subs: cl.jobCommands()},
-		{name: "kinds", summary: "pause and resume a kind on every host, and show the paused ones", subs: cl.kindCommands()},
+		{name: "kinds", summary: "pause, resume and limit a kind on every host, and show the paused and limited ones", subs: cl.kindCommands()},
 		{name: "schedules", summary: "recurring schedules that start a workflow or enqueue a job once per tick", dflt: "list", subs: cl.scheduleCommands()},
 		{name: "workflows", summary: "durable workflows (start, signal, cancel, list) and the tree of jobs one request started", subs: cl.workflowCommands()},
 		{name: "plugins", summary: "a running host's plugins (via its admin address), and plugin manifests", dflt: "list", subs: cl.pluginCommands()},
