@@ -82,6 +82,7 @@ type Settler interface {
 	DeadLetter(ctx context.Context, d *settle.Delivery, l deadletter.Letter) error
 	Abandoned(ctx context.Context, d *settle.Delivery) error
 	WaitedForKind(ctx context.Context, outboxID int64, kind string) (bool, error)
+	WakeClaim(ctx context.Context, key string) (int64, error)
 }
 
 // Runner runs guards (guard.Runner).
@@ -331,7 +332,25 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 		p.cfg.Fleet.Observe(Observation{Plugin: rt.Name, Kind: e.Kind, JobID: e.JobID, Start: start,
 			Failed: out.Verdict == guard.Abandoned || (out.Verdict == guard.Retry && out.Err != nil)})
 	}
-	return p.verdict(ctx, e, d, rt, out, traceparent)
+	s = p.verdict(ctx, e, d, rt, out, traceparent)
+	if out.Frees != "" {
+		p.wakeClaim(ctx, e, out.Frees)
+	}
+	return s
+}
+
+// wakeClaim has the retries waiting for the effect claim key run now: its
+// owner (this run) marked it done or gave it back. Best effort: a retry
+// not woken runs after the claim's lease, as before.
+func (p *Pipeline) wakeClaim(ctx context.Context, e stream.Entry, key string) {
+	n, err := p.cfg.Settler.WakeClaim(ctx, key)
+	if err != nil {
+		p.log.Warn("could not wake the retries waiting for a claim; they run after its lease", "job_id", e.JobID, "kind", e.Kind, "err", err)
+		return
+	}
+	if n > 0 {
+		p.log.Info("woke the retries waiting for a claim this run freed", "job_id", e.JobID, "kind", e.Kind, "woken", n)
+	}
 }
 
 // watchStall counts the job as stalled while it runs past StalledAfter,
@@ -441,6 +460,8 @@ func (p *Pipeline) retry(ctx context.Context, e stream.Entry, d *settle.Delivery
 	added, err := p.cfg.Settler.Retry(ctx, d, schedule.Run{
 		JobID: e.JobID, Attempt: e.Attempt + 1, Kind: e.Kind, Payload: e.Payload,
 		RequestID: e.RequestID, Trace: e.Trace, Reason: settle.StoredError(out.Reason), RunAt: time.Now().Add(out.RetryAfter),
+		// A second of slack for the clocks of this host and Postgres.
+		WaitsFor: out.WaitsFor, WaitsSince: d.Record.StartedAt.Add(-time.Second),
 	})
 	if err != nil {
 		log.Warn("could not schedule retry; entry left pending", "err", err)
