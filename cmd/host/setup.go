@@ -10,7 +10,6 @@ import (
 	"os"
 	"strings"
 
-
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
 )
