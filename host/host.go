@@ -75,6 +75,9 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		}
 	}
 	h := &Host{adminToken: adminToken, cfg: cfg, log: cfg.Logger, pool: cfg.Pool, rdb: cfg.Redis, metrics: telemetry.NewMetrics()}
+	if w := cfg.reconcileWarning(); w != "" {
+		h.log.Warn("dangerous setting: " + w)
+	}
 	schema, err := h.connect(ctx)
 	if err != nil {
 		h.Close()
