@@ -98,3 +98,39 @@ func TestJobsEnqueueListAndWaitIdle(t *testing.T) {
 	}
 	require.EqualValues(t, 5, hosttest.Count(t, pool, `SELECT seats_sold FROM events WHERE id = $1`, ev), "2 + 3 seats, each order counted once")
 }
+
+// The README's enqueue, list and wait commands, run as written by sh on
+// the database, stream and Redis the environment names: order 1's
+// counter job enqueued (again: the same job, nothing added), listed as
+// pending, and wait --idle exiting 0 once a host applied it.
+func TestREADMEJobsCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, dbURL := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	require.NoError(t, rdb.XGroupCreateMkStream(ctx, stream, "usher", "0").Err())
+	ev, err := orders.CreateEvent(ctx, pool, "Nils Frahm", "Funkhaus")
+	require.NoError(t, err)
+	p, err := orders.Place(ctx, pool, orders.Order{EventID: ev, Buyer: "Zoë", Email: "zoe@example.com", Seats: 4}, orders.Jobs{})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, p.ID, "the README's order 1")
+
+	dir := binDir(t)
+	env := []string{"DATABASE_URL=" + dbURL, "USHER_STREAM=" + stream, "REDIS_URL=" + hosttest.RedisURL()}
+	lines := readmeBlock(t, "**Enqueue, list, wait.**", "sh")
+	require.Len(t, lines, 3)
+	out := readmeShell(t, dir, env, lines[0])
+	var id int64
+	_, err = fmt.Sscanf(out, "enqueued update_sales_counter job %d\n", &id)
+	require.NoError(t, err, out)
+	require.Contains(t, readmeShell(t, dir, env, lines[0]), fmt.Sprintf("job %d holds dedup key \"order-1\"", id))
+	out = readmeShell(t, dir, env, lines[1])
+	require.Regexp(t, fmt.Sprintf(`(?m)^%d +update_sales_counter +pending `, id), out)
+	require.Contains(t, out, "1 job(s)")
+
+	hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream, Plugins: []string{hosttest.Build(t, "./plugins/counters")},
+		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond})
+	require.Contains(t, readmeShell(t, dir, env, lines[2]), "idle after ")
+	require.EqualValues(t, 4, hosttest.Count(t, pool, `SELECT seats_sold FROM events WHERE id = $1`, ev), "counted once")
+	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox`))
+}
