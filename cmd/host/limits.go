@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -134,4 +135,19 @@ func (cl *cli) kindsLimits(fs *flag.FlagSet) runner {
 			return w.Flush()
 		})
 	}
+}
+
+// printLimited is inspect's section of limited kinds, shown only when
+// there are any (host kinds limit).
+func printLimited(out io.Writer, list []limits.Limit) error {
+	if len(list) == 0 {
+		return nil
+	}
+	fmt.Fprintln(out, "\nlimited kinds (across every host)")
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "  KIND\tLIMITS\tSINCE\tBY")
+	for _, l := range list {
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", l.Kind, l, l.SetAt.UTC().Format(time.RFC3339), l.SetBy)
+	}
+	return w.Flush()
 }

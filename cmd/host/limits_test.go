@@ -17,8 +17,10 @@ import (
 func TestLimitCLI(t *testing.T) {
 	t.Parallel()
 	pool, db := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
+	require.NoError(t, rdb.XGroupCreateMkStream(t.Context(), stream, "usher", "0").Err())
 	bin := hosttest.Build(t, "./cmd/host")
-	env := []string{"DATABASE_URL=" + db, "USER=grace"}
+	env := []string{"DATABASE_URL=" + db, "USHER_STREAM=" + stream, "REDIS_URL=" + hosttest.RedisURL(), "USER=grace"}
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -29,6 +31,7 @@ func TestLimitCLI(t *testing.T) {
 			[]string{"limited send_tickets to concurrency 4, rate 10/s burst 10"}},
 		{[]string{"kinds", "limit", "render_tickets", "--rate", "600/m", "--burst", "3"}, 0, []string{"limited render_tickets to rate 10/s burst 3"}},
 		{[]string{"kinds", "limits"}, 0, []string{"KIND", "render_tickets  -", "10/s", "grace@", "send_tickets    4", "ada"}},
+		{[]string{"inspect"}, 0, []string{"limited kinds (across every host)", "send_tickets    concurrency 4, rate 10/s burst 10", "render_tickets  rate 10/s burst 3"}},
 		{[]string{"kinds", "limit", "send_tickets", "--concurrency", "2"}, 0, []string{"limited send_tickets to concurrency 2: "}},
 		{[]string{"kinds", "unlimit", "render_tickets"}, 0, []string{"removed render_tickets's limits"}},
 		{[]string{"kinds", "unlimit", "render_tickets"}, 0, []string{"render_tickets had no limit"}},
@@ -51,14 +54,20 @@ func TestLimitCLI(t *testing.T) {
 			require.Contains(t, out, w, "%q", tc.args)
 		}
 	}
+	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM kind_limits WHERE kind = 'send_tickets' AND concurrency = 2 AND rate IS NULL AND burst IS NULL`),
+		"the second limit replaced the first whole: no rate left")
+	require.NotContains(t, runHost(t, bin, env, "kinds", "unlimit", "send_tickets").stdout, "had no limit")
+	require.NotContains(t, runHost(t, bin, env, "inspect").stdout, "limited kinds", "none left: no section")
+	_, err := limits.Set(t.Context(), pool, limits.Limit{Kind: "send_tickets", Concurrency: 2}, "ada")
+	require.NoError(t, err)
 	r := runHost(t, bin, env, "kinds", "limits", "--json")
 	require.Zero(t, r.code, r.stderr)
 	var shown []limits.Limit
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &shown))
 	require.Len(t, shown, 1)
-	require.Equal(t, limits.Limit{Kind: "send_tickets", Concurrency: 2, SetAt: shown[0].SetAt, SetBy: shown[0].SetBy}, shown[0], "replaced whole: no rate left")
-	require.EqualValues(t, 4, hosttest.Count(t, pool, `SELECT count(*) FROM operator_actions WHERE action IN ('limit_kind', 'unlimit_kind')`),
-		"three limits and one unlimit; the repeat not")
+	require.Equal(t, limits.Limit{Kind: "send_tickets", Concurrency: 2, SetAt: shown[0].SetAt, SetBy: "ada"}, shown[0])
+	require.EqualValues(t, 6, hosttest.Count(t, pool, `SELECT count(*) FROM operator_actions WHERE action IN ('limit_kind', 'unlimit_kind')`),
+		"four limits and two unlimits; the repeat not")
 }
 
 // The README's limit commands, run as written by sh on the database
