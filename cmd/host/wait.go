@@ -16,7 +16,9 @@ import (
 
 const waitHelp = `wait --idle polls until nothing is pending, scheduled or unpublished:
 every outbox row has its outcome, no run is scheduled (retries, delayed
-jobs, a retry waiting out a claim's lease), and the group has no entry
+jobs, a retry waiting out a claim's lease), no running workflow's timer
+is still to fire (one waiting only for a signal does not count, nor do
+recurring schedules' next ticks), and the group has no entry
 delivered and unacked or not yet read on --stream. It exits 0 then, or 1
 after --timeout with what is still not done. A paused kind's jobs are
 not done: they keep the runtime from idle.`

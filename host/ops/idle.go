@@ -21,6 +21,10 @@ type Idleness struct {
 	// jobs) not yet moved to the outbox; NextDue the first of them.
 	Scheduled int64      `json:"scheduled"`
 	NextDue   *time.Time `json:"next_due,omitempty"`
+	// Timers counts the running workflows' timers not yet fired. A
+	// workflow waiting only for a signal keeps nothing from idle; nor do
+	// recurring schedules, which always have a next tick.
+	Timers int64 `json:"workflow_timers"`
 	// StreamPending counts the group's entries delivered and not acked,
 	// StreamLag those not yet delivered (-1: Redis does not say).
 	StreamPending int64 `json:"stream_pending"`
@@ -29,7 +33,7 @@ type Idleness struct {
 
 // Idle reports whether nothing is pending, scheduled or unpublished.
 func (i Idleness) Idle() bool {
-	return i.Unfinished == 0 && i.Unpublished == 0 && i.Scheduled == 0 && i.StreamPending == 0 && i.StreamLag <= 0
+	return i.Unfinished == 0 && i.Unpublished == 0 && i.Scheduled == 0 && i.Timers == 0 && i.StreamPending == 0 && i.StreamLag <= 0
 }
 
 // String says what is not done, or "idle".
@@ -44,6 +48,9 @@ func (i Idleness) String() string {
 			s += " (next due " + i.NextDue.UTC().Format(time.RFC3339) + ")"
 		}
 		parts = append(parts, s)
+	}
+	if i.Timers > 0 {
+		parts = append(parts, fmt.Sprintf("%d workflow timer(s) not yet fired", i.Timers))
 	}
 	if i.StreamPending > 0 {
 		parts = append(parts, fmt.Sprintf("%d stream entr(ies) delivered and not acked", i.StreamPending))
@@ -65,8 +72,10 @@ func ReadIdleness(ctx context.Context, q outbox.Querier, rdb redis.UniversalClie
 		SELECT (SELECT count(*) FROM outbox WHERE done_at IS NULL),
 		       (SELECT count(*) FROM outbox WHERE published_at IS NULL),
 		       (SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL),
-		       (SELECT min(run_at) FROM scheduled_jobs WHERE enqueued_at IS NULL)`).
-		Scan(&i.Unfinished, &i.Unpublished, &i.Scheduled, &i.NextDue); err != nil {
+		       (SELECT min(run_at) FROM scheduled_jobs WHERE enqueued_at IS NULL),
+		       (SELECT count(*) FROM workflow_timers t JOIN workflows w ON w.id = t.workflow
+		        WHERE t.fired_at IS NULL AND w.state = 'running')`).
+		Scan(&i.Unfinished, &i.Unpublished, &i.Scheduled, &i.NextDue, &i.Timers); err != nil {
 		return i, fmt.Errorf("idle: %w", err)
 	}
 	i.StreamLag = -1
