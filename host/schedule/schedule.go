@@ -82,36 +82,41 @@ func nullText(s string) *string {
 // WakeClaim makes the runs waiting for the effect claim key (Run.WaitsFor)
 // due now, and records the wake for a run added after it; it returns how
 // many it moved. The claim's owner calls it once it marked the claim done
-// or gave it back.
-func WakeClaim(ctx context.Context, db Beginner, key string) (int64, error) {
+// or gave it back. One round trip: the statements are one batch, which
+// Postgres runs as one transaction.
+func WakeClaim(ctx context.Context, db Batcher, key string) (int64, error) {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended('usher-claim-wake/' || $1, 0))`, key)
+	b.Queue(`INSERT INTO claim_wakes (waits_for, at) VALUES ($1, clock_timestamp())
+		ON CONFLICT (waits_for) DO UPDATE SET at = EXCLUDED.at`, key)
+	b.Queue(`UPDATE scheduled_jobs SET run_at = now() WHERE waits_for = $1 AND enqueued_at IS NULL AND run_at > now()`, key)
+	b.Queue(`DELETE FROM claim_wakes WHERE ctid IN (
+		SELECT ctid FROM claim_wakes WHERE at < now() - interval '1 minute' ORDER BY at LIMIT 2 FOR UPDATE SKIP LOCKED)`)
+	br := db.SendBatch(ctx, b)
 	var n int64
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('usher-claim-wake/' || $1, 0))`, key); err != nil {
-			return err
+	var err error
+	for i := range 4 {
+		tag, e := br.Exec()
+		if e != nil {
+			err = e
+			break
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO claim_wakes (waits_for, at) VALUES ($1, clock_timestamp())
-			ON CONFLICT (waits_for) DO UPDATE SET at = EXCLUDED.at`, key); err != nil {
-			return err
+		if i == 2 {
+			n = tag.RowsAffected()
 		}
-		tag, err := tx.Exec(ctx, `UPDATE scheduled_jobs SET run_at = now()
-			WHERE waits_for = $1 AND enqueued_at IS NULL AND run_at > now()`, key)
-		if err != nil {
-			return err
-		}
-		n = tag.RowsAffected()
-		_, err = tx.Exec(ctx, `DELETE FROM claim_wakes WHERE ctid IN (
-			SELECT ctid FROM claim_wakes WHERE at < now() - interval '1 minute' ORDER BY at LIMIT 2 FOR UPDATE SKIP LOCKED)`)
-		return err
-	})
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return 0, fmt.Errorf("schedule: wake the runs waiting for a claim: %w", err)
 	}
 	return n, nil
 }
 
-// Beginner is what WakeClaim needs: *pgxpool.Pool, *pgx.Conn.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
+// Batcher is what WakeClaim needs: *pgxpool.Pool, *pgx.Conn.
+type Batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // NewJob schedules a job born in the scheduler, minting its identity.
