@@ -248,7 +248,8 @@ type Config struct {
 	// ReconcileInterval is how often the reconciler scans. Default 1m.
 	ReconcileInterval time.Duration
 	// PausePollInterval is how often this host reads the kinds an operator
-	// paused (host/pause): a pause or resume reaches it within this.
+	// paused (host/pause) and the kinds' limits (host/limits): a pause,
+	// resume or limit change reaches it within this.
 	// Default 1s.
 	PausePollInterval time.Duration
 	// HistoryRetention is how long a job's history records (one per

@@ -25,6 +25,7 @@ import (
 	"github.com/usherhq/usher/host/internal/pipeline"
 	"github.com/usherhq/usher/host/internal/settle"
 	"github.com/usherhq/usher/host/internal/telemetry"
+	"github.com/usherhq/usher/host/limits"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pause"
 	"github.com/usherhq/usher/host/pluginhost"
@@ -56,6 +57,7 @@ type Host struct {
 	redispatcher *stream.Redispatcher
 	pipeline     *pipeline.Pipeline
 	pauses       *pause.Watcher
+	limits       *limits.Limiter
 	admin        *adminapi.Server
 }
 
@@ -73,6 +75,9 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		}
 	}
 	h := &Host{adminToken: adminToken, cfg: cfg, log: cfg.Logger, pool: cfg.Pool, rdb: cfg.Redis, metrics: telemetry.NewMetrics()}
+	if w := cfg.reconcileWarning(); w != "" {
+		h.log.Warn("dangerous setting: " + w)
+	}
 	schema, err := h.connect(ctx)
 	if err != nil {
 		h.Close()
@@ -200,6 +205,11 @@ func (h *Host) build(ctx context.Context, schema string) error {
 	if err != nil {
 		return err
 	}
+	h.limits, err = limits.New(limits.Config{Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Holder: cfg.Consumer,
+		Interval: cfg.PausePollInterval, Logger: h.log})
+	if err != nil {
+		return err
+	}
 	pending := stream.Pending{Redis: h.rdb, Stream: cfg.Stream, Group: cfg.Group, Consumer: cfg.Consumer}
 	var ready func(string) bool // the pipeline's, set below: the redispatcher is built first
 	h.redispatcher, err = stream.NewRedispatcher(stream.RedispatcherConfig{Pending: pending, Take: h.consumer.Take,
@@ -212,7 +222,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		MaxDeliveries: cfg.MaxDeliveries, MaxAttempts: cfg.MaxAttempts, PoisonCrashes: cfg.PoisonCrashes, Concurrency: cfg.Concurrency,
 		JobTimeout: cfg.JobTimeout, StalledAfter: cfg.StalledAfter, UnknownKindWait: cfg.UnknownKindWait,
 		Routes: h.fleet.Routes(), Fleet: h.fleet, Pending: pending, Redelivery: h.redispatcher, Settler: settler, Runner: jobs,
-		Paused: h.pauses.Paused, Detach: h.consumer.Detach,
+		Paused: h.pauses.Paused, Limits: h.limits, Detach: h.consumer.Detach,
 		StepStart: func(ctx context.Context, jobID string) (bool, error) { return workflow.StepStart(ctx, h.pool, jobID) }, Metrics: h.metrics, Tracer: telemetry.NewTracer(), Logger: h.log,
 	})
 	if err != nil {

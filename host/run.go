@@ -78,9 +78,11 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Started once the paused kinds are read: the stream phase after it
-	// runs no entry of a paused kind.
-	background = append(background, lifecycle.Func("retention", ret.Run), lifecycle.FuncReady("pauses", h.pauses.Run))
+	// Started once the paused kinds and the kinds' limits are read: the
+	// stream phase after them runs no entry of a paused kind and holds
+	// every limit.
+	background = append(background, lifecycle.Func("retention", ret.Run), lifecycle.FuncReady("pauses", h.pauses.Run),
+		lifecycle.FuncReady("limits", h.limits.Run))
 	phases := []lifecycle.Phase{
 		{Name: "plugins", Services: []lifecycle.Service{lifecycle.Func("fleet", h.fleet.Run)}},
 		{Name: "background", Services: background},

@@ -17,10 +17,10 @@ import (
 )
 
 func (cl *cli) jobCommands() []*command {
-	return []*command{
+	return append([]*command{
 		{name: "show", args: "ID", summary: "one job: its state and every delivery's record (attempt, consumer, plugin, guard, verdict, duration, error)",
 			flags: cl.jobsShow},
-	}
+	}, cl.jobControlCommands()...)
 }
 
 func (cl *cli) workflowCommands() []*command {

@@ -22,11 +22,11 @@ threshold. Each pause and resume is recorded in operator_actions, with
 --by (default $USER@hostname) and the database login.`
 
 func (cl *cli) kindCommands() []*command {
-	return []*command{
+	return append([]*command{
 		{name: "paused", summary: "the paused kinds, and the last pauses and resumes", flags: cl.kindsPaused},
 		{name: "pause", args: "KIND", summary: "pause KIND on every host: its deliveries wait in the stream", help: pauseHelp, flags: cl.kindsPause},
 		{name: "resume", args: "KIND", summary: "resume a paused KIND: its waiting deliveries run", help: pauseHelp, flags: cl.kindsResume},
-	}
+	}, cl.limitCommands()...)
 }
 
 // actingOperator is who the CLI says acts: $USER@hostname.

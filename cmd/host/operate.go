@@ -119,6 +119,9 @@ func printInspection(out io.Writer, in ops.Inspection) error {
 			return err
 		}
 	}
+	if err := printLimited(out, in.Limited); err != nil {
+		return err
+	}
 	fmt.Fprintln(out, "\ndead letters (open)")
 	if len(in.DeadLetters) == 0 {
 		fmt.Fprintln(out, "  none")

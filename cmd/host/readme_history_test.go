@@ -30,8 +30,8 @@ func TestREADMEHistoryCommands(t *testing.T) {
 	env := []string{"DATABASE_URL=" + dbURL}
 
 	ran := 0
-	for _, line := range readmeBlock(t, "## Operating", "sh") {
-		if !strings.HasPrefix(line, "bin/host jobs") && !strings.HasPrefix(line, "bin/host workflows") {
+	for _, line := range readmeBlock(t, "## Operating", "text") {
+		if !strings.HasPrefix(line, "bin/host jobs show") && !strings.HasPrefix(line, "bin/host workflows") {
 			continue
 		}
 		for _, l := range expand(line) {

@@ -60,7 +60,7 @@ func TestREADMEAdminCommands(t *testing.T) {
 	// The Operating section's plugins list and reload lines, every optional
 	// part left out and put in.
 	ran := 0
-	for _, line := range readmeBlock(t, "## Operating", "sh") {
+	for _, line := range readmeBlock(t, "## Operating", "text") {
 		if !strings.HasPrefix(line, "bin/host plugins [list]") && !strings.HasPrefix(line, "bin/host plugins reload") {
 			continue
 		}
@@ -149,7 +149,7 @@ func TestREADMEOperatingCommands(t *testing.T) {
 	env := []string{"DATABASE_URL=" + dbURL, "USHER_STREAM=" + stream, "REDIS_URL=" + hosttest.RedisURL()}
 
 	ran := 0
-	for _, line := range readmeBlock(t, "## Operating", "sh") {
+	for _, line := range readmeBlock(t, "## Operating", "text") {
 		if !strings.HasPrefix(line, "bin/host migrate") && !strings.HasPrefix(line, "bin/host inspect") &&
 			!strings.HasPrefix(line, "bin/host deadletters") {
 			continue
@@ -218,4 +218,31 @@ func TestREADMEDemoCommands(t *testing.T) {
 			require.Contains(t, out, "  pending           0\n", line)
 		}
 	}
+}
+
+// A block marked sh is one to paste: no line of it is a synopsis (an
+// optional part in brackets, "A | B"), which the shell would take as
+// arguments. Synopses go in text blocks (the Operating section's).
+func TestREADMEShellBlocksHaveNoSynopsis(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "README.md"))
+	require.NoError(t, err)
+	synopsis := regexp.MustCompile(`\[(--|[A-Z]|[a-z]+\])| \| --`)
+	blocks := 0
+	rest := string(b)
+	for {
+		_, after, ok := strings.Cut(rest, "```sh\n")
+		if !ok {
+			break
+		}
+		block, tail, ok := strings.Cut(after, "```")
+		require.True(t, ok, "an sh block is not closed")
+		rest = tail
+		blocks++
+		for _, line := range strings.Split(block, "\n") {
+			code, _, _ := strings.Cut(line, "  #")
+			require.False(t, synopsis.MatchString(code), "a synopsis in an sh block: %s", line)
+		}
+	}
+	require.Greater(t, blocks, 10)
 }

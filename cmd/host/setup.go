@@ -10,8 +10,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
 )
@@ -48,7 +46,7 @@ func (cl *cli) setup(ctx context.Context, adminURL, passfile string, cfg sandbox
 		cfg.Owner = sandbox.OwnerIn(cfg.Deployment)
 	}
 	owner, plugins := cfg.Owner, cfg.Plugins
-	admin, err := pgx.Connect(ctx, adminURL)
+	admin, err := connectCreating(ctx, adminURL, cl.stdout)
 	if err != nil {
 		return fmt.Errorf("setup: %w", err)
 	}

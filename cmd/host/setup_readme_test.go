@@ -34,9 +34,8 @@ func TestReadmeSetup(t *testing.T) {
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, hosttest.DatabaseURL())
 	require.NoError(t, err)
+	// No CREATE DATABASE: the README's setup creates it.
 	db := "usher_t_" + hosttest.Suffix()
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+db)
-	require.NoError(t, err)
 	// The README's setup has one deployment on its cluster; the test's
 	// cluster is shared (by other tests, other checkouts), so the test's
 	// deployment has a name of its own, and its roles are dropped after.
@@ -87,6 +86,7 @@ func TestReadmeSetup(t *testing.T) {
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "created database "+db+"\n", "the database did not exist")
 	st, err := os.Stat(filepath.Join(dir, "pgpass"))
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), st.Mode().Perm())

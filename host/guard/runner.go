@@ -76,6 +76,10 @@ type Outcome struct {
 	// differ from the version the job was routed to: the history names
 	// this one.
 	Version string
+	// WaitsFor names the effect claim a Retry waits for (its claim was
+	// held by another run); Frees the claim this run marked done or gave
+	// back, whose waiting retries may run now. "" when none.
+	WaitsFor, Frees string
 }
 
 // applied is the outcome of a run that committed its effect, and with it
@@ -588,6 +592,14 @@ type claimSQL struct {
 	keys       []any
 	lease      time.Duration
 	intent     string
+	// key names the claim row: its waiting retries' schedule.Run.WaitsFor.
+	key string
+}
+
+// claimKey names the claim row spec claims: its table and key columns and
+// values.
+func claimKey(spec *usherv1.ClaimSpec) string {
+	return fmt.Sprintf("%s%q=%v", spec.GetTable(), spec.GetKeyColumns(), contract.FromValues(spec.GetKeyValues()))
 }
 
 func buildClaim(spec *usherv1.ClaimSpec) (*claimSQL, error) {
@@ -650,6 +662,7 @@ func buildClaim(spec *usherv1.ClaimSpec) (*claimSQL, error) {
 		mark:    fmt.Sprintf(`UPDATE %s SET %s = now() WHERE %s AND %s IS NULL`, t, done, whereKeys, done),
 		release: fmt.Sprintf(`UPDATE %[1]s SET %[2]s = '-infinity' WHERE %[3]s AND %[4]s IS NULL AND %[2]s = $%[5]d`, t, claimed, whereKeys, done, n+1),
 		keys:    contract.FromValues(spec.GetKeyValues()),
+		key:     claimKey(spec),
 		lease:   time.Duration(spec.GetLeaseMs()) * time.Millisecond,
 		intent:  spec.GetIntent(),
 	}, nil
@@ -703,7 +716,7 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 		}
 		wait := max(time.Duration(remaining*float64(time.Second)), 100*time.Millisecond)
 		r.cfg.Logger.Info("claim held by another run; retrying after its lease", "job_id", job.GetId(), "kind", job.GetKind(), "retry_in", wait)
-		return Outcome{Verdict: Retry, RetryAfter: wait, Reason: "claim held by another run"}
+		return Outcome{Verdict: Retry, RetryAfter: wait, Reason: "claim held by another run", WaitsFor: c.key}
 	}
 	if err != nil {
 		if out := claimError(err); out != nil {
@@ -734,6 +747,8 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 				return err
 			}); err != nil {
 				r.cfg.Logger.Warn("release claim failed; the retry waits out the lease", "job_id", job.GetId(), "err", err)
+			} else {
+				out.Frees = c.key
 			}
 		}
 		return out
@@ -777,9 +792,13 @@ func (r *Runner) claim(ctx context.Context, inv Invoker, db DB, job *usherv1.Job
 		return abandoned(fmt.Errorf("mark done: %w", err))
 	}
 	if unkept != nil {
-		return permanent(unkept)
+		o := permanent(unkept)
+		o.Frees = c.key
+		return o
 	}
-	return applied(d)
+	o := applied(d)
+	o.Frees = c.key
+	return o
 }
 
 // inTxReset runs the statements queue adds in a transaction of their own

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/usherhq/usher/host/limits"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pause"
 )
@@ -42,6 +43,9 @@ type Inspection struct {
 	// Lag is how far behind the runtime is, as of the time Inspect was
 	// given.
 	Lag Lag `json:"lag"`
+	// Limited are the kinds with a concurrency or rate limit
+	// (host/limits): their jobs start no faster across every host.
+	Limited []limits.Limit `json:"limited_kinds,omitempty"`
 }
 
 // ConsumerLoad is one consumer's pending entries.
@@ -120,6 +124,9 @@ func Inspect(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, s
 		}
 	}
 	if in.Paused, err = pause.List(ctx, q); err != nil {
+		return in, err
+	}
+	if in.Limited, err = limits.List(ctx, q); err != nil {
 		return in, err
 	}
 	rows, err := q.Query(ctx, `SELECT guard, kind, reason, count FROM absorbed_duplicates ORDER BY guard, kind, reason`)

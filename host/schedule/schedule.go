@@ -35,6 +35,13 @@ type Run struct {
 	Trace     string
 	Reason    string
 	RunAt     time.Time
+	// WaitsFor, when set, names the effect claim this run waits for
+	// (guard 2's claim held by another run): a wake of that claim
+	// (WakeClaim) moves the run to now. WaitsSince is when the run that
+	// found it held started: a wake since then, committed before this run
+	// is added, makes it due at once.
+	WaitsFor   string
+	WaitsSince time.Time
 }
 
 // Add schedules r. It reports false when that (identity, attempt) was already
@@ -46,15 +53,70 @@ func Add(ctx context.Context, q outbox.Querier, r Run) (bool, error) {
 	if !json.Valid(r.Payload) {
 		return false, fmt.Errorf("schedule: %s payload is not valid JSON", r.Kind)
 	}
+	if r.WaitsFor != "" {
+		// In the caller's transaction: WakeClaim takes the same lock, so
+		// either its update sees this row or this insert sees its wake.
+		if _, err := q.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('usher-claim-wake/' || $1, 0))`, r.WaitsFor); err != nil {
+			return false, fmt.Errorf("schedule: add: %w", err)
+		}
+	}
 	tag, err := q.Exec(ctx, `
-		INSERT INTO scheduled_jobs (job_id, attempt, kind, payload, request_id, trace, reason, run_at)
-		VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8)
+		INSERT INTO scheduled_jobs (job_id, attempt, kind, payload, request_id, trace, reason, run_at, waits_for)
+		SELECT $1, $2, $3, $4::jsonb, $5, $6, $7,
+		       CASE WHEN EXISTS (SELECT 1 FROM claim_wakes w WHERE w.waits_for = $9 AND w.at >= $10) THEN now() ELSE $8 END, $9
 		ON CONFLICT (job_id, attempt) DO NOTHING`,
-		r.JobID, r.Attempt, r.Kind, string(r.Payload), r.RequestID, r.Trace, r.Reason, r.RunAt)
+		r.JobID, r.Attempt, r.Kind, string(r.Payload), r.RequestID, r.Trace, r.Reason, r.RunAt, nullText(r.WaitsFor), r.WaitsSince)
 	if err != nil {
 		return false, fmt.Errorf("schedule: add: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+func nullText(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// WakeClaim makes the runs waiting for the effect claim key (Run.WaitsFor)
+// due now, and records the wake for a run added after it; it returns how
+// many it moved. The claim's owner calls it once it marked the claim done
+// or gave it back. One round trip: the statements are one batch, which
+// Postgres runs as one transaction.
+func WakeClaim(ctx context.Context, db Batcher, key string) (int64, error) {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended('usher-claim-wake/' || $1, 0))`, key)
+	b.Queue(`INSERT INTO claim_wakes (waits_for, at) VALUES ($1, clock_timestamp())
+		ON CONFLICT (waits_for) DO UPDATE SET at = EXCLUDED.at`, key)
+	b.Queue(`UPDATE scheduled_jobs SET run_at = now() WHERE waits_for = $1 AND enqueued_at IS NULL AND run_at > now()`, key)
+	b.Queue(`DELETE FROM claim_wakes WHERE ctid IN (
+		SELECT ctid FROM claim_wakes WHERE at < now() - interval '1 minute' ORDER BY at LIMIT 2 FOR UPDATE SKIP LOCKED)`)
+	br := db.SendBatch(ctx, b)
+	var n int64
+	var err error
+	for i := range 4 {
+		tag, e := br.Exec()
+		if e != nil {
+			err = e
+			break
+		}
+		if i == 2 {
+			n = tag.RowsAffected()
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("schedule: wake the runs waiting for a claim: %w", err)
+	}
+	return n, nil
+}
+
+// Batcher is what WakeClaim needs: *pgxpool.Pool, *pgx.Conn.
+type Batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // NewJob schedules a job born in the scheduler, minting its identity.

@@ -98,11 +98,14 @@ func (r *Redispatcher) Later(e Entry) {
 	// Started under mu: Run waits for the tasks after clearing ctx.
 	r.tasks.Go(func() {
 		defer r.n.Add(-1)
-		defer r.waiting.Delete(id)
 		if !r.wait(ctx, kind) {
+			r.waiting.Delete(id)
 			return
 		}
 		e, ok, err := r.cfg.Pending.ClaimOwn(ctx, id)
+		// Forgotten before it runs: a run held back again (a kind at its
+		// limit) asks Later for it while this task is still in Take.
+		r.waiting.Delete(id)
 		if err != nil || !ok {
 			return
 		}

@@ -82,6 +82,7 @@ type Settler interface {
 	DeadLetter(ctx context.Context, d *settle.Delivery, l deadletter.Letter) error
 	Abandoned(ctx context.Context, d *settle.Delivery) error
 	WaitedForKind(ctx context.Context, outboxID int64, kind string) (bool, error)
+	WakeClaim(ctx context.Context, key string) (int64, error)
 }
 
 // Runner runs guards (guard.Runner).
@@ -114,6 +115,10 @@ type Config struct {
 	// Paused reports whether an operator paused kind (pause.Watcher):
 	// its entries are parked until it is resumed. Optional (nil: none).
 	Paused func(kind string) bool
+	// Limits holds kinds to their concurrency and rate limits across
+	// every host (limits.Limiter): an entry held back is parked until a
+	// permit or a token is free. Optional (nil: no limits).
+	Limits Limits
 	// StepStart is asked before a workflow step's delivery runs
 	// (workflow.StepStart): false when the step was cancelled before it
 	// started, and then no handler runs. Optional (nil: every step runs).
@@ -124,6 +129,15 @@ type Config struct {
 	Metrics *telemetry.Metrics
 	Tracer  telemetry.Tracer
 	Logger  *slog.Logger
+}
+
+// Limits is what the pipeline asks of the kinds' limits (limits.Limiter).
+type Limits interface {
+	// Acquire asks to start a job of kind, id naming the run; when ok,
+	// release is called once the run ends.
+	Acquire(ctx context.Context, kind, id string) (release func(), ok bool, err error)
+	// Ready reports whether a start of kind may be tried now.
+	Ready(kind string) bool
 }
 
 // Pipeline dispatches entries.
@@ -149,7 +163,8 @@ func (p *Pipeline) StalledCap() int64 { return int64(max(1, p.cfg.Concurrency/2)
 // running and below its share of stalled jobs (the Redispatcher's test).
 func (p *Pipeline) Ready(kind string) bool {
 	rt, ok := p.cfg.Routes.Get(kind)
-	return ok && rt.Plugin.Ready() && rt.Counters.Stalled.Load() < p.StalledCap() && !p.paused(kind)
+	return ok && rt.Plugin.Ready() && rt.Counters.Stalled.Load() < p.StalledCap() && !p.paused(kind) &&
+		(p.cfg.Limits == nil || p.cfg.Limits.Ready(kind))
 }
 
 func (p *Pipeline) paused(kind string) bool { return p.cfg.Paused != nil && p.cfg.Paused(kind) }
@@ -261,6 +276,22 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 		d.Arrive()
 		return p.poison(ctx, e, d, rt, crashes, nil)
 	}
+	if p.cfg.Limits != nil {
+		release, ok, err := p.cfg.Limits.Acquire(ctx, e.Kind, e.StreamID)
+		if err != nil || !ok {
+			// Held back by its kind's limit (or the limit could not be
+			// asked): it waits in the stream, its delivery given back, and
+			// runs when a permit or a token is free. Not an attempt.
+			if err != nil {
+				p.log.Warn("could not ask the kind's limits; the entry waits", "stream_id", e.StreamID, "kind", e.Kind, "err", err)
+			}
+			d.Arrive()
+			p.park(ctx, e, rt, "its kind is at its limit")
+			p.redispatch(e, rt)
+			return pending
+		}
+		defer release()
+	}
 	defer func() {
 		if s.ack && crashes > 0 {
 			p.clearCrashes(ctx, e)
@@ -319,7 +350,25 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 		p.cfg.Fleet.Observe(Observation{Plugin: rt.Name, Kind: e.Kind, JobID: e.JobID, Start: start,
 			Failed: out.Verdict == guard.Abandoned || (out.Verdict == guard.Retry && out.Err != nil)})
 	}
-	return p.verdict(ctx, e, d, rt, out, traceparent)
+	s = p.verdict(ctx, e, d, rt, out, traceparent)
+	if out.Frees != "" {
+		p.wakeClaim(ctx, e, out.Frees)
+	}
+	return s
+}
+
+// wakeClaim has the retries waiting for the effect claim key run now: its
+// owner (this run) marked it done or gave it back. Best effort: a retry
+// not woken runs after the claim's lease, as before.
+func (p *Pipeline) wakeClaim(ctx context.Context, e stream.Entry, key string) {
+	n, err := p.cfg.Settler.WakeClaim(ctx, key)
+	if err != nil {
+		p.log.Warn("could not wake the retries waiting for a claim; they run after its lease", "job_id", e.JobID, "kind", e.Kind, "err", err)
+		return
+	}
+	if n > 0 {
+		p.log.Info("woke the retries waiting for a claim this run freed", "job_id", e.JobID, "kind", e.Kind, "woken", n)
+	}
 }
 
 // watchStall counts the job as stalled while it runs past StalledAfter,
@@ -429,6 +478,8 @@ func (p *Pipeline) retry(ctx context.Context, e stream.Entry, d *settle.Delivery
 	added, err := p.cfg.Settler.Retry(ctx, d, schedule.Run{
 		JobID: e.JobID, Attempt: e.Attempt + 1, Kind: e.Kind, Payload: e.Payload,
 		RequestID: e.RequestID, Trace: e.Trace, Reason: settle.StoredError(out.Reason), RunAt: time.Now().Add(out.RetryAfter),
+		// A second of slack for the clocks of this host and Postgres.
+		WaitsFor: out.WaitsFor, WaitsSince: d.Record.StartedAt.Add(-time.Second),
 	})
 	if err != nil {
 		log.Warn("could not schedule retry; entry left pending", "err", err)

@@ -116,6 +116,14 @@ func (s *Settler) Retry(ctx context.Context, d *Delivery, r schedule.Run) (added
 	return added, err
 }
 
+// WakeClaim makes the retries waiting for the effect claim key due now
+// (schedule.WakeClaim) and returns how many.
+func (s *Settler) WakeClaim(ctx context.Context, key string) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), Timeout)
+	defer cancel()
+	return schedule.WakeClaim(ctx, s.cfg.Pool, key)
+}
+
 // DeadLetter commits the letter l with d's record and the outbox row's
 // dead_letter mark. d is nil for an entry that is no job's delivery (a
 // forged one): then only the letter is written.
