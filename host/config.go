@@ -544,6 +544,16 @@ func RedisOptions(redisURL, caFile string) (*redis.Options, error) {
 	if opt.TLSConfig == nil {
 		return nil, fmt.Errorf("a Redis CA file (%s) is set but the Redis URL is not rediss:// (TLS)", caFile)
 	}
+	roots, err := caPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	opt.TLSConfig.RootCAs = roots
+	return opt, nil
+}
+
+// caPool is the CA certificates in the PEM file caFile.
+func caPool(caFile string) (*x509.CertPool, error) {
 	pem, err := os.ReadFile(caFile)
 	if err != nil {
 		return nil, fmt.Errorf("redis CA file: %w", err)
@@ -552,8 +562,7 @@ func RedisOptions(redisURL, caFile string) (*redis.Options, error) {
 	if !roots.AppendCertsFromPEM(pem) {
 		return nil, fmt.Errorf("redis CA file %s holds no PEM certificate", caFile)
 	}
-	opt.TLSConfig.RootCAs = roots
-	return opt, nil
+	return roots, nil
 }
 
 // MaskURL is s with its password, if any, masked: for logs and printed

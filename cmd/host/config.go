@@ -76,7 +76,7 @@ func (c *connFlags) registerDB(fs *flag.FlagSet) {
 // registerRedis adds the flags that reach Redis, not which stream.
 func (c *connFlags) registerRedis(fs *flag.FlagSet) {
 	fs.StringVar(&c.redisURL, "redis-url", env("REDIS_URL", "redis://127.0.0.1:6379/0"),
-		"Redis URL, rediss:// for TLS, redis://USER@... for an ACL user, whose password is never on the command line: "+
+		"Redis URL, rediss:// for TLS, redis-cluster://HOST:PORT[,HOST:PORT...] (rediss-cluster://) for a Redis Cluster, redis://USER@... for an ACL user, whose password is never on the command line: "+
 			"--redis-password-file, or the whole URL in REDIS_URL (REDIS_URL)")
 	fs.StringVar(&c.redisPasswordFile, "redis-password-file", env("USHER_REDIS_PASSWORD_FILE", ""),
 		"file holding the Redis user's password, mode 0600 (USHER_REDIS_PASSWORD_FILE)")
