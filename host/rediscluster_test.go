@@ -140,7 +140,7 @@ func TestHostHealsAfterPrimaryKill(t *testing.T) {
 		if n >= total {
 			break
 		}
-		require.True(t, time.Now().Before(deadline), "timed out at %d of %d applied", n, total)
+		require.True(t, time.Now().Before(deadline), "timed out at %d of %d applied (promoted after %s)", n, total, promoted)
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("longest pause in progress after the kill: %s (all %d applied %s after the kill)", longest, total, time.Since(killed))

@@ -109,7 +109,7 @@ func (c *RedisCluster) start(port int) {
 	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 		"--cluster-node-timeout", strconv.FormatInt(NodeTimeout.Milliseconds(), 10),
-		"--dir", dir, "--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no",
+		"--dir", dir, "--save", "", "--repl-diskless-sync-delay", "0", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no",
 		"--logfile", filepath.Join(dir, "redis.log"))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -141,6 +141,15 @@ func (c *RedisCluster) stop() {
 	for _, n := range c.nodes {
 		_ = n.cmd.Process.Kill()
 		<-n.done
+	}
+	if c.tb.Failed() {
+		for _, p := range c.ports {
+			log, _ := os.ReadFile(filepath.Join(c.dir, strconv.Itoa(p), "redis.log"))
+			if len(log) > 4000 {
+				log = log[len(log)-4000:]
+			}
+			c.tb.Logf("redis cluster node %d's log ends:\n%s", p, log)
+		}
 	}
 }
 
@@ -254,7 +263,8 @@ func (c *RedisCluster) Restart(addr string) {
 }
 
 // WaitHealthy waits until every live node reports cluster_state:ok and
-// agrees every slot is served.
+// agrees every slot is served, and every live replica is in sync with its
+// primary.
 func (c *RedisCluster) WaitHealthy(within time.Duration) {
 	c.tb.Helper()
 	deadline := time.Now().Add(within)
@@ -280,6 +290,17 @@ func (c *RedisCluster) healthy() (bool, string) {
 		}
 		if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") {
 			return false, fmt.Sprintf("%s: %s", a, strings.ReplaceAll(info, "\r\n", " "))
+		}
+		// A replica that has not finished its first sync cannot be
+		// promoted: a primary killed before then is never failed over.
+		cl = node(a)
+		repl, err := cl.Info(context.Background(), "replication").Result()
+		_ = cl.Close()
+		if err != nil {
+			return false, fmt.Sprintf("%s: %v", a, err)
+		}
+		if strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up") {
+			return false, fmt.Sprintf("%s: replica not in sync with its primary", a)
 		}
 	}
 	return true, ""
