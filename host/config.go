@@ -211,6 +211,12 @@ type Config struct {
 	// ReclaimInterval is how often the reclaimer scans. Default
 	// ReclaimIdle/4.
 	ReclaimInterval time.Duration
+	// HostLeaseTTL is the host's heartbeat lease in Redis (renewed every
+	// TTL/3): the pending entries of a host whose lease expired and that
+	// stopped reading are claimed by the others at once, instead of after
+	// ReclaimIdle, which stays for a host that is alive but slow (see
+	// stream.Lease). Default 5s; negative: no lease and no such claims.
+	HostLeaseTTL time.Duration
 	// JobTimeout bounds one run of a handler; an overrun is cancelled, its
 	// transaction rolled back, and the job retried. Default 30s.
 	JobTimeout time.Duration
@@ -422,6 +428,9 @@ func (c *Config) fill() {
 	if c.RetryBackoff <= 0 {
 		c.RetryBackoff = time.Second
 	}
+	if c.HostLeaseTTL == 0 {
+		c.HostLeaseTTL = 5 * time.Second
+	}
 	if c.ReclaimInterval <= 0 {
 		c.ReclaimInterval = max(c.ReclaimIdle/4, 100*time.Millisecond)
 	}
@@ -482,7 +491,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("idle_in_transaction_timeout", c.IdleInTransactionTimeout), slog.Duration("rollback_window", c.RollbackWindow),
 		slog.Float64("rollback_failure_share", c.RollbackFailureShare), slog.Int("rollback_min_jobs", c.RollbackMinJobs),
 		slog.Int("concurrency", c.Concurrency), slog.Int64("max_entry_bytes_held", c.MaxEntryBytesHeld),
-		slog.Duration("reclaim_idle", c.ReclaimIdle), slog.Duration("history_retention", c.HistoryRetention),
+		slog.Duration("reclaim_idle", c.ReclaimIdle), slog.Duration("host_lease_ttl", c.HostLeaseTTL), slog.Duration("history_retention", c.HistoryRetention),
 		slog.Duration("workflow_retention", c.WorkflowRetention),
 		slog.Duration("unknown_kind_wait", c.UnknownKindWait),
 		slog.Duration("job_timeout", c.JobTimeout), slog.Duration("stalled_after", c.StalledAfter), slog.Int("batch_max", c.BatchMax), slog.Duration("batch_wait", c.BatchWait), slog.Int64("max_deliveries", c.MaxDeliveries),

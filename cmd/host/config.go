@@ -103,6 +103,9 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&cfg.Consumer, "consumer", env("USHER_CONSUMER", ""), "consumer name, unique per host (USHER_CONSUMER; default hostname-pid)")
 	fs.DurationVar(&cfg.ReclaimIdle, "reclaim-idle", 60*time.Second, "reclaim entries idle longer than this (USHER_RECLAIM_IDLE)")
 	fromEnv(fs, "reclaim-idle", "USHER_RECLAIM_IDLE")
+	fs.DurationVar(&cfg.HostLeaseTTL, "host-lease-ttl", 5*time.Second,
+		"heartbeat lease of this host in Redis: a host silent this long has its pending entries claimed by the others at once; negative: off (USHER_HOST_LEASE_TTL)")
+	fromEnv(fs, "host-lease-ttl", "USHER_HOST_LEASE_TTL")
 	fs.DurationVar(&cfg.UnknownKindWait, "unknown-kind-wait", time.Hour,
 		"a job whose kind no plugin here serves waits this long for a host that does, then is dead-lettered; negative: at once (USHER_UNKNOWN_KIND_WAIT)")
 	fromEnv(fs, "unknown-kind-wait", "USHER_UNKNOWN_KIND_WAIT")
