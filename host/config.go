@@ -247,6 +247,10 @@ type Config struct {
 	DisableScheduler bool
 	// RelayPollInterval is the relay's fallback poll. Default 1s.
 	RelayPollInterval time.Duration
+	// RelayReplicas: the relay marks a row published only once this many
+	// Redis replicas acknowledged its entry (WAIT, 1s timeout; a batch
+	// short of them goes out again). Default 0: not waited for.
+	RelayReplicas int
 	// ReconcileAfter: an outbox row published this long ago whose job has
 	// no outcome is published again (its stream entry was lost). Default
 	// 15 minutes; it must exceed the longest expected backlog.
@@ -495,7 +499,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("workflow_retention", c.WorkflowRetention),
 		slog.Duration("unknown_kind_wait", c.UnknownKindWait),
 		slog.Duration("job_timeout", c.JobTimeout), slog.Duration("stalled_after", c.StalledAfter), slog.Int("batch_max", c.BatchMax), slog.Duration("batch_wait", c.BatchWait), slog.Int64("max_deliveries", c.MaxDeliveries),
-		slog.Int("max_attempts", c.MaxAttempts), slog.Int("poison_crashes", c.PoisonCrashes), slog.Bool("relay", !c.DisableRelay),
+		slog.Int("max_attempts", c.MaxAttempts), slog.Int("poison_crashes", c.PoisonCrashes), slog.Bool("relay", !c.DisableRelay), slog.Int("relay_replicas", c.RelayReplicas),
 		slog.Bool("scheduler", !c.DisableScheduler), slog.String("admin_addr", c.AdminAddr),
 		slog.String("admin_token", maskSecret(c.AdminToken)), slog.String("admin_token_file", c.AdminTokenFile),
 		slog.Any("admin_allowed_hosts", c.AdminAllowedHosts),

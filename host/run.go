@@ -56,7 +56,7 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 	var background []lifecycle.Service
 	if !cfg.DisableRelay {
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Key: h.key, PollInterval: cfg.RelayPollInterval,
+			Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Key: h.key, PollInterval: cfg.RelayPollInterval, Replicas: cfg.RelayReplicas,
 			AfterPublish: cfg.RelayAfterPublish, Logger: h.log,
 			OnPublished: func(n int) { h.metrics.Published.Add(float64(n)) },
 			// What this host published is read now, not at the next poll.

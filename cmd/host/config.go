@@ -106,6 +106,9 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&cfg.HostLeaseTTL, "host-lease-ttl", 5*time.Second,
 		"heartbeat lease of this host in Redis: a host silent this long has its pending entries claimed by the others at once; negative: off (USHER_HOST_LEASE_TTL)")
 	fromEnv(fs, "host-lease-ttl", "USHER_HOST_LEASE_TTL")
+	fs.IntVar(&cfg.RelayReplicas, "relay-replicas", 0,
+		"mark an outbox row published only once this many Redis replicas acknowledged its entry (WAIT); 0: do not wait (USHER_RELAY_REPLICAS)")
+	fromEnv(fs, "relay-replicas", "USHER_RELAY_REPLICAS")
 	fs.DurationVar(&cfg.UnknownKindWait, "unknown-kind-wait", time.Hour,
 		"a job whose kind no plugin here serves waits this long for a host that does, then is dead-lettered; negative: at once (USHER_UNKNOWN_KIND_WAIT)")
 	fromEnv(fs, "unknown-kind-wait", "USHER_UNKNOWN_KIND_WAIT")
