@@ -190,14 +190,21 @@ func (c *RedisCluster) PrimaryFor(key string) string {
 	slot := slotOf(key)
 	for _, a := range c.liveAddrs() {
 		cl := node(a)
-		slots, err := cl.ClusterSlots(context.Background()).Result()
+		shards, err := cl.ClusterShards(context.Background()).Result()
 		_ = cl.Close()
 		if err != nil {
 			continue
 		}
-		for _, s := range slots {
-			if int64(s.Start) <= slot && slot <= int64(s.End) && len(s.Nodes) > 0 {
-				return s.Nodes[0].Addr
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if r.Start > slot || slot > r.End {
+					continue
+				}
+				for _, n := range sh.Nodes {
+					if n.Role == "master" {
+						return fmt.Sprintf("%s:%d", n.IP, n.Port)
+					}
+				}
 			}
 		}
 	}
