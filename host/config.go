@@ -583,6 +583,9 @@ func caPool(caFile string) (*x509.CertPool, error) {
 func MaskURL(s string) string { return maskURL(s) }
 
 func maskURL(s string) string {
+	if IsClusterURL(s) {
+		return maskClusterURL(s)
+	}
 	u, err := url.Parse(s)
 	if err != nil || u.User == nil {
 		return s

@@ -2,6 +2,7 @@ package host
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -50,19 +51,89 @@ func NewRedisClient(redisURL, caFile string) (redis.UniversalClient, error) {
 	return redis.NewClusterClient(opt), nil
 }
 
+// clusterURL is a redis-cluster:// URL cut in parts: net/url refuses its
+// list of addresses. userinfo keeps its "@".
+type clusterURL struct {
+	scheme, userinfo, hosts, tail string
+}
+
+func splitClusterURL(s string) clusterURL {
+	var c clusterURL
+	var rest string
+	c.scheme, rest, _ = strings.Cut(s, "://")
+	c.hosts = rest
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		c.hosts, c.tail = rest[:i], rest[i:]
+	}
+	if i := strings.LastIndex(c.hosts, "@"); i >= 0 {
+		c.userinfo, c.hosts = c.hosts[:i+1], c.hosts[i+1:]
+	}
+	return c
+}
+
+// user is the URL's user info (nil without one).
+func (c clusterURL) user() *url.Userinfo {
+	if c.userinfo == "" {
+		return nil
+	}
+	u, err := url.Parse("redis://" + c.userinfo + "h")
+	if err != nil {
+		return nil
+	}
+	return u.User
+}
+
+func (c clusterURL) String() string { return c.scheme + "://" + c.userinfo + c.hosts + c.tail }
+
+// RedisURLWithPassword is redisURL (either form NewRedisClient takes)
+// with password pw for its user ("default" when it names none); an error
+// when it already holds a password.
+func RedisURLWithPassword(redisURL, pw string) (string, error) {
+	var c clusterURL
+	var u *url.URL
+	var user *url.Userinfo
+	if IsClusterURL(redisURL) {
+		c = splitClusterURL(redisURL)
+		user = c.user()
+	} else {
+		var err error
+		if u, err = url.Parse(redisURL); err != nil {
+			return "", fmt.Errorf("redis url: %w", err)
+		}
+		user = u.User
+	}
+	if _, has := user.Password(); has {
+		return "", errors.New("the Redis URL holds a password and --redis-password-file gives one: use one")
+	}
+	name := "default"
+	if user != nil && user.Username() != "" {
+		name = user.Username()
+	}
+	if u != nil {
+		u.User = url.UserPassword(name, pw)
+		return u.String(), nil
+	}
+	c.userinfo = url.UserPassword(name, pw).String() + "@"
+	return c.String(), nil
+}
+
+// maskClusterURL is a cluster URL with its password, if any, masked.
+func maskClusterURL(s string) string {
+	c := splitClusterURL(s)
+	if user := c.user(); user != nil {
+		if _, has := user.Password(); has {
+			c.userinfo = url.UserPassword(user.Username(), "xxxxx").String() + "@"
+		}
+	}
+	return c.String()
+}
+
 // ClusterOptions parses a redis-cluster:// URL (see NewRedisClient).
 func ClusterOptions(redisURL, caFile string) (*redis.ClusterOptions, error) {
-	scheme, rest, _ := strings.Cut(redisURL, "://")
-	tlsOn := scheme == clusterTLSScheme
-	authority, tail := rest, ""
-	if i := strings.IndexAny(rest, "/?"); i >= 0 {
-		authority, tail = rest[:i], rest[i:]
-	}
-	userinfo := ""
-	if i := strings.LastIndex(authority, "@"); i >= 0 {
-		userinfo, authority = authority[:i+1], authority[i+1:]
-	}
-	addrs := strings.Split(authority, ",")
+	c := splitClusterURL(redisURL)
+	tlsOn := c.scheme == clusterTLSScheme
+	userinfo, tail := c.userinfo, c.tail
+	addrs := strings.Split(c.hosts, ",")
 	for _, a := range addrs {
 		if a == "" {
 			return nil, fmt.Errorf("redis url: %s has an empty address", maskURL(redisURL))

@@ -241,12 +241,9 @@ func (c *connFlags) redis() (string, error) {
 	if c.redisPasswordFile == "" {
 		return c.redisURL, nil
 	}
-	u, err := url.Parse(c.redisURL)
-	if err != nil {
-		return "", fmt.Errorf("redis url: %w", err)
-	}
-	if _, has := u.User.Password(); has {
-		return "", errors.New("the Redis URL holds a password and --redis-password-file gives one: use one")
+	// Refused before the file is read: a URL with a password of its own.
+	if _, err := host.RedisURLWithPassword(c.redisURL, "x"); err != nil {
+		return "", err
 	}
 	b, err := secretfile.Read("redis password file", c.redisPasswordFile)
 	if err != nil {
@@ -256,12 +253,7 @@ func (c *connFlags) redis() (string, error) {
 	if pw == "" {
 		return "", fmt.Errorf("redis password file %s is empty", c.redisPasswordFile)
 	}
-	user := "default"
-	if u.User != nil && u.User.Username() != "" {
-		user = u.User.Username()
-	}
-	u.User = url.UserPassword(user, pw)
-	return u.String(), nil
+	return host.RedisURLWithPassword(c.redisURL, pw)
 }
 
 // secretFlags are the flags whose value may hold a password, and where the
