@@ -280,6 +280,10 @@ func refuseSecretArgs(fs *flag.FlagSet) error {
 			_, pw := u.User.Password()
 			has = has || pw
 		}
+		if host.IsClusterURL(v) { // which net/url cannot parse
+			_, perr := host.RedisURLWithPassword(v, "x")
+			has = has || perr != nil
+		}
 		if has {
 			err = usageError{fmt.Sprintf("--%s holds a password, and every local user can read a command line (/proc/PID/cmdline); %s", f.Name, where)}
 		}
