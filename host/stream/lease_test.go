@@ -70,7 +70,16 @@ func testLeaseClaimsOnlyDeadHosts(t *testing.T, rdb redis.UniversalClient, key s
 	require.NoError(t, err)
 	require.Zero(t, n, "consumers idle under the TTL keep their entries")
 
-	time.Sleep(ttl + 100*time.Millisecond) // the idle time Redis measures
+	hosttest.Eventually(t, 10*time.Second, "the dead consumer idle past the TTL, as Redis measures it", func() bool {
+		cs, err := rdb.XInfoConsumers(ctx, key, "g").Result()
+		require.NoError(t, err)
+		for _, c := range cs {
+			if c.Name == "dead" {
+				return c.Idle > ttl
+			}
+		}
+		return false
+	})
 	read("reading", 1)                     // no lease, but it reads: alive
 	n, err = l.ClaimDead(ctx)
 	require.NoError(t, err)
