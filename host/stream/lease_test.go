@@ -80,7 +80,7 @@ func testLeaseClaimsOnlyDeadHosts(t *testing.T, rdb redis.UniversalClient, key s
 		}
 		return false
 	})
-	read("reading", 1)                     // no lease, but it reads: alive
+	read("reading", 1) // no lease, but it reads: alive
 	n, err = l.ClaimDead(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
