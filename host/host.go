@@ -212,7 +212,8 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		MaxDeliveries: cfg.MaxDeliveries, MaxAttempts: cfg.MaxAttempts, PoisonCrashes: cfg.PoisonCrashes, Concurrency: cfg.Concurrency,
 		JobTimeout: cfg.JobTimeout, StalledAfter: cfg.StalledAfter, UnknownKindWait: cfg.UnknownKindWait,
 		Routes: h.fleet.Routes(), Fleet: h.fleet, Pending: pending, Redelivery: h.redispatcher, Settler: settler, Runner: jobs,
-		Paused: h.pauses.Paused, Detach: h.consumer.Detach, Metrics: h.metrics, Tracer: telemetry.NewTracer(), Logger: h.log,
+		Paused: h.pauses.Paused, Detach: h.consumer.Detach,
+		StepStart: func(ctx context.Context, jobID string) (bool, error) { return workflow.StepStart(ctx, h.pool, jobID) }, Metrics: h.metrics, Tracer: telemetry.NewTracer(), Logger: h.log,
 	})
 	if err != nil {
 		return err

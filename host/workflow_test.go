@@ -14,6 +14,7 @@ import (
 	"github.com/usherhq/usher/client"
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/pause"
 )
 
 // flows is a host running the flows test plugin (host/testdata/flows)
@@ -32,15 +33,21 @@ func startFlows(t *testing.T) *flows {
 // startFlowsFrom is startFlows serving the flows binary bin.
 func startFlowsFrom(t *testing.T, bin string) *flows {
 	t.Helper()
+	f := newFlows(t)
+	f.h = hosttest.Start(t, f.flowsConfig(bin))
+	return f
+}
+
+// newFlows is startFlows's database and bundle, its host not started.
+func newFlows(t *testing.T) *flows {
+	t.Helper()
 	b := setup(t)
 	_, err := b.pool.Exec(context.Background(), `
 		CREATE TABLE flow_effects (order_id text NOT NULL, step text NOT NULL, paid bigint NOT NULL, note text NOT NULL,
 			at timestamptz NOT NULL DEFAULT now());
 		GRANT INSERT ON flow_effects TO usher_plugin_flows`)
 	require.NoError(t, err)
-	f := &flows{testBundle: b, crashDir: t.TempDir()}
-	f.h = hosttest.Start(t, f.flowsConfig(bin))
-	return f
+	return &flows{testBundle: b, crashDir: t.TempDir()}
 }
 
 // flowsConfig is the bundle's host config serving the flows binary bin.
@@ -213,6 +220,43 @@ func TestWorkflowCancelCompensates(t *testing.T) {
 	require.NoError(t, f.pool.QueryRow(ctx, `SELECT result::text FROM workflows WHERE workflow_id = 't2'`).Scan(&result))
 	require.JSONEq(t, `{"reason": "buyer left"}`, result)
 	f.requireDecidedOnce(t, "t2")
+}
+
+// A cancel stops the steps that have not started. The trip's first two
+// steps are scheduled while their kind is paused, so their entries are on
+// the stream (published) and no host has started them; the cancel
+// cancels both, the trip has nothing to compensate and ends cancelled,
+// and once the kind is resumed the hosts take both entries and settle
+// each as cancelled, running no handler.
+func TestWorkflowCancelStopsStepsNotStarted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFlows(t)
+	_, _, err := pause.Pause(ctx, f.pool, "flow_effect", "test", "hold the trip's steps")
+	require.NoError(t, err)
+	f.h = hosttest.Start(t, f.flowsConfig(hosttest.Build(t, "./host/testdata/flows")))
+	f.start(t, "t-stop", map[string]string{"order": "o-stop"})
+	steps := `FROM workflow_steps s JOIN workflows w ON w.id = s.workflow JOIN outbox o ON o.id::text = s.job_id
+		WHERE w.workflow_id = 't-stop'`
+	hosttest.Eventually(t, 60*time.Second, "both steps published", func() bool {
+		return hosttest.Count(t, f.pool, `SELECT count(*) `+steps+` AND o.published_at IS NOT NULL AND s.started_at IS NULL`) == 2
+	})
+	_, err = client.CancelWorkflow(ctx, f.pool, "trip", "t-stop", "the buyer left")
+	require.NoError(t, err)
+	f.waitState(t, "t-stop", "cancelled")
+	require.EqualValues(t, 2, f.events(t, "t-stop", "step_cancelled"))
+	require.Zero(t, f.events(t, "t-stop", "step_completed"))
+
+	_, err = pause.Resume(ctx, f.pool, "flow_effect", "test")
+	require.NoError(t, err)
+	hosttest.Eventually(t, 60*time.Second, "both step entries settled as cancelled", func() bool {
+		return hosttest.Count(t, f.pool, `SELECT count(*) `+steps+` AND o.outcome = 'cancelled'`) == 2
+	})
+	require.Zero(t, hosttest.Count(t, f.pool, `SELECT count(*) FROM flow_effects WHERE order_id = 'o-stop'`), "no handler ran")
+	require.EqualValues(t, 2, hosttest.Count(t, f.pool, `SELECT count(*) FROM job_history h JOIN workflow_steps s ON s.job_id = h.job_id
+		JOIN workflows w ON w.id = s.workflow WHERE w.workflow_id = 't-stop' AND h.verdict = 'cancelled'`))
+	require.Zero(t, hosttest.Count(t, f.pool, `SELECT count(*) `+steps+` AND s.started_at IS NOT NULL`))
+	f.requireDecidedOnce(t, "t-stop")
 }
 
 // The host validates every decision: a step of a kind the plugin may not

@@ -27,7 +27,13 @@ import (
 // that Decide runs once per event. A task delivered again (its plugin
 // killed mid-call, a relay duplicate, a reclaim) may call it again with
 // the same or a longer history, and only one answer is committed; Decide
-// must therefore do nothing but decide (its effects belong in steps).
+// must therefore do nothing but decide (its effects belong in steps);
+// usher-vet reports an effect, a clock read or a database reached from it.
+//
+// Cancelling: a cancel request is an event (h.CancelRequested) and the
+// host cancels, with it, every step that has not started and is not
+// [StepCall.Detached]; a started step runs to its end. What completed is
+// the workflow's to compensate, in the steps it decides next.
 type Decide[In any] func(ctx context.Context, h WorkflowHistory[In]) (Decision, error)
 
 // HandleWorkflow registers decide as workflow type typ, with input In.
@@ -76,10 +82,14 @@ type EventType string
 
 // The events of a workflow's history.
 const (
-	EventStarted         EventType = "started"
-	EventStepScheduled   EventType = "step_scheduled"
-	EventStepCompleted   EventType = "step_completed"
-	EventStepFailed      EventType = "step_failed"
+	EventStarted       EventType = "started"
+	EventStepScheduled EventType = "step_scheduled"
+	EventStepCompleted EventType = "step_completed"
+	EventStepFailed    EventType = "step_failed"
+	// EventStepCancelled: the step was cancelled before it started (its
+	// workflow was asked to cancel, or ended); its job never ran and
+	// never will. Detail says why.
+	EventStepCancelled   EventType = "step_cancelled"
 	EventTimerSet        EventType = "timer_set"
 	EventTimerFired      EventType = "timer_fired"
 	EventSignalReceived  EventType = "signal_received"
@@ -124,8 +134,10 @@ type WorkflowHistory[In any] struct {
 // StepStatus is what the history says of one step.
 type StepStatus struct {
 	// Scheduled: an earlier decision scheduled it. Completed or Failed
-	// once its job ended (applied, or dead-lettered with Error).
-	Scheduled, Completed, Failed bool
+	// once its job ended (applied, or dead-lettered with Error);
+	// Cancelled when it was cancelled before it started (Error says why):
+	// its job ran no handler, so it has nothing to compensate.
+	Scheduled, Completed, Failed, Cancelled bool
 	// Outcome is its job's final outcome ("applied", "absorbed") when
 	// Completed; Error the dead letter's reason when Failed.
 	Outcome, Error string
@@ -134,8 +146,8 @@ type StepStatus struct {
 	Result json.RawMessage
 }
 
-// Done reports whether the step ended, either way.
-func (s StepStatus) Done() bool { return s.Completed || s.Failed }
+// Done reports whether the step ended, any way.
+func (s StepStatus) Done() bool { return s.Completed || s.Failed || s.Cancelled }
 
 // Step reports step id's status.
 func (h WorkflowHistory[In]) Step(id string) StepStatus {
@@ -151,6 +163,8 @@ func (h WorkflowHistory[In]) Step(id string) StepStatus {
 			s.Completed, s.Outcome, s.Result = true, e.Detail, e.Data
 		case EventStepFailed:
 			s.Failed, s.Error = true, e.Detail
+		case EventStepCancelled:
+			s.Cancelled, s.Error = true, e.Detail
 		}
 	}
 	return s
@@ -206,6 +220,20 @@ type StepCall struct {
 	// child, when set, makes the step a child workflow of that type, with
 	// id childID and input args.
 	child, childID string
+	detached       bool
+}
+
+// Detached returns the step marked to run even if its workflow is asked
+// to cancel before it starts. A step that has not started when its
+// workflow is asked to cancel is cancelled (it never runs, and its
+// [StepStatus] says Cancelled); a detached one runs all the same. Either
+// kind is cancelled if the workflow ends before it starts: nothing a
+// workflow scheduled starts after the workflow ended. A step that started
+// runs to its end, retries included, whatever is asked. A child workflow
+// cannot be detached (its cancel is its own; see [Child]).
+func (c StepCall) Detached() StepCall {
+	c.detached = true
+	return c
 }
 
 // Step is step id running a job of T's kind with args. A step id is used
@@ -284,10 +312,13 @@ func (d Decision) proto(now time.Time) (*usherv1.Decision, error) {
 			return nil, fmt.Errorf("step %q: its payload does not encode: %w", s.id, err)
 		}
 		if s.child != "" {
+			if s.detached {
+				return nil, fmt.Errorf("step %q: a child workflow cannot be detached", s.id)
+			}
 			out.Children = append(out.Children, &usherv1.ChildCommand{Id: s.id, Type: s.child, WorkflowId: s.childID, Input: b})
 			continue
 		}
-		out.Steps = append(out.Steps, &usherv1.StepCommand{Id: s.id, Kind: s.kind, Payload: b})
+		out.Steps = append(out.Steps, &usherv1.StepCommand{Id: s.id, Kind: s.kind, Payload: b, Detached: s.detached})
 	}
 	for _, t := range d.Timers {
 		at := t.At

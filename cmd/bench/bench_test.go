@@ -157,6 +157,23 @@ func checkResults(t *testing.T, dir string, inflight int) {
 	require.Equal(t, mix["orders"], mix["messages"])
 	require.Greater(t, mix["render_alone_cpu_seconds"], 0.0)
 	require.Greater(t, mix["cpu_seconds"], 0.0)
+	// The workflow rows: a throughput per level, the latency run, the
+	// idle run with its sleepers asleep.
+	wf := r["workflows"].(map[string]any)
+	levels := wf["levels"].([]any)
+	require.Len(t, levels, 1)
+	wl := levels[0].(map[string]any)
+	require.Equal(t, "usher", wl["runtime"])
+	require.Greater(t, wl["workflows_per_sec"], 0.0)
+	require.EqualValues(t, 0, wl["lost"])
+	require.EqualValues(t, 0, wl["doubled"])
+	wlat := wf["latency"].([]any)[0].(map[string]any)
+	require.Greater(t, wlat["p50_ms"], 0.0)
+	require.LessOrEqual(t, wlat["p50_ms"], wlat["p99_ms"])
+	require.Greater(t, wlat["decision_p50_ms"], 0.0)
+	idle := wf["idle"].([]any)[0].(map[string]any)
+	require.Greater(t, idle["sleeping"], 0.0)
+	require.Greater(t, idle["goroutines"], 0.0)
 	lat := r["latency"].(map[string]any)
 	for _, k := range []string{"p50_ms", "p95_ms", "p99_ms", "max_ms"} {
 		require.Greater(t, lat[k], 0.0, k)
@@ -185,7 +202,8 @@ func TestREADMEMakeBench(t *testing.T) {
 	cmd := exec.Command("sh", "-c", lines[0])
 	cmd.Dir = hosttest.ModuleRoot(t)
 	cmd.Env = append(os.Environ(),
-		"BENCH_FLAGS=--jobs 300 --inflight 4 --rate 100 --rate-seconds 2 --warmup 100 --mix 20 --peers=false --plots "+results+
+		"BENCH_FLAGS=--jobs 300 --inflight 4 --rate 100 --rate-seconds 2 --warmup 100 --mix 20 --peers=false "+
+			"--workflows 30 --workflow-rate 10 --workflow-rate-seconds 1 --sleeping 200 --idle-window 1s --plots "+results+
 			" --json "+filepath.Join(results, "bench.json")+services(),
 		"BENCH_TIME=5x")
 	out, err := cmd.CombinedOutput()

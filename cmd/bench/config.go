@@ -73,6 +73,13 @@ type config struct {
 	// host-inflight-N-in-process.pprof), and over the mix, host-mix.pprof,
 	// for go tool pprof. Default none.
 	CPUProfile string
+	// Workflows is the tallies (three-step workflows) per throughput run
+	// of the workflow rows; 0 skips the rows. WorkflowRate and
+	// WorkflowRateSeconds are their latency run's; Sleeping the naps
+	// (sleeping workflows) whose idle cost is measured over IdleWindow
+	// (0 skips it).
+	Workflows, WorkflowRate, WorkflowRateSeconds, Sleeping int
+	IdleWindow                                             time.Duration
 }
 
 func parseConfig(args []string, stderr io.Writer) (config, error) {
@@ -100,6 +107,11 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.Log, "log", "", "the host's log file, level warn (default <plots>/host.log)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 15*time.Minute, "hard bound on the whole command")
 	fs.StringVar(&cfg.CPUProfile, "cpu-profile", "", "directory for a CPU profile of the host over each throughput window (host-inflight-N.pprof) and over the mix (host-mix.pprof)")
+	fs.IntVar(&cfg.Workflows, "workflows", 2000, "workflow rows: three-step workflows per throughput run (0 skips the workflow rows)")
+	fs.IntVar(&cfg.WorkflowRate, "workflow-rate", 100, "workflow rows' latency run: workflows started per second")
+	fs.IntVar(&cfg.WorkflowRateSeconds, "workflow-rate-seconds", 5, "workflow rows' latency run: seconds of starts")
+	fs.IntVar(&cfg.Sleeping, "sleeping", 100000, "workflow rows' idle run: sleeping workflows (0 skips it)")
+	fs.DurationVar(&cfg.IdleWindow, "idle-window", 10*time.Second, "workflow rows' idle run: the measured window")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -136,6 +148,12 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 		return cfg, errors.New("--rate-seconds must be at least 1")
 	case cfg.Timeout <= 0:
 		return cfg, errors.New("--timeout must be positive")
+	case cfg.Workflows < 0 || cfg.Sleeping < 0:
+		return cfg, errors.New("--workflows and --sleeping must not be negative")
+	case cfg.Workflows > 0 && (cfg.WorkflowRate < 1 || cfg.WorkflowRateSeconds < 1):
+		return cfg, errors.New("--workflow-rate and --workflow-rate-seconds must be at least 1")
+	case cfg.Sleeping > 0 && cfg.IdleWindow < time.Second:
+		return cfg, errors.New("--idle-window must be at least 1s")
 	case ownerSet && cfg.Owner == "":
 		return cfg, errors.New("--owner must not be empty")
 	case cfg.Plots == "":
@@ -149,9 +167,10 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 
 // String prints the config with the URLs' passwords masked.
 func (c config) String() string {
-	return fmt.Sprintf("admin-url=%s redis-url=%s owner=%s plugin-dir=%s jobs=%d events=%d warmup=%d inflight=%v host-pool-size=%d rate=%d rate-seconds=%d mix=%d mailprovider=%s in-process=%t peers=%t bench-dir=%s json=%q plots=%s log=%s timeout=%s cpu-profile=%q",
+	return fmt.Sprintf("admin-url=%s redis-url=%s owner=%s plugin-dir=%s jobs=%d events=%d warmup=%d inflight=%v host-pool-size=%d rate=%d rate-seconds=%d mix=%d mailprovider=%s in-process=%t peers=%t bench-dir=%s json=%q plots=%s log=%s timeout=%s cpu-profile=%q workflows=%d workflow-rate=%d workflow-rate-seconds=%d sleeping=%d idle-window=%s",
 		host.MaskURL(c.AdminURL), host.MaskURL(c.RedisURL), c.Owner, c.PluginDir, c.Jobs, c.Events, c.Warmup, c.Inflight, c.HostPoolSize,
-		c.Rate, c.RateSeconds, c.Mix, c.MailProvider, c.InProcess, c.Peers, c.BenchDir, c.JSON, c.Plots, c.Log, c.Timeout, c.CPUProfile)
+		c.Rate, c.RateSeconds, c.Mix, c.MailProvider, c.InProcess, c.Peers, c.BenchDir, c.JSON, c.Plots, c.Log, c.Timeout, c.CPUProfile,
+		c.Workflows, c.WorkflowRate, c.WorkflowRateSeconds, c.Sleeping, c.IdleWindow)
 }
 
 // largest is the level the latency run uses.

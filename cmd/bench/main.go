@@ -66,6 +66,9 @@ import (
 )
 
 func main() {
+	if servePluginIfAsked() {
+		return // started by a host as the workflow rows' plugin
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

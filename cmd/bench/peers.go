@@ -35,29 +35,37 @@ func runPeers(ctx context.Context, cfg config, stderr io.Writer) ([]peerResult, 
 	}
 	args := []string{"run", "./cmd/peers", "--json", "--jobs", strconv.Itoa(cfg.Jobs), "--events", strconv.Itoa(cfg.Events),
 		"--inflight", strings.Join(levels, ","), "--database-url", cfg.AdminURL, "--redis-url", cfg.RedisURL}
+	var res []peerResult
+	err := runPeerCommand(ctx, cfg, args, stderr, &res)
+	return res, err
+}
+
+// runPeerCommand runs go with args in cfg.BenchDir, bounded by what is
+// left of ctx's deadline (passed on as --timeout), and decodes its stdout's
+// JSON into out, even when it failed.
+func runPeerCommand(ctx context.Context, cfg config, args []string, stderr io.Writer, out any) error {
 	if dl, ok := ctx.Deadline(); ok {
 		// Leave peers time to stop and print before this command's bound.
 		left := time.Until(dl) - 10*time.Second
 		if left <= 0 {
-			return nil, fmt.Errorf("peers: no time left (--timeout)")
+			return fmt.Errorf("peers: no time left (--timeout)")
 		}
 		args = append(args, "--timeout", left.Round(time.Second).String())
 	}
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = cfg.BenchDir
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, stderr
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, stderr
 	runErr := cmd.Run()
-	var res []peerResult
-	if out.Len() > 0 {
-		if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-			return nil, fmt.Errorf("peers: reading its JSON: %w (run error: %v)", err, runErr)
+	if buf.Len() > 0 {
+		if err := json.Unmarshal(buf.Bytes(), out); err != nil {
+			return fmt.Errorf("peers: reading its JSON: %w (run error: %v)", err, runErr)
 		}
 	}
 	if runErr != nil {
-		return res, fmt.Errorf("peers (go %s in %s): %w", strings.Join(args, " "), cfg.BenchDir, runErr)
+		return fmt.Errorf("peers (go %s in %s): %w", strings.Join(args, " "), cfg.BenchDir, runErr)
 	}
-	return res, nil
+	return nil
 }
 
 // ratio is usher's throughput over a peer's at one in-flight level.

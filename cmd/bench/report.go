@@ -37,9 +37,11 @@ type results struct {
 	Lost    int64        `json:"lost"`
 	Doubled int64        `json:"doubled"`
 	Peers   []peerResult `json:"peers,omitempty"`
-	Ratios  []ratio      `json:"ratios,omitempty"`
-	Plots   []string     `json:"plots"`
-	Errors  []string     `json:"errors,omitempty"`
+	// Workflows are the workflow rows: usher's and DBOS's.
+	Workflows *workflowResults `json:"workflows,omitempty"`
+	Ratios    []ratio          `json:"ratios,omitempty"`
+	Plots     []string         `json:"plots"`
+	Errors    []string         `json:"errors,omitempty"`
 }
 
 // boundary is the plugin boundary's cost at one level: Cost is the share
@@ -146,6 +148,7 @@ func (r *results) tally() {
 		r.Lost += m.LostEmails
 		r.Doubled += m.DoubledMails
 	}
+	r.Workflows.tally(&r.Lost, &r.Doubled)
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
@@ -226,6 +229,7 @@ func (r *results) printTable(w io.Writer) {
 		}
 		_ = tw.Flush()
 	}
+	r.Workflows.print(w)
 	if len(r.Plots) > 0 {
 		fmt.Fprintf(w, "\nplots: %s\n", strings.Join(r.Plots, ", "))
 	}

@@ -54,6 +54,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		res.Ratios = ratios(res.Usher, res.Peers)
 	}
+	if cfg.Workflows > 0 && ctx.Err() == nil {
+		res.Workflows = &workflowResults{}
+		if err := runWorkflowRows(ctx, cfg, res.Workflows, logger, p, stderr); err != nil {
+			res.Errors = append(res.Errors, "workflows: "+err.Error())
+		}
+	}
 	p.close()
 	res.Boundary = boundaries(res.Usher, res.InProcess)
 	res.tally()

@@ -197,6 +197,19 @@ type runningHost struct {
 // pluginDir (host.LoadInProcess): the same handles, guards and database
 // role, without the process boundary, so the boundary's cost is a ratio.
 func startHost(ctx context.Context, cfg config, db *database, pluginDir string, inflight int, inProcess bool, logger *slog.Logger) (*runningHost, error) {
+	var p *sdk.Plugin
+	if inProcess {
+		// The counters plugin's main, served in this process.
+		p = sdk.New("counters", "in-process")
+		sdk.HandleRecordJobID(p, counter.Handler{Version: "in-process"})
+	}
+	return startHostServing(ctx, cfg, db, pluginDir, inflight, p, logger)
+}
+
+// startHostServing is startHost serving inProc inside the host when it is
+// not nil, and pluginDir's plugins otherwise.
+func startHostServing(ctx context.Context, cfg config, db *database, pluginDir string, inflight int, inProc *sdk.Plugin, logger *slog.Logger) (*runningHost, error) {
+	inProcess := inProc != nil
 	dbURL := db.ownerURL
 	if cfg.HostPoolSize > 0 {
 		u, err := url.Parse(dbURL)
@@ -227,10 +240,7 @@ func startHost(ctx context.Context, cfg config, db *database, pluginDir string, 
 		return nil, fmt.Errorf("start host: %w", err)
 	}
 	if inProcess {
-		// The counters plugin's main, served in this process.
-		p := sdk.New("counters", "in-process")
-		sdk.HandleRecordJobID(p, counter.Handler{Version: "in-process"})
-		if err := h.LoadInProcess(ctx, "counters", inprocess.Server(p)); err != nil {
+		if err := h.LoadInProcess(ctx, "counters", inprocess.Server(inProc)); err != nil {
 			h.Close()
 			return nil, err
 		}

@@ -213,8 +213,10 @@ func (c *chaos) checkCheckouts(ctx context.Context, w *tabwriter.Writer, v *verd
 			AND (SELECT count(*) FROM outbox o WHERE o.kind = 'send_tickets' AND o.job_id IS NULL AND (o.payload->>'order_id')::bigint = ` + order + `) <> 1`},
 		{"completed checkouts not mailed", `SELECT count(*) FROM workflows w WHERE type = 'checkout' AND state = 'completed'
 			AND NOT EXISTS (SELECT 1 FROM plugin_tickets.email_sends e WHERE e.order_id = ` + order + ` AND e.sent_at IS NOT NULL)`},
-		{"cancelled checkouts not held and released exactly once each", `SELECT count(*) FROM workflows w WHERE type = 'checkout' AND state = 'cancelled'
-			AND (` + fmt.Sprintf(moves, ">") + ` <> 1 OR ` + fmt.Sprintf(moves, "<") + ` <> 1)`},
+		{"cancelled checkouts not held and released exactly once each (none at all when cancelled before the reserve started)", `SELECT count(*) FROM workflows w
+			WHERE type = 'checkout' AND state = 'cancelled' AND CASE WHEN w.result->>'never_held' = 'true'
+			THEN ` + fmt.Sprintf(moves, ">") + ` <> 0 OR ` + fmt.Sprintf(moves, "<") + ` <> 0
+			ELSE ` + fmt.Sprintf(moves, ">") + ` <> 1 OR ` + fmt.Sprintf(moves, "<") + ` <> 1 END`},
 		{"cancelled checkouts rendered, counted or mailed", `SELECT count(*) FROM workflows w WHERE type = 'checkout' AND state = 'cancelled'
 			AND (EXISTS (SELECT 1 FROM tickets t WHERE t.order_id = ` + order + ` AND t.pdf_key IS NOT NULL)
 			  OR EXISTS (SELECT 1 FROM counter_applies a WHERE a.order_id = ` + order + `)

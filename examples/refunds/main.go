@@ -39,6 +39,7 @@ func newPlugin(providerURL string, lease time.Duration) *sdk.Plugin {
 	p := sdk.New("refunds", version)
 	sdk.HandleClaim(p, refund{provider: providerURL, client: &http.Client{Timeout: providerTimeout}, lease: lease})
 	sdk.HandleRecordJobID(p, creditWallet{})
+	sdk.HandleWorkflow(p, "return", decideReturn)
 	return p
 }
 

@@ -84,3 +84,39 @@ func rows(ctx context.Context, pool *pgxpool.Pool, sql string) ([][]any, error) 
 	}
 	return out, r.Err()
 }
+
+// A return, proved through the host's decider and guard runner
+// (sdktest.RunFlow): the refund at the provider once, the goodwill credit
+// once, the workflow completed with both, whatever is run twice or crashed
+// and redelivered.
+func TestReturnWorkflow(t *testing.T) {
+	t.Parallel()
+	flow := func() sdktest.Flow[Return] {
+		return sdktest.Flow[Return]{
+			Plugin: "refunds", Migrations: os.DirFS("migrations"),
+			Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.FlowSetup[Return] {
+				if _, err := pool.Exec(context.Background(), `INSERT INTO plugin_refunds.wallets (id, balance_cents) VALUES (7, 1000)`); err != nil {
+					tb.Fatal(err)
+				}
+				p := startProvider(tb)
+				return sdktest.FlowSetup[Return]{
+					Plugin: newPlugin(p.URL, sdk.DefaultLease), Type: "return", ID: "ret-4471",
+					Input: Return{Refund: Refund{RefundID: "rf-4471", PaymentID: "pay-19", AmountCents: 2500, Currency: "EUR"},
+						WalletID: 7, GoodwillCents: 500},
+					Effects: func(ctx context.Context) (any, error) {
+						balance, err := rows(ctx, pool, `SELECT balance_cents FROM plugin_refunds.wallets`)
+						if err != nil {
+							return nil, err
+						}
+						refunds, err := p.refunds(ctx)
+						return []any{balance, refunds}, err
+					},
+				}
+			},
+		}
+	}
+	run := sdktest.RunFlow(t, flow())
+	if run.State != "completed" || string(run.Result) != `{"refund_id": "rf-4471", "credited_cents": 500}` {
+		t.Fatalf("the return ended %s with %s", run.State, run.Result)
+	}
+}

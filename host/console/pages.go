@@ -28,7 +28,10 @@ var funcs = template.FuncMap{
 	"ms":  func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + " ms" },
 	// outcomes are the outcomes the host writes on an outbox row, offered
 	// by the jobs search.
-	"outcomes": func() []string { return []string{"applied", "absorbed", "retry_scheduled", "dead_letter"} },
+	"outcomes": func() []string { return []string{"applied", "absorbed", "retry_scheduled", "dead_letter", "cancelled"} },
+	"human":    humanDuration,
+	"since":    func(from, to time.Time) time.Duration { return to.Sub(from) },
+	"wfpath":   workflowPath,
 	// wfnode carries a workflow's job and the prefix into the recursive
 	// template that draws the tree.
 	"wfnode": func(j *history.Job, prefix string) map[string]any { return map[string]any{"J": j, "Prefix": prefix} },
@@ -56,6 +59,7 @@ func (c *Console) routes() {
 	m.HandleFunc("GET "+Prefix+"plugins", c.authed(c.plugins))
 	m.HandleFunc("POST "+Prefix+"plugins/reload", c.authed(c.reload))
 	m.HandleFunc("GET "+Prefix+"jobs", c.authed(c.jobs))
+	c.workflowRoutes(m)
 	c.mux = m
 }
 

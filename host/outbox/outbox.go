@@ -87,8 +87,8 @@ func Add(ctx context.Context, tx Querier, msgs ...Message) ([]int64, error) {
 		}
 	}
 	rows, err := tx.Query(ctx, `
-		INSERT INTO outbox (kind, payload, request_id, trace, job_id, attempt)
-		SELECT k, p::jsonb, r, t, j, a
+		INSERT INTO outbox (kind, payload, request_id, trace, job_id, attempt, workflow)
+		SELECT k, p::jsonb, r, t, j, a, (SELECT s.workflow FROM workflow_steps s WHERE j IS NOT NULL AND s.job_id = j)
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[])
 		     WITH ORDINALITY AS m(k, p, r, t, j, a, n)
 		ORDER BY n

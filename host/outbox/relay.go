@@ -180,6 +180,7 @@ type row struct {
 	requestID string
 	trace     string
 	attempt   int32
+	step      bool
 }
 
 // RelayOnce publishes one batch and returns how many rows it published.
@@ -210,7 +211,8 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	b.Queue(`
 		UPDATE outbox SET published_at = now()
 		WHERE id IN (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
-		RETURNING id, coalesce(job_id, id::text), kind, payload::text, request_id, trace, attempt`, r.cfg.BatchSize)
+		RETURNING id, coalesce(job_id, id::text), kind, payload::text, request_id, trace, attempt,
+		          workflow IS NOT NULL AND kind NOT LIKE 'usher.workflow.%'`, r.cfg.BatchSize)
 	br := conn.SendBatch(ctx, b)
 	for range 2 {
 		if _, err := br.Exec(); err != nil {
@@ -225,7 +227,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	}
 	batch, err := pgx.CollectRows(rows, func(rw pgx.CollectableRow) (row, error) {
 		var x row
-		err := rw.Scan(&x.id, &x.jobID, &x.kind, &x.payload, &x.requestID, &x.trace, &x.attempt)
+		err := rw.Scan(&x.id, &x.jobID, &x.kind, &x.payload, &x.requestID, &x.trace, &x.attempt, &x.step)
 		return x, err
 	})
 	if cerr := br.Close(); err == nil {
@@ -245,6 +247,9 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		ids[i] = x.id
 		f := entry.Fields{JobID: x.jobID, OutboxID: strconv.FormatInt(x.id, 10), Kind: x.kind, Payload: x.payload,
 			RequestID: x.requestID, Trace: x.trace, Attempt: strconv.Itoa(int(x.attempt))}
+		if x.step {
+			f.Step = "1" // a workflow step's (its decision tasks are not steps)
+		}
 		values[i] = f.Values(r.cfg.Key)
 	}
 	if err := r.publish(ctx, values); err != nil {

@@ -19,6 +19,10 @@ const (
 	RetryScheduled Outcome = "retry_scheduled"
 	// DeadLettered: the job was moved to the dead letters, with why.
 	DeadLettered Outcome = "dead_letter"
+	// Cancelled: the job is a workflow step that was cancelled before it
+	// started (its workflow was asked to cancel, or ended); no handler
+	// ran and none will.
+	Cancelled Outcome = "cancelled"
 	// Abandoned: the delivery did not finish (its plugin crashed or was
 	// not running, the database was unreachable, its host stopped); the
 	// entry stays pending and runs again. Never an outbox row's outcome.
@@ -26,8 +30,10 @@ const (
 )
 
 // All lists every outcome, in the order a job's life reads.
-var All = []Outcome{Applied, Absorbed, RetryScheduled, DeadLettered, Abandoned}
+var All = []Outcome{Applied, Absorbed, RetryScheduled, DeadLettered, Cancelled, Abandoned}
 
 // Final reports whether o ends the job: an outbox row holding it is
 // settled for good (a retry_scheduled row waits for the job's next run).
-func (o Outcome) Final() bool { return o == Applied || o == Absorbed || o == DeadLettered }
+func (o Outcome) Final() bool {
+	return o == Applied || o == Absorbed || o == DeadLettered || o == Cancelled
+}

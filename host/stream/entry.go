@@ -33,6 +33,9 @@ type Entry struct {
 	RequestID string
 	Trace     string
 	Attempt   int
+	// Step: the entry is a workflow step's delivery (entry.FieldStep);
+	// the host runs it only if the step was not cancelled before.
+	Step bool
 	// Deliveries is how many times the group delivered the entry,
 	// counting this one (known for reclaimed entries; 1 for new ones).
 	Deliveries int64
@@ -89,6 +92,7 @@ func Decode(m redis.XMessage) Entry {
 	e.Payload = []byte(f.Payload)
 	e.RequestID = f.RequestID
 	e.Trace = f.Trace
+	e.Step = f.Step != ""
 	if err := checkText(m.Values); err != nil {
 		e.Err = fmt.Errorf("entry %s: %w", m.ID, err)
 		return e
@@ -121,7 +125,7 @@ func Decode(m redis.XMessage) Entry {
 // textFields are the fields whose values must be text: they are stored in
 // text columns and logged.
 var textFields = []string{entry.FieldJobID, entry.FieldKind, entry.FieldRequestID, entry.FieldTrace,
-	entry.FieldAttempt, entry.FieldOutboxID, entry.FieldPayload}
+	entry.FieldAttempt, entry.FieldOutboxID, entry.FieldPayload, entry.FieldStep}
 
 // checkText refuses what Postgres's text and jsonb cannot hold, and what
 // would be retried for ever if it were let through: a value or a field

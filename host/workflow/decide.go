@@ -365,6 +365,14 @@ func (dc *Decider) commit(ctx context.Context, db guard.DB, job *usherv1.Job, d 
 	err := pgx.BeginFunc(ctx, dc.cfg.Pool, func(tx pgx.Tx) error {
 		var lastSeq int64
 		var pinned string
+		if dec.GetFinish() != usherv1.Finish_FINISH_UNSPECIFIED {
+			// A child's end locks its parent (its step there ends with
+			// it), and a cancel locks a parent before its children: lock
+			// the parent first here too, so the two cannot deadlock.
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM workflows WHERE id = (SELECT parent FROM workflows WHERE id = $1) FOR UPDATE`, s.id); err != nil {
+				return err
+			}
+		}
 		if err := tx.QueryRow(ctx, `SELECT state, task_job, last_seq, coalesce(plugin_version, '') FROM workflows WHERE id = $1 FOR UPDATE`, s.id).
 			Scan(&s.state, &s.taskJob, &lastSeq, &pinned); err != nil {
 			return err
@@ -529,9 +537,9 @@ func record(ctx context.Context, tx pgx.Tx, job *usherv1.Job, s *snapshot, dec *
 			WITH o AS (INSERT INTO outbox (kind, payload, request_id, trace, workflow)
 			           SELECT $2, $3::jsonb, w.request_id, w.trace, w.id FROM workflows w WHERE w.id = $1 RETURNING id),
 			     e AS (SELECT usher_workflow_append($1, 'step_scheduled', $4, $2, $3::jsonb) AS seq)
-			INSERT INTO workflow_steps (workflow, step, kind, job_id, scheduled_seq)
-			SELECT $1, $4, $2, o.id::text, e.seq FROM o, e`,
-			s.id, st.GetKind(), string(st.GetPayload()), st.GetId()); err != nil {
+			INSERT INTO workflow_steps (workflow, step, kind, job_id, scheduled_seq, detached)
+			SELECT $1, $4, $2, o.id::text, e.seq, $5 FROM o, e`,
+			s.id, st.GetKind(), string(st.GetPayload()), st.GetId(), st.GetDetached()); err != nil {
 			return fmt.Errorf("schedule step %s: %w", st.GetId(), err)
 		}
 	}

@@ -32,6 +32,11 @@
 // workflow's running children too, and a workflow that ends asks its
 // running children to cancel.
 //
-// What is not built yet: a cancel does not stop steps already scheduled
-// (their jobs run; the workflow decides after them); schedules.
+// A cancel asked of a workflow cancels its steps that have not started,
+// and a workflow that ends cancels every one that has not (detached ones
+// too): a host marks a step started (StepStart, before its handler is
+// called) and settles the delivery of a cancelled one as cancelled, running
+// nothing. Both take the step's row lock, so a step is either started or
+// cancelled, never both. The entries of steps carry entry.FieldStep, so
+// no other job pays for the question.
 package workflow

@@ -170,3 +170,15 @@ func TrimBinaries(ctx context.Context, q outbox.Querier) (int64, error) {
 	}
 	return tag.RowsAffected(), nil
 }
+
+// StepStart marks workflow step jobID started, before a host runs its
+// delivery, and reports whether it may run: false when the step was
+// cancelled before it started (usher_workflow_step_start). From here on
+// a cancel leaves the step to finish. A job that is no step may run.
+func StepStart(ctx context.Context, q outbox.Querier, jobID string) (bool, error) {
+	var run bool
+	if err := q.QueryRow(ctx, `SELECT usher_workflow_step_start($1)`, jobID).Scan(&run); err != nil {
+		return false, fmt.Errorf("workflow: step %s: start: %w", jobID, err)
+	}
+	return run, nil
+}

@@ -32,6 +32,10 @@ const (
 	FieldRequestID = "request_id"
 	FieldTrace     = "trace"
 	FieldAttempt   = "attempt"
+	// FieldStep is "1" on a workflow step's delivery (the host asks
+	// whether the step was cancelled before it runs it) and absent on
+	// every other entry.
+	FieldStep = "step"
 )
 
 // FieldSig holds the entry's signature: hex HMAC-SHA256, by the cluster's
@@ -47,6 +51,8 @@ const MinKeyLen = 32
 // it.
 type Fields struct {
 	JobID, OutboxID, Kind, Payload, RequestID, Trace, Attempt string
+	// Step is "1" on a workflow step's entry, "" on others.
+	Step string
 }
 
 // FieldsOf reads the signed fields of a stream entry's values (as go-redis
@@ -58,7 +64,7 @@ func FieldsOf(values map[string]any) Fields {
 		return v
 	}
 	return Fields{JobID: s(FieldJobID), OutboxID: s(FieldOutboxID), Kind: s(FieldKind), Payload: s(FieldPayload),
-		RequestID: s(FieldRequestID), Trace: s(FieldTrace), Attempt: s(FieldAttempt)}
+		RequestID: s(FieldRequestID), Trace: s(FieldTrace), Attempt: s(FieldAttempt), Step: s(FieldStep)}
 }
 
 // signDomain separates these signatures from any other use of the key.
@@ -106,6 +112,13 @@ func (f Fields) sum(key []byte, b []byte) []byte {
 		m.buf = binary.BigEndian.AppendUint64(m.buf, uint64(len(v)))
 		m.buf = append(m.buf, v...)
 	}
+	if f.Step != "" {
+		// Encoded only when present, so an entry without it is signed as
+		// before the field existed; the lengths keep the two encodings
+		// apart (one more length-prefixed value).
+		m.buf = binary.BigEndian.AppendUint64(m.buf, uint64(len(f.Step)))
+		m.buf = append(m.buf, f.Step...)
+	}
 	m.mac.Write(m.buf)
 	if cap(m.buf) > 64<<10 {
 		m.buf = nil // a large payload's buffer is not kept
@@ -127,6 +140,19 @@ var macs sync.Map
 // Values returns the entry's XADD values: every field, then its signature
 // by key.
 func (f Fields) Values(key []byte) []any {
+	if f.Step != "" {
+		return []any{
+			FieldJobID, f.JobID,
+			FieldOutboxID, f.OutboxID,
+			FieldKind, f.Kind,
+			FieldPayload, f.Payload,
+			FieldRequestID, f.RequestID,
+			FieldTrace, f.Trace,
+			FieldAttempt, f.Attempt,
+			FieldStep, f.Step,
+			FieldSig, f.Sign(key),
+		}
+	}
 	return []any{
 		FieldJobID, f.JobID,
 		FieldOutboxID, f.OutboxID,

@@ -39,6 +39,7 @@ func TestSignCoversEveryField(t *testing.T) {
 		func(f *entry.Fields) { f.RequestID = "req-2" },
 		func(f *entry.Fields) { f.Trace = "" },
 		func(f *entry.Fields) { f.Attempt = "1" },
+		func(f *entry.Fields) { f.Step = "1" },
 	}
 	for i, a := range alter {
 		f := sample()
@@ -81,4 +82,28 @@ func TestValuesRoundTrip(t *testing.T) {
 	}
 	require.Equal(t, sample(), entry.FieldsOf(m))
 	require.True(t, entry.FieldsOf(m).Verify(testKey, m[entry.FieldSig].(string)))
+	require.NotContains(t, m, entry.FieldStep, "an entry that is no step has no step field")
+}
+
+// A workflow step's entry carries the step field, signed: removing it (a
+// step made to look like a plain job, so its cancel is not asked about)
+// or adding it breaks the signature, and a step entry's encoding cannot
+// be another entry's with its attempt moved.
+func TestStepFieldIsSigned(t *testing.T) {
+	t.Parallel()
+	step := sample()
+	step.Step = "1"
+	vals := step.Values(testKey)
+	m := map[string]any{}
+	for i := 0; i < len(vals); i += 2 {
+		m[vals[i].(string)] = vals[i+1]
+	}
+	require.Equal(t, step, entry.FieldsOf(m))
+	sig := m[entry.FieldSig].(string)
+	require.True(t, entry.FieldsOf(m).Verify(testKey, sig))
+	require.False(t, sample().Verify(testKey, sig), "the step field dropped")
+	require.False(t, step.Verify(testKey, sample().Sign(testKey)), "the step field added")
+	moved := sample()
+	moved.Attempt = "0\x00\x00\x00\x00\x00\x00\x00\x011"
+	require.NotEqual(t, step.Sign(testKey), moved.Sign(testKey))
 }

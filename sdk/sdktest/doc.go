@@ -28,6 +28,13 @@
 // tables and the Case's Schema; the plugin's own migrations (Case.Migrations)
 // and its grants (Case.Grants) are installed as a host installs a
 // manifest's, so a grant the handler lacks fails here as in production.
+// A workflow is proved with [RunFlow]: its decisions and steps run through
+// the host's decider and guard runner on a fresh database, the test's
+// clock skipping to each timer when the workflow waits, the test's
+// signals and cancels sent when [FlowSetup.Wait] says; then every step
+// and decision task is run twice, and crashed at each point and
+// redelivered, each run's end compared with the clean run's.
+//
 // sdktest is the one part of the SDK that imports the host: it is the
 // host's code path it proves the handler against, and it is only linked
 // into tests.

@@ -244,7 +244,7 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 		inv := newInvoker(setup.Plugin, handles, cr)
 		inv.meet, inv.barrier = s.meet, b
 		defer b.leave()
-		return runToEnd(ctx, pool, runner, inv, db, g, job)
+		return runToEnd(ctx, pool, runner, inv, db, g, job, 0)
 	}
 	switch {
 	case s.twice:
@@ -319,6 +319,23 @@ func guardOf(p *sdk.Plugin, kind string, handles *guard.Handles) (*usherv1.Manif
 // installs a manifest's, and its kinds pinned. A grant the handler needs and the
 // role lacks fails here as it would in production.
 func (c Case[T]) pluginDB(tb testing.TB, pool *pgxpool.Pool, m *usherv1.ManifestResponse) (guard.DB, error) {
+	return c.kit().pluginDB(tb, pool, m)
+}
+
+// kit is what a Case and a Flow share: the plugin's name, its
+// migrations, grants and enqueues.
+type kit struct {
+	plugin     string
+	migrations fs.FS
+	grants     []pluginhost.Grant
+	enqueues   []string
+}
+
+func (c Case[T]) kit() kit {
+	return kit{plugin: c.Plugin, migrations: c.Migrations, grants: c.Grants, enqueues: c.Enqueues}
+}
+
+func (c kit) pluginDB(tb testing.TB, pool *pgxpool.Pool, m *usherv1.ManifestResponse) (guard.DB, error) {
 	ctx := context.Background()
 	role := hosttest.PluginRole(m.GetName())
 	hosttest.EnsureRoles(tb, m.GetName())
@@ -329,12 +346,12 @@ func (c Case[T]) pluginDB(tb testing.TB, pool *pgxpool.Pool, m *usherv1.Manifest
 	if err := sandbox.CheckPluginRole(ctx, pool, m.GetName(), role); err != nil {
 		return guard.DB{}, err
 	}
-	if c.Plugin == "" {
+	if c.plugin == "" {
 		if err := c.install(ctx, pool, m.GetName(), m.GetVersion()); err != nil {
 			return guard.DB{}, err
 		}
 	}
-	if err := sandbox.Prepare(ctx, pool, m.GetName(), role, kinds, c.Enqueues); err != nil {
+	if err := sandbox.Prepare(ctx, pool, m.GetName(), role, kinds, c.enqueues); err != nil {
 		return guard.DB{}, err
 	}
 	ppool, err := sandbox.OpenPluginPool(ctx, sandbox.PoolConfig{Base: pool.Config(), Role: role, Size: 4, Plugin: m.GetName()})
@@ -347,11 +364,11 @@ func (c Case[T]) pluginDB(tb testing.TB, pool *pgxpool.Pool, m *usherv1.Manifest
 // runToEnd runs the job until it is applied or absorbed, as the host would
 // over redeliveries and scheduled retries. A claim held by a crashed run is
 // aged past its lease instead of waiting for it.
-func runToEnd(ctx context.Context, pool *pgxpool.Pool, runner *guard.Runner, inv *invoker, db guard.DB, g usherv1.Guard, job *usherv1.Job) (guard.Outcome, error) {
+func runToEnd(ctx context.Context, pool *pgxpool.Pool, runner *guard.Runner, inv *invoker, db guard.DB, g usherv1.Guard, job *usherv1.Job, outboxID int64) (guard.Outcome, error) {
 	for attempt := range 6 {
 		j := proto.Clone(job).(*usherv1.Job)
 		j.Attempt = int32(attempt)
-		out := runner.Run(ctx, inv, db, g, j, guard.Delivery{})
+		out := runner.Run(ctx, inv, db, g, j, guard.Delivery{OutboxID: outboxID})
 		switch out.Verdict {
 		case guard.Applied, guard.Absorbed:
 			return out, nil
@@ -556,12 +573,16 @@ var _ usherv1.HostClient = localHost{}
 // install installs the Case's migrations and grants as a host installs a
 // manifest's (host/plugindb).
 func (c Case[T]) install(ctx context.Context, pool *pgxpool.Pool, name, version string) error {
-	if c.Migrations == nil && c.Grants == nil {
+	return c.kit().install(ctx, pool, name, version)
+}
+
+func (c kit) install(ctx context.Context, pool *pgxpool.Pool, name, version string) error {
+	if c.migrations == nil && c.grants == nil {
 		return nil
 	}
-	spec := plugindb.Spec{Name: name, Version: version, Migrations: c.Migrations, Grants: c.Grants}
-	if c.Migrations != nil {
-		sum, err := pluginhost.MigrationsSHA256(c.Migrations)
+	spec := plugindb.Spec{Name: name, Version: version, Migrations: c.migrations, Grants: c.grants}
+	if c.migrations != nil {
+		sum, err := pluginhost.MigrationsSHA256(c.migrations)
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 // Command peers runs usher's counter workload on peer job runtimes (River,
 // asynq) and on bare Postgres, so `make bench` can put usher's number beside
-// theirs, measured the same way in the same run.
+// theirs, measured the same way in the same run; and a three-step workflow
+// workload (workflow3) on a peer workflow runtime (DBOS Transact).
 //
 // The workload is identical for each runtime: N counter jobs over E events
 // (defaults 20,000 and 100); each job adds its order's seats to its event's
@@ -29,9 +30,38 @@
 //     each running one transaction per job (INSERT INTO processed_jobs ... ON
 //     CONFLICT DO NOTHING RETURNING, then the UPDATE, commit).
 //
+// --workload workflow3 (only with --runtimes dbos, and dbos only with it)
+// runs a durable workflow per order instead, on DBOS Transact
+// (github.com/dbos-inc/dbos-transact-golang): three sequential steps, each a
+// dbos.RunAsStep running one transaction (INSERT INTO processed_jobs
+// '<workflow id>/<n>' ON CONFLICT DO NOTHING RETURNING, then the UPDATE only
+// if inserted), so every order's seats are added three times, once per step;
+// verification expects 3 × the sum of each event's orders' seats. DBOS's
+// system tables live in the run's database (schema dbos). Three phases:
+//
+//  1. throughput: --jobs workflows enqueued on a DBOS queue held at worker
+//     concurrency 0, then opened to inflight; clocked from the first step
+//     start to the last workflow's return (then every workflow must be
+//     SUCCESS in dbos.workflow_status). The queue polls every
+//     --dbos-polling-interval (10ms; DBOS's 1s default caps throughput near
+//     inflight workflows per second).
+//  2. latency (first --inflight value's run only): --rate workflows per
+//     second for --rate-seconds, each started with RunWorkflow (no queue) in
+//     a goroutine of its own; each timed from the RunWorkflow call to
+//     GetResult's return (DBOS hands the local handle its outcome after
+//     recording it).
+//  3. idle (first run only, when --sleeping > 0): --sleeping workflows that
+//     each dbos.Sleep an hour; once every one's DBOS.sleep step is recorded,
+//     the queue's polling goes back to DBOS's default 1s and this process's
+//     CPU, goroutines and peak RSS and the run's database's transactions are
+//     measured over --idle-seconds. Then DBOS shuts down (cancelling the
+//     sleepers) and the database is dropped.
+//
 // Usage (from bench/):
 //
 //	go run ./cmd/peers --jobs 20000 --inflight 16,64 --runtimes river,asynq,postgres [--json]
+//	go run ./cmd/peers --workload workflow3 --runtimes dbos --jobs 2000 --inflight 16,64 \
+//	    --rate 100 --rate-seconds 5 --sleeping 100000 --idle-seconds 10 [--json]
 //
 // Without --json it prints a table. With --json it writes one JSON array to
 // stdout, one object per (runtime, inflight) run:
@@ -45,6 +75,27 @@
 //	  "lost":         0,       // seats missing from the counters, summed over events (must be 0)
 //	  "doubled":      0,       // seats counted twice, summed over events (must be 0)
 //	  "notes":        "..."}]  // versions, settings, and any error; empty-ish when all is well
+//
+// workflow3 adds these fields (omitted for the counter workload, whose JSON
+// is as above); jobs, seconds, jobs_per_sec and cpu_seconds are the
+// throughput phase's, jobs counting workflows:
+//
+//	"workload":          "workflow3",
+//	"workflows":         2000,    // workflows in the throughput phase (= jobs)
+//	"workflows_per_sec": 446.1,   // workflows / seconds (= jobs_per_sec)
+//	"rate":              100,     // latency phase: workflows started per second
+//	"rate_workflows":    500,     // latency phase: workflows started (rate × rate-seconds)
+//	"p50_ms":            5.1,     // latency phase: median RunWorkflow-to-GetResult time
+//	"p99_ms":            16.9,    // latency phase: 99th percentile of the same
+//	"sleeping":          100000,  // idle phase: workflows asleep in dbos.Sleep(1h)
+//	"idle_seconds":      10.0,    // idle phase: the measuring window
+//	"idle_cpu_seconds":  0.65,    // user+system CPU of this process over the window (getrusage)
+//	"idle_tx_per_sec":   5.3,     // transactions (xact_commit+xact_rollback, pg_stat_database) of the run's database per second
+//	"idle_goroutines":   200014,  // runtime.NumGoroutine at the window's end
+//	"idle_rss_mb":       2002.7,  // peak RSS of this process so far (getrusage maxrss), MiB
+//
+// The latency and idle fields appear only in the first --inflight value's
+// run.
 //
 // Progress goes to stderr. The whole run is bounded by --timeout (default
 // 10m). The exit status is non-zero when a run failed or lost or doubled

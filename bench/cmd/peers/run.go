@@ -26,6 +26,21 @@ type result struct {
 	Lost       int64   `json:"lost"`
 	Doubled    int64   `json:"doubled"`
 	Notes      string  `json:"notes"`
+
+	// workflow3 only (omitted for the counter workload).
+	Workload        string  `json:"workload,omitempty"`
+	Workflows       int     `json:"workflows,omitempty"`
+	WorkflowsPerSec float64 `json:"workflows_per_sec,omitempty"`
+	Rate            float64 `json:"rate,omitempty"`
+	RateWorkflows   int     `json:"rate_workflows,omitempty"`
+	P50Ms           float64 `json:"p50_ms,omitempty"`
+	P99Ms           float64 `json:"p99_ms,omitempty"`
+	Sleeping        int     `json:"sleeping,omitempty"`
+	IdleSeconds     float64 `json:"idle_seconds,omitempty"`
+	IdleCPUSeconds  float64 `json:"idle_cpu_seconds,omitempty"`
+	IdleTxPerSec    float64 `json:"idle_tx_per_sec,omitempty"`
+	IdleGoroutines  int     `json:"idle_goroutines,omitempty"`
+	IdleRSSMB       float64 `json:"idle_rss_mb,omitempty"`
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -40,8 +55,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var results []result
 	var failed []string
 	for _, rt := range cfg.Runtimes {
-		for _, inflight := range cfg.Inflight {
-			r := runOne(ctx, cfg, rt, inflight, stderr)
+		for i, inflight := range cfg.Inflight {
+			r := runOne(ctx, cfg, rt, inflight, i == 0, stderr)
 			results = append(results, r)
 			if r.Lost != 0 || r.Doubled != 0 || strings.Contains(r.Notes, "error:") {
 				failed = append(failed, fmt.Sprintf("%s/%d", rt, inflight))
@@ -64,10 +79,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // runOne runs one runtime at one concurrency in a fresh database and
-// verifies the counters. Errors end up in the result's notes.
-func runOne(ctx context.Context, cfg config, rt string, inflight int, stderr io.Writer) result {
+// verifies the counters. Errors end up in the result's notes. For workflow3,
+// the first concurrency's run (first) also runs the latency and idle phases.
+func runOne(ctx context.Context, cfg config, rt string, inflight int, first bool, stderr io.Writer) result {
 	r := result{Runtime: rt, Inflight: inflight, Jobs: cfg.Jobs}
-	env := &runEnv{cfg: cfg, inflight: inflight, meter: newMeter(cfg.Jobs)}
+	env := &runEnv{cfg: cfg, inflight: inflight, meter: newMeter(cfg.Jobs), stderr: stderr, res: &r, factor: 1}
+	if cfg.Workload == "workflow3" {
+		r.Workload = cfg.Workload
+		r.Workflows = cfg.Jobs
+		env.factor = 3
+		if first {
+			env.rateN = int(cfg.Rate * cfg.RateSeconds)
+			env.idle = true
+		}
+	}
 	err := func() error {
 		dbURL, drop, err := createDatabase(ctx, cfg.DatabaseURL, fmt.Sprintf("%s_%d", rt, inflight))
 		if err != nil {
@@ -87,16 +112,16 @@ func runOne(ctx context.Context, cfg config, rt string, inflight int, stderr io.
 			return err
 		}
 		defer env.pool.Close()
-		if err := seed(ctx, env.pool, cfg.Events, cfg.Jobs); err != nil {
+		if err := seed(ctx, env.pool, cfg.Events, cfg.Jobs+env.rateN); err != nil {
 			return err
 		}
 		stopProgress := progress(stderr, rt, inflight, env.meter)
-		runErr := knownRuntimes[rt](ctx, env)
+		runErr := cfg.runtimeFunc(rt)(ctx, env)
 		stopProgress()
 		// Verify even after an error: a partial run still must not double.
 		vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		lost, doubled, verr := verify(vctx, env.pool)
+		lost, doubled, verr := verify(vctx, env.pool, env.factor)
 		r.Lost, r.Doubled = lost, doubled
 		return errors.Join(runErr, verr)
 	}()
@@ -107,6 +132,9 @@ func runOne(ctx context.Context, cfg config, rt string, inflight int, stderr io.
 		r.CPUSeconds = (m.cpu1 - m.cpu0).Seconds()
 		if r.Seconds > 0 {
 			r.JobsPerSec = float64(cfg.Jobs) / r.Seconds
+			if r.Workflows > 0 {
+				r.WorkflowsPerSec = r.JobsPerSec
+			}
 		}
 	default:
 	}
@@ -116,6 +144,10 @@ func runOne(ctx context.Context, cfg config, rt string, inflight int, stderr io.
 	r.Notes = strings.Join(env.notes, "; ")
 	fmt.Fprintf(stderr, "peers: %s inflight=%d: %.2fs %.0f jobs/s cpu=%.2fs lost=%d doubled=%d %s\n",
 		rt, inflight, r.Seconds, r.JobsPerSec, r.CPUSeconds, r.Lost, r.Doubled, r.Notes)
+	if r.Workload != "" {
+		fmt.Fprintf(stderr, "peers: %s inflight=%d: p50=%.1fms p99=%.1fms sleeping=%d idle: cpu=%.3fs tx/s=%.1f goroutines=%d rss=%.0fMB\n",
+			rt, inflight, r.P50Ms, r.P99Ms, r.Sleeping, r.IdleCPUSeconds, r.IdleTxPerSec, r.IdleGoroutines, r.IdleRSSMB)
+	}
 	return r
 }
 
@@ -147,7 +179,13 @@ func progress(stderr io.Writer, rt string, inflight int, m *meter) func() {
 				rate := 0.0
 				if m.started.Load() {
 					<-m.startCh
-					rate = float64(n) / time.Since(m.start).Seconds()
+					end := time.Now()
+					select {
+					case <-m.done:
+						end = m.end // later phases (workflow3's) must not dilute the rate
+					default:
+					}
+					rate = float64(n) / end.Sub(m.start).Seconds()
 				}
 				fmt.Fprintf(stderr, "peers: %s inflight=%d: %d/%d jobs, %.0f jobs/s%s", rt, inflight, n, m.jobs, rate, eol)
 			}

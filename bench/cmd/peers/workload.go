@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/url"
 	"sync/atomic"
 	"syscall"
@@ -38,6 +39,11 @@ type runEnv struct {
 	pool     *pgxpool.Pool // MaxConns = inflight, for handlers that bring their own transaction
 	meter    *meter
 	notes    []string
+	stderr   io.Writer // progress
+	res      *result   // the run's result, for the fields a runtime fills itself
+	factor   int64     // times each order's seats are added: 1 (counter), 3 (workflow3)
+	rateN    int       // workflow3: workflows of the latency phase (orders after --jobs), 0 skips it
+	idle     bool      // workflow3: run the idle phase
 }
 
 func (e *runEnv) note(format string, args ...any) {
@@ -166,14 +172,16 @@ FROM generate_series(1, $2::bigint) g`, events, jobs); err != nil {
 	return err
 }
 
-// verify compares every event's counter with the sum of its orders' seats:
-// lost is the seats missing, doubled the seats counted more than once.
-func verify(ctx context.Context, pool *pgxpool.Pool) (lost, doubled int64, err error) {
+// verify compares every event's counter with factor times the sum of its
+// orders' seats (factor is 3 for workflow3, whose three steps each add the
+// seats): lost is the seats missing, doubled the seats counted more than
+// that.
+func verify(ctx context.Context, pool *pgxpool.Pool, factor int64) (lost, doubled int64, err error) {
 	err = pool.QueryRow(ctx, `
 SELECT coalesce(sum(greatest(coalesce(x.expected, 0) - e.seats_sold, 0)), 0)::bigint,
        coalesce(sum(greatest(e.seats_sold - coalesce(x.expected, 0), 0)), 0)::bigint
 FROM events e
-LEFT JOIN (SELECT event_id, sum(seats) AS expected FROM orders GROUP BY event_id) x ON x.event_id = e.id`).Scan(&lost, &doubled)
+LEFT JOIN (SELECT event_id, $1::bigint * sum(seats) AS expected FROM orders GROUP BY event_id) x ON x.event_id = e.id`, factor).Scan(&lost, &doubled)
 	return lost, doubled, err
 }
 

@@ -114,6 +114,10 @@ type Config struct {
 	// Paused reports whether an operator paused kind (pause.Watcher):
 	// its entries are parked until it is resumed. Optional (nil: none).
 	Paused func(kind string) bool
+	// StepStart is asked before a workflow step's delivery runs
+	// (workflow.StepStart): false when the step was cancelled before it
+	// started, and then no handler runs. Optional (nil: every step runs).
+	StepStart func(ctx context.Context, jobID string) (bool, error)
 	// Detach gives the slot of the running entry streamID back to the
 	// consumer (stream.Consumer.Detach). Optional.
 	Detach  func(streamID string) bool
@@ -262,6 +266,20 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 			p.clearCrashes(ctx, e)
 		}
 	}()
+	if e.Step && p.cfg.StepStart != nil {
+		run, err := p.cfg.StepStart(ctx, e.JobID)
+		if err != nil {
+			d.Arrive()
+			p.log.Warn("could not ask whether a workflow step was cancelled; entry left pending", "stream_id", e.StreamID, "job_id", e.JobID, "err", err)
+			return pending
+		}
+		if !run {
+			// Cancelled before it started: settled, and nothing runs.
+			d.Arrive()
+			d.Verdict(outcome.Cancelled, "its workflow cancelled the step before it started", "")
+			return step{outcome: outcome.Cancelled, ack: true}
+		}
+	}
 
 	ctx, span, traceparent := p.cfg.Tracer.JobSpan(ctx, e.Trace, e.Kind, e.JobID, e.StreamID, e.Attempt)
 	defer span.End()

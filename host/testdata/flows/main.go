@@ -145,7 +145,9 @@ func trip(_ context.Context, h sdk.WorkflowHistory[Trip]) (sdk.Decision, error) 
 		case reserve.Scheduled && !reserve.Done(), release.Scheduled && !release.Done():
 			return sdk.Decision{}, nil // wait for it to end
 		case reserve.Completed && !release.Scheduled:
-			return sdk.Decision{Steps: []sdk.StepCall{step("release")}}, nil
+			// The compensation is detached: a cancel asked while it
+			// waits to start does not cancel it.
+			return sdk.Decision{Steps: []sdk.StepCall{step("release").Detached()}}, nil
 		}
 		return sdk.Cancelled(map[string]string{"reason": reason}), nil
 	}

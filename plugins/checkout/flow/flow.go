@@ -65,6 +65,9 @@ type Result struct {
 	Cause         string `json:"cause,omitempty"`
 	Reason        string `json:"reason,omitempty"`
 	Released      bool   `json:"released,omitempty"`
+	// NeverHeld: the cancel came before the reserve started, which was
+	// cancelled with it (it never ran), so there was nothing to release.
+	NeverHeld bool `json:"never_held,omitempty"`
 	// LatePayment is the signal id of a payment that came after the
 	// timeout or the cancel, while the seats were being released: the
 	// workflow was still running, so the signal (and the application's
@@ -118,6 +121,14 @@ func Decide(_ context.Context, h sdk.WorkflowHistory[stagedoor.Checkout]) (sdk.D
 		return sdk.Fail("reserve_seats failed: " + reserve.Error), nil
 	}
 	o := decided(h)
+	if reserve.Cancelled { // a cancel asked before the reserve started: nothing held, nothing to release
+		r := Result{OrderID: order, Cause: CauseCancel, NeverHeld: true}
+		r.Reason, _ = h.CancelRequested()
+		if paid := h.Signals(stagedoor.PaymentConfirmed); len(paid) > 0 {
+			r.LatePayment = paid[0].ID
+		}
+		return sdk.Cancelled(r), nil
+	}
 	if !o.paid && !o.timedOut && !o.cancelled || !reserve.Done() {
 		return wait, nil // waiting for the payment, or for the reserve to end
 	}
@@ -125,7 +136,9 @@ func Decide(_ context.Context, h sdk.WorkflowHistory[stagedoor.Checkout]) (sdk.D
 		release := h.Step(StepRelease)
 		switch {
 		case !release.Scheduled:
-			return sdk.Decision{Steps: []sdk.StepCall{sdk.Step(StepRelease, stagedoor.ReleaseSeats{OrderID: order})}}, nil
+			// Detached: a cancel asked while the compensation waits to
+			// start (after the timeout) does not cancel it.
+			return sdk.Decision{Steps: []sdk.StepCall{sdk.Step(StepRelease, stagedoor.ReleaseSeats{OrderID: order}).Detached()}}, nil
 		case release.Failed:
 			return sdk.Fail("release_seats failed, the seats are still held: " + release.Error), nil
 		case !release.Done():
@@ -143,9 +156,11 @@ func Decide(_ context.Context, h sdk.WorkflowHistory[stagedoor.Checkout]) (sdk.D
 	render, count, send := h.Step(StepRender), h.Step(StepCount), h.Step(StepSend)
 	switch {
 	case !render.Scheduled:
+		// Detached, like the send: a cancel asked after the payment is
+		// ignored, so it cancels none of the sale's steps.
 		return sdk.Decision{Steps: []sdk.StepCall{
-			sdk.Step(StepRender, stagedoor.RenderTickets{OrderID: order, SendSeparately: true}),
-			sdk.Step(StepCount, stagedoor.UpdateSalesCounter{OrderID: order})}}, nil
+			sdk.Step(StepRender, stagedoor.RenderTickets{OrderID: order, SendSeparately: true}).Detached(),
+			sdk.Step(StepCount, stagedoor.UpdateSalesCounter{OrderID: order}).Detached()}}, nil
 	case render.Failed:
 		return sdk.Fail("render_tickets failed: " + render.Error), nil
 	case count.Failed:
@@ -153,7 +168,7 @@ func Decide(_ context.Context, h sdk.WorkflowHistory[stagedoor.Checkout]) (sdk.D
 	case !render.Done() || !count.Done():
 		return wait, nil // fan-in: both
 	case !send.Scheduled:
-		return sdk.Decision{Steps: []sdk.StepCall{sdk.Step(StepSend, stagedoor.SendTickets{OrderID: order})}}, nil
+		return sdk.Decision{Steps: []sdk.StepCall{sdk.Step(StepSend, stagedoor.SendTickets{OrderID: order}).Detached()}}, nil
 	case send.Failed:
 		return sdk.Fail("send_tickets failed: " + send.Error), nil
 	case !send.Done():
@@ -173,7 +188,7 @@ func Decide(_ context.Context, h sdk.WorkflowHistory[stagedoor.Checkout]) (sdk.D
 func Accept(_ context.Context, h sdk.WorkflowHistory[stagedoor.Checkout], from string) error {
 	for _, e := range h.Events {
 		switch e.Type {
-		case sdk.EventStarted, sdk.EventStepScheduled, sdk.EventStepCompleted, sdk.EventStepFailed, sdk.EventTimerSet,
+		case sdk.EventStarted, sdk.EventStepScheduled, sdk.EventStepCompleted, sdk.EventStepFailed, sdk.EventStepCancelled, sdk.EventTimerSet,
 			sdk.EventTimerFired, sdk.EventSignalReceived, sdk.EventCancelRequested, sdk.EventMigrated:
 		default:
 			return fmt.Errorf("checkout %s from %s has a %s event (#%d), which this version does not decide from", h.ID, from, e.Type, e.Seq)

@@ -30,6 +30,9 @@ func scheduled(id string) sdk.WorkflowEvent {
 func completed(id string) sdk.WorkflowEvent {
 	return sdk.WorkflowEvent{Type: sdk.EventStepCompleted, Name: id, Detail: "applied"}
 }
+func cancelled(id string) sdk.WorkflowEvent {
+	return sdk.WorkflowEvent{Type: sdk.EventStepCancelled, Name: id, Detail: "the workflow was asked to cancel before the step started"}
+}
 func failed(id string) sdk.WorkflowEvent {
 	return sdk.WorkflowEvent{Type: sdk.EventStepFailed, Name: id, Detail: "permanent failure: boom"}
 }
@@ -59,7 +62,7 @@ func TestCheckoutDecisions(t *testing.T) {
 	t.Parallel()
 	const o = 7
 	wait := sdk.Decision{}
-	release := steps(sdk.Step("release", stagedoor.ReleaseSeats{OrderID: o}))
+	release := steps(sdk.Step("release", stagedoor.ReleaseSeats{OrderID: o}).Detached())
 	for _, c := range []struct {
 		name   string
 		events []sdk.WorkflowEvent
@@ -72,10 +75,10 @@ func TestCheckoutDecisions(t *testing.T) {
 		{"reserved, waiting for the payment", reserved, wait},
 		{"paid before the reserve ended: wait for it", one(scheduled("reserve"), paid), wait},
 		{"paid: render and count at once", one(scheduled("reserve"), paid, completed("reserve")), steps(
-			sdk.Step("render", stagedoor.RenderTickets{OrderID: o, SendSeparately: true}),
-			sdk.Step("count", stagedoor.UpdateSalesCounter{OrderID: o}))},
+			sdk.Step("render", stagedoor.RenderTickets{OrderID: o, SendSeparately: true}).Detached(),
+			sdk.Step("count", stagedoor.UpdateSalesCounter{OrderID: o}).Detached())},
 		{"one of two ended: the fan-in waits", join(reserved, one(paid, scheduled("render"), scheduled("count"), completed("count"))), wait},
-		{"both ended: send", join(reserved, one(paid), rendered), steps(sdk.Step("send", stagedoor.SendTickets{OrderID: o}))},
+		{"both ended: send", join(reserved, one(paid), rendered), steps(sdk.Step("send", stagedoor.SendTickets{OrderID: o}).Detached())},
 		{"sending", join(reserved, one(paid), rendered, one(scheduled("send"))), wait},
 		{"sent: complete", join(reserved, one(paid), rendered, one(scheduled("send"), completed("send"))),
 			sdk.Complete(flow.Result{OrderID: o, Payment: "pay-1"})},
@@ -92,6 +95,10 @@ func TestCheckoutDecisions(t *testing.T) {
 			sdk.Cancelled(flow.Result{OrderID: o, Cause: flow.CauseTimeout, Released: true, LatePayment: "pay-1"})},
 		{"released after a cancel: cancelled", join(reserved, one(cancel, scheduled("release"), completed("release"))),
 			sdk.Cancelled(flow.Result{OrderID: o, Cause: flow.CauseCancel, Reason: "buyer left", Released: true})},
+		{"cancelled before the reserve started: nothing to release", one(scheduled("reserve"), cancel, cancelled("reserve")),
+			sdk.Cancelled(flow.Result{OrderID: o, Cause: flow.CauseCancel, Reason: "buyer left", NeverHeld: true})},
+		{"paid, then cancelled before the reserve started: cancelled, naming the payment", one(scheduled("reserve"), paid, cancel, cancelled("reserve")),
+			sdk.Cancelled(flow.Result{OrderID: o, Cause: flow.CauseCancel, Reason: "buyer left", NeverHeld: true, LatePayment: "pay-1"})},
 		{"the reserve failed", one(scheduled("reserve"), failed("reserve")), sdk.Fail("reserve_seats failed: permanent failure: boom")},
 		{"the release failed", join(reserved, one(cancel, scheduled("release"), failed("release"))),
 			sdk.Fail("release_seats failed, the seats are still held: permanent failure: boom")},

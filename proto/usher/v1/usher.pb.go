@@ -1146,7 +1146,10 @@ type StepCommand struct {
 	Id   string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	// JSON.
-	Payload       []byte `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`
+	Payload []byte `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`
+	// A detached step is not cancelled when its workflow is asked to
+	// cancel, only when the workflow ends before the step started.
+	Detached      bool `protobuf:"varint,4,opt,name=detached,proto3" json:"detached,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1200,6 +1203,13 @@ func (x *StepCommand) GetPayload() []byte {
 		return x.Payload
 	}
 	return nil
+}
+
+func (x *StepCommand) GetDetached() bool {
+	if x != nil {
+		return x.Detached
+	}
+	return false
 }
 
 type TimerCommand struct {
@@ -2311,11 +2321,12 @@ const file_usher_proto_rawDesc = "" +
 	"\x05input\x18\x03 \x01(\fR\x05input\x12/\n" +
 	"\x06events\x18\x04 \x03(\v2\x17.usher.v1.WorkflowEventR\x06events\x12$\n" +
 	"\x0enow_unix_nanos\x18\x05 \x01(\x03R\fnowUnixNanos\x12!\n" +
-	"\fmigrate_from\x18\x06 \x01(\tR\vmigrateFrom\"K\n" +
+	"\fmigrate_from\x18\x06 \x01(\tR\vmigrateFrom\"g\n" +
 	"\vStepCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
-	"\apayload\x18\x03 \x01(\fR\apayload\"O\n" +
+	"\apayload\x18\x03 \x01(\fR\apayload\x12\x1a\n" +
+	"\bdetached\x18\x04 \x01(\bR\bdetached\"O\n" +
 	"\fTimerCommand\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
 	"\x12fire_at_unix_nanos\x18\x02 \x01(\x03R\x0ffireAtUnixNanos\"\xf3\x01\n" +

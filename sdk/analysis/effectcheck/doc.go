@@ -15,6 +15,13 @@
 //     method of a type implementing sdk.Middleware, or a function literal
 //     converted to sdk.MiddlewareFunc) runs in every phase, so any effect
 //     it reaches is reported, keyed ones included.
+//   - A workflow's decision that reaches the world: the decide function
+//     given to sdk.HandleWorkflow and the hook given to
+//     sdk.AcceptMigration may reach no effect (keyed ones included), no
+//     clock (time.Now, time.Since, time.Until: time is the history's
+//     Now) and no database of their own (database/sql). A function
+//     literal or a function of the registering package is reported call
+//     by call; a function of another package at its registration.
 //   - sdk.KeyForTest outside a _test.go file.
 //   - A ClaimEffect's Effect that ignores its key: the IdempotencyKey
 //     parameter is unnamed, named _, or never used.

@@ -66,6 +66,10 @@ func (w Witness) String() string { return w.Kind + " " + strings.Join(w.Path, " 
 type Effects struct {
 	Unkeyed Witness
 	Keyed   Witness
+	// Impure is what only a workflow's decision may not do besides an
+	// effect: read the machine's clock (time comes from the history) or
+	// open or use a database of its own.
+	Impure Witness
 }
 
 // AFact implements analysis.Fact.
@@ -79,10 +83,13 @@ func (e *Effects) String() string {
 	if !e.Keyed.zero() {
 		parts = append(parts, "keyed: "+e.Keyed.String())
 	}
+	if !e.Impure.zero() {
+		parts = append(parts, "impure: "+e.Impure.String())
+	}
 	return strings.Join(parts, "; ")
 }
 
-func (e Effects) empty() bool { return e.Unkeyed.zero() && e.Keyed.zero() }
+func (e Effects) empty() bool { return e.Unkeyed.zero() && e.Keyed.zero() && e.Impure.zero() }
 
 // merge adds what a call to a callee with effects c brings, reached through
 // the call named name; it reports whether e changed. First witness wins, so
@@ -94,6 +101,9 @@ func (e *Effects) merge(c Effects, name string) bool {
 	}
 	if e.Keyed.zero() && !c.Keyed.zero() {
 		e.Keyed, changed = c.Keyed.via(name), true
+	}
+	if e.Impure.zero() && !c.Impure.zero() {
+		e.Impure, changed = c.Impure.via(name), true
 	}
 	return changed
 }
@@ -169,6 +179,7 @@ func run(pass *analysis.Pass) (any, error) {
 
 	if sdk := sdkPackage(pass.Pkg); sdk != nil && pass.Pkg.Path() != SDKPath {
 		checkHandlers(pass, sdk, funcs)
+		checkDecisions(pass, funcs)
 		checkKeyForTest(pass, sdk)
 	}
 	return nil, nil
@@ -179,6 +190,9 @@ func run(pass *analysis.Pass) (any, error) {
 func calleeEffects(pass *analysis.Pass, funcs map[*types.Func]*funcInfo, call *ast.CallExpr, callee *types.Func) (Effects, string, bool) {
 	if kind := primitive(pass, call, callee); kind != "" {
 		return Effects{Unkeyed: Witness{Kind: kind, Path: []string{funcName(callee)}}}, "", true
+	}
+	if kind := impure(callee); kind != "" {
+		return Effects{Impure: Witness{Kind: kind, Path: []string{funcName(callee)}}}, "", true
 	}
 	if fi, ok := funcs[callee]; ok {
 		return fi.effects, funcName(callee), !fi.effects.empty()
@@ -274,6 +288,29 @@ func primitive(pass *analysis.Pass, call *ast.CallExpr, fn *types.Func) string {
 	case "syscall":
 		if name == "Exec" || name == "ForkExec" || name == "StartProcess" {
 			return "process start"
+		}
+	}
+	return ""
+}
+
+// clockFuncs read the machine's clock.
+var clockFuncs = set("Now", "Since", "Until")
+
+// impure classifies a call only a decision may not make: a clock read or
+// a database of its own (database/sql), or returns "".
+func impure(fn *types.Func) string {
+	if fn.Pkg() == nil {
+		return ""
+	}
+	switch fn.Pkg().Path() {
+	case "time":
+		if recvName(fn) == "" && clockFuncs[fn.Name()] {
+			return "clock read"
+		}
+	case "database/sql":
+		if recvName(fn) == "" && (fn.Name() == "Open" || fn.Name() == "OpenDB") ||
+			set("DB", "Conn", "Tx", "Stmt")[recvName(fn)] {
+			return "database call"
 		}
 	}
 	return ""

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"golang.org/x/tools/go/analysis"
+	"golang.org/x/tools/go/types/typeutil"
 )
 
 // guards lists each SDK guard interface with its methods; the first names
@@ -241,4 +242,106 @@ func paramPos(fd *ast.FuncDecl, i int) token.Pos {
 		i -= n
 	}
 	return fd.Pos()
+}
+
+// checkDecisions checks every workflow's decision function and migration
+// hook: the decide argument of sdk.HandleWorkflow and the argument of
+// sdk.AcceptMigration. A decision is recorded, not replayed, but it runs
+// again whenever its task is redelivered before its commit, and it is
+// given nothing to reach the world with: whatever it reaches of the world
+// (an effect, the machine's clock, a database of its own) is reported.
+// A function literal or a function of the package is checked call by
+// call; a function of another package at the registration, through its
+// facts.
+func checkDecisions(pass *analysis.Pass, funcs map[*types.Func]*funcInfo) {
+	for _, f := range pass.Files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			fn, ok := typeutil.Callee(pass.TypesInfo, call).(*types.Func)
+			if !ok || fn.Pkg() == nil || fn.Pkg().Path() != SDKPath {
+				return true
+			}
+			arg := -1
+			switch fn.Origin().Name() {
+			case "HandleWorkflow":
+				arg = 2
+			case "AcceptMigration":
+				arg = 0
+			}
+			if arg < 0 || len(call.Args) <= arg {
+				return true
+			}
+			checkDecision(pass, funcs, call.Args[arg], fn.Origin().Name())
+			return true
+		})
+	}
+}
+
+// checkDecision checks one decision function expression e, registered by
+// the SDK function reg.
+func checkDecision(pass *analysis.Pass, funcs map[*types.Func]*funcInfo, e ast.Expr, reg string) {
+	report := func(pos token.Pos, name string, w Witness) {
+		pass.Reportf(pos, "%s (%s): a decision reaches a %s: %s (a decision decides from its history alone: time is the history's Now, effects are steps)",
+			name, reg, w.Kind, strings.Join(w.Path, " -> "))
+	}
+	if lit, ok := ast.Unparen(e).(*ast.FuncLit); ok {
+		checkDecisionBody(pass, funcs, lit.Body, "a decision literal", report)
+		return
+	}
+	var id *ast.Ident
+	switch x := ast.Unparen(e).(type) {
+	case *ast.Ident:
+		id = x
+	case *ast.SelectorExpr:
+		id = x.Sel
+	case *ast.IndexExpr: // an instantiated generic function
+		if i, ok := x.X.(*ast.Ident); ok {
+			id = i
+		}
+	}
+	if id == nil {
+		return // a function value: not followed
+	}
+	fn, ok := pass.TypesInfo.Uses[id].(*types.Func)
+	if !ok {
+		return
+	}
+	fn = fn.Origin()
+	if fi, ok := funcs[fn]; ok && fi.decl.Body != nil && !fi.fixed {
+		checkDecisionBody(pass, funcs, fi.decl.Body, funcName(fn), report)
+		return
+	}
+	var eff Effects
+	if fi, ok := funcs[fn]; ok {
+		eff = fi.effects
+	} else if !pass.ImportObjectFact(fn, &eff) {
+		return
+	}
+	for _, w := range []Witness{eff.Unkeyed, eff.Keyed, eff.Impure} {
+		if !w.zero() {
+			report(e.Pos(), funcName(fn), w.via(funcName(fn)))
+			return
+		}
+	}
+}
+
+// checkDecisionBody reports each call in body that reaches an effect, a
+// clock read or a database.
+func checkDecisionBody(pass *analysis.Pass, funcs map[*types.Func]*funcInfo, body *ast.BlockStmt, name string,
+	report func(token.Pos, string, Witness)) {
+	forEachCall(pass, body, func(call *ast.CallExpr, callee *types.Func) {
+		e, via, ok := calleeEffects(pass, funcs, call, callee)
+		if !ok {
+			return
+		}
+		for _, w := range []Witness{e.Unkeyed, e.Keyed, e.Impure} {
+			if !w.zero() {
+				report(call.Pos(), name, w.via(via))
+				return
+			}
+		}
+	})
 }
