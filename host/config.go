@@ -211,6 +211,12 @@ type Config struct {
 	// ReclaimInterval is how often the reclaimer scans. Default
 	// ReclaimIdle/4.
 	ReclaimInterval time.Duration
+	// HostLeaseTTL is the host's heartbeat lease in Redis (renewed every
+	// TTL/3): the pending entries of a host whose lease expired and that
+	// stopped reading are claimed by the others at once, instead of after
+	// ReclaimIdle, which stays for a host that is alive but slow (see
+	// stream.Lease). Default 5s; negative: no lease and no such claims.
+	HostLeaseTTL time.Duration
 	// JobTimeout bounds one run of a handler; an overrun is cancelled, its
 	// transaction rolled back, and the job retried. Default 30s.
 	JobTimeout time.Duration
@@ -241,6 +247,10 @@ type Config struct {
 	DisableScheduler bool
 	// RelayPollInterval is the relay's fallback poll. Default 1s.
 	RelayPollInterval time.Duration
+	// RelayReplicas: the relay marks a row published only once this many
+	// Redis replicas acknowledged its entry (WAIT, 1s timeout; a batch
+	// short of them goes out again). Default 0: not waited for.
+	RelayReplicas int
 	// ReconcileAfter: an outbox row published this long ago whose job has
 	// no outcome is published again (its stream entry was lost). Default
 	// 15 minutes; it must exceed the longest expected backlog.
@@ -423,6 +433,9 @@ func (c *Config) fill() {
 	if c.RetryBackoff <= 0 {
 		c.RetryBackoff = time.Second
 	}
+	if c.HostLeaseTTL == 0 {
+		c.HostLeaseTTL = 5 * time.Second
+	}
 	if c.ReclaimInterval <= 0 {
 		c.ReclaimInterval = max(c.ReclaimIdle/4, 100*time.Millisecond)
 	}
@@ -483,11 +496,11 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("idle_in_transaction_timeout", c.IdleInTransactionTimeout), slog.Duration("rollback_window", c.RollbackWindow),
 		slog.Float64("rollback_failure_share", c.RollbackFailureShare), slog.Int("rollback_min_jobs", c.RollbackMinJobs),
 		slog.Int("concurrency", c.Concurrency), slog.Int64("max_entry_bytes_held", c.MaxEntryBytesHeld),
-		slog.Duration("reclaim_idle", c.ReclaimIdle), slog.Duration("history_retention", c.HistoryRetention),
+		slog.Duration("reclaim_idle", c.ReclaimIdle), slog.Duration("host_lease_ttl", c.HostLeaseTTL), slog.Duration("history_retention", c.HistoryRetention),
 		slog.Duration("workflow_retention", c.WorkflowRetention),
 		slog.Duration("unknown_kind_wait", c.UnknownKindWait),
 		slog.Duration("job_timeout", c.JobTimeout), slog.Duration("stalled_after", c.StalledAfter), slog.Int("batch_max", c.BatchMax), slog.Duration("batch_wait", c.BatchWait), slog.Int64("max_deliveries", c.MaxDeliveries),
-		slog.Int("max_attempts", c.MaxAttempts), slog.Int("poison_crashes", c.PoisonCrashes), slog.Bool("relay", !c.DisableRelay),
+		slog.Int("max_attempts", c.MaxAttempts), slog.Int("poison_crashes", c.PoisonCrashes), slog.Bool("relay", !c.DisableRelay), slog.Int("relay_replicas", c.RelayReplicas),
 		slog.Bool("scheduler", !c.DisableScheduler), slog.String("admin_addr", c.AdminAddr),
 		slog.String("admin_token", maskSecret(c.AdminToken)), slog.String("admin_token_file", c.AdminTokenFile),
 		slog.Any("admin_allowed_hosts", c.AdminAllowedHosts),
@@ -545,6 +558,16 @@ func RedisOptions(redisURL, caFile string) (*redis.Options, error) {
 	if opt.TLSConfig == nil {
 		return nil, fmt.Errorf("a Redis CA file (%s) is set but the Redis URL is not rediss:// (TLS)", caFile)
 	}
+	roots, err := caPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	opt.TLSConfig.RootCAs = roots
+	return opt, nil
+}
+
+// caPool is the CA certificates in the PEM file caFile.
+func caPool(caFile string) (*x509.CertPool, error) {
 	pem, err := os.ReadFile(caFile)
 	if err != nil {
 		return nil, fmt.Errorf("redis CA file: %w", err)
@@ -553,8 +576,7 @@ func RedisOptions(redisURL, caFile string) (*redis.Options, error) {
 	if !roots.AppendCertsFromPEM(pem) {
 		return nil, fmt.Errorf("redis CA file %s holds no PEM certificate", caFile)
 	}
-	opt.TLSConfig.RootCAs = roots
-	return opt, nil
+	return roots, nil
 }
 
 // MaskURL is s with its password, if any, masked: for logs and printed
@@ -562,6 +584,9 @@ func RedisOptions(redisURL, caFile string) (*redis.Options, error) {
 func MaskURL(s string) string { return maskURL(s) }
 
 func maskURL(s string) string {
+	if IsClusterURL(s) {
+		return maskClusterURL(s)
+	}
 	u, err := url.Parse(s)
 	if err != nil || u.User == nil {
 		return s

@@ -108,11 +108,11 @@ func (h *Host) connect(ctx context.Context) (string, error) {
 		h.pool, h.ownPool = pool, true
 	}
 	if h.rdb == nil {
-		opt, err := RedisOptions(cfg.RedisURL, cfg.RedisCAFile)
+		rdb, err := NewRedisClient(cfg.RedisURL, cfg.RedisCAFile)
 		if err != nil {
 			return "", fmt.Errorf("host: %w", err)
 		}
-		h.rdb, h.ownRdb = redis.NewClient(opt), true
+		h.rdb, h.ownRdb = rdb, true
 	}
 	if err := h.pool.Ping(ctx); err != nil {
 		return "", postgresError(err)

@@ -39,10 +39,24 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 	if err != nil {
 		return nil, err
 	}
+	streamServices := []lifecycle.Service{
+		lifecycle.Func("consumer", h.consumer.Run), lifecycle.Func("reclaim", rec.Run),
+		lifecycle.Func("redispatch", h.redispatcher.Run),
+	}
+	if cfg.HostLeaseTTL > 0 {
+		lease, err := stream.NewLease(stream.LeaseConfig{
+			Redis: h.rdb, Stream: cfg.Stream, Group: cfg.Group, Consumer: cfg.Consumer, TTL: cfg.HostLeaseTTL,
+			Take: h.consumer.Take, OnClaimed: func(n int) { h.metrics.Reclaimed.Add(float64(n)) }, Logger: h.log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		streamServices = append(streamServices, lifecycle.Func("host lease", lease.Run))
+	}
 	var background []lifecycle.Service
 	if !cfg.DisableRelay {
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Key: h.key, PollInterval: cfg.RelayPollInterval,
+			Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Key: h.key, PollInterval: cfg.RelayPollInterval, Replicas: cfg.RelayReplicas,
 			AfterPublish: cfg.RelayAfterPublish, Logger: h.log,
 			OnPublished: func(n int) { h.metrics.Published.Add(float64(n)) },
 			// What this host published is read now, not at the next poll.
@@ -86,10 +100,7 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 	phases := []lifecycle.Phase{
 		{Name: "plugins", Services: []lifecycle.Service{lifecycle.Func("fleet", h.fleet.Run)}},
 		{Name: "background", Services: background},
-		{Name: "stream", Services: []lifecycle.Service{
-			lifecycle.Func("consumer", h.consumer.Run), lifecycle.Func("reclaim", rec.Run),
-			lifecycle.Func("redispatch", h.redispatcher.Run),
-		}},
+		{Name: "stream", Services: streamServices},
 	}
 	if h.admin != nil {
 		phases = append(phases, lifecycle.Phase{Name: "admin", Services: []lifecycle.Service{lifecycle.FuncReady("admin", h.admin.Run)}})

@@ -76,7 +76,7 @@ func (c *connFlags) registerDB(fs *flag.FlagSet) {
 // registerRedis adds the flags that reach Redis, not which stream.
 func (c *connFlags) registerRedis(fs *flag.FlagSet) {
 	fs.StringVar(&c.redisURL, "redis-url", env("REDIS_URL", "redis://127.0.0.1:6379/0"),
-		"Redis URL, rediss:// for TLS, redis://USER@... for an ACL user, whose password is never on the command line: "+
+		"Redis URL, rediss:// for TLS, redis-cluster://HOST:PORT[,HOST:PORT...] (rediss-cluster://) for a Redis Cluster, redis://USER@... for an ACL user, whose password is never on the command line: "+
 			"--redis-password-file, or the whole URL in REDIS_URL (REDIS_URL)")
 	fs.StringVar(&c.redisPasswordFile, "redis-password-file", env("USHER_REDIS_PASSWORD_FILE", ""),
 		"file holding the Redis user's password, mode 0600 (USHER_REDIS_PASSWORD_FILE)")
@@ -103,6 +103,12 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&cfg.Consumer, "consumer", env("USHER_CONSUMER", ""), "consumer name, unique per host (USHER_CONSUMER; default hostname-pid)")
 	fs.DurationVar(&cfg.ReclaimIdle, "reclaim-idle", 60*time.Second, "reclaim entries idle longer than this (USHER_RECLAIM_IDLE)")
 	fromEnv(fs, "reclaim-idle", "USHER_RECLAIM_IDLE")
+	fs.DurationVar(&cfg.HostLeaseTTL, "host-lease-ttl", 5*time.Second,
+		"heartbeat lease of this host in Redis: a host silent this long has its pending entries claimed by the others at once; negative: off (USHER_HOST_LEASE_TTL)")
+	fromEnv(fs, "host-lease-ttl", "USHER_HOST_LEASE_TTL")
+	fs.IntVar(&cfg.RelayReplicas, "relay-replicas", 0,
+		"mark an outbox row published only once this many Redis replicas acknowledged its entry (WAIT); 0: do not wait (USHER_RELAY_REPLICAS)")
+	fromEnv(fs, "relay-replicas", "USHER_RELAY_REPLICAS")
 	fs.DurationVar(&cfg.UnknownKindWait, "unknown-kind-wait", time.Hour,
 		"a job whose kind no plugin here serves waits this long for a host that does, then is dead-lettered; negative: at once (USHER_UNKNOWN_KIND_WAIT)")
 	fromEnv(fs, "unknown-kind-wait", "USHER_UNKNOWN_KIND_WAIT")
@@ -235,12 +241,9 @@ func (c *connFlags) redis() (string, error) {
 	if c.redisPasswordFile == "" {
 		return c.redisURL, nil
 	}
-	u, err := url.Parse(c.redisURL)
-	if err != nil {
-		return "", fmt.Errorf("redis url: %w", err)
-	}
-	if _, has := u.User.Password(); has {
-		return "", errors.New("the Redis URL holds a password and --redis-password-file gives one: use one")
+	// Refused before the file is read: a URL with a password of its own.
+	if _, err := host.RedisURLWithPassword(c.redisURL, "x"); err != nil {
+		return "", err
 	}
 	b, err := secretfile.Read("redis password file", c.redisPasswordFile)
 	if err != nil {
@@ -250,12 +253,7 @@ func (c *connFlags) redis() (string, error) {
 	if pw == "" {
 		return "", fmt.Errorf("redis password file %s is empty", c.redisPasswordFile)
 	}
-	user := "default"
-	if u.User != nil && u.User.Username() != "" {
-		user = u.User.Username()
-	}
-	u.User = url.UserPassword(user, pw)
-	return u.String(), nil
+	return host.RedisURLWithPassword(c.redisURL, pw)
 }
 
 // secretFlags are the flags whose value may hold a password, and where the
@@ -281,6 +279,10 @@ func refuseSecretArgs(fs *flag.FlagSet) error {
 		if u, perr := url.Parse(v); perr == nil {
 			_, pw := u.User.Password()
 			has = has || pw
+		}
+		if host.IsClusterURL(v) { // which net/url cannot parse
+			_, perr := host.RedisURLWithPassword(v, "x")
+			has = has || perr != nil
 		}
 		if has {
 			err = usageError{fmt.Sprintf("--%s holds a password, and every local user can read a command line (/proc/PID/cmdline); %s", f.Name, where)}

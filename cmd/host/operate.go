@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/deadletter"
@@ -36,11 +35,10 @@ func (cl *cli) inspectFlags(fs *flag.FlagSet) runner {
 		if err != nil {
 			return err
 		}
-		opt, err := host.RedisOptions(redisURL, conn.redisCAFile)
+		rdb, err := host.NewRedisClient(redisURL, conn.redisCAFile)
 		if err != nil {
 			return err
 		}
-		rdb := redis.NewClient(opt)
 		defer rdb.Close()
 		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
 			in, err := ops.Inspect(ctx, pool, rdb, conn.stream, conn.group, cl.now())

@@ -33,6 +33,7 @@ func TestNoSecretOnTheCommandLine(t *testing.T) {
 		{[]string{"run", "--redis-url", "redis://usher:change-me@127.0.0.1:1/0"},
 			"--redis-url holds a password, and every local user can read a command line (/proc/PID/cmdline); give the password in a file only the host's user can read, --redis-password-file FILE"},
 		{[]string{"inspect", "--redis-url=redis://:change-me@127.0.0.1:1/0"}, "--redis-url holds a password"},
+		{[]string{"inspect", "--redis-url=redis-cluster://usher:change-me@127.0.0.1:1,127.0.0.1:2"}, "--redis-url holds a password"},
 		{[]string{"run", "--database-url", "postgres://usher:change-me@127.0.0.1:1/x"},
 			"--database-url holds a password, and every local user can read a command line (/proc/PID/cmdline); give the password in a passfile, PGPASSFILE=FILE"},
 		{[]string{"migrate", "--database-url", "host=127.0.0.1 user=usher password=change-me"}, "--database-url holds a password"},

@@ -45,6 +45,14 @@ type RelayConfig struct {
 	AfterPublish func(ids []int64) error
 	// OnPublished, when set, is told how many rows each batch published.
 	OnPublished func(n int)
+	// Replicas, when above 0, is how many replicas must acknowledge a
+	// batch's entries (WAIT) before its rows are marked published; a batch
+	// short of them stays unpublished and goes out again. Default 0: the
+	// mark follows the primary's answer (a failover can then drop entries
+	// of published rows, which the reconciler republishes).
+	Replicas int
+	// ReplicaTimeout is WAIT's timeout. Default DefaultReplicaTimeout.
+	ReplicaTimeout time.Duration
 	// OnAdded, when set, runs as soon as a batch's entries are on the
 	// stream, before the rows are marked: a consumer it wakes reads them
 	// while the mark commits.
@@ -63,6 +71,9 @@ func (c *RelayConfig) setDefaults() error {
 	}
 	if c.PollInterval <= 0 {
 		c.PollInterval = time.Second
+	}
+	if c.ReplicaTimeout <= 0 {
+		c.ReplicaTimeout = DefaultReplicaTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -231,7 +242,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	// In the outbox's order (RETURNING keeps none).
 	slices.SortFunc(batch, func(a, b row) int { return cmp.Compare(a.id, b.id) })
 	ids := make([]int64, len(batch))
-	pipe := r.cfg.Redis.Pipeline()
+	values := make([][]any, len(batch))
 	for i, x := range batch {
 		ids[i] = x.id
 		f := entry.Fields{JobID: x.jobID, OutboxID: strconv.FormatInt(x.id, 10), Kind: x.kind, Payload: x.payload,
@@ -239,9 +250,9 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		if x.step {
 			f.Step = "1" // a workflow step's (its decision tasks are not steps)
 		}
-		pipe.XAdd(ctx, &redis.XAddArgs{Stream: r.cfg.Stream, Values: f.Values(r.cfg.Key)})
+		values[i] = f.Values(r.cfg.Key)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := r.publish(ctx, values); err != nil {
 		// Some entries may be on the stream: that is the documented
 		// duplicate. The rows stay unpublished and go out again.
 		return 0, fmt.Errorf("outbox: publish: %w", err)

@@ -129,7 +129,7 @@ func (s *Server) Run(ctx context.Context, started func()) error {
 func (s *Server) handler(bound string) (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /healthz", s.serveHealth)
 	mux.HandleFunc("GET /plugins", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(s.cfg.Fleet.PluginReport(r.Context()))
