@@ -140,27 +140,17 @@ var macs sync.Map
 // Values returns the entry's XADD values: every field, then its signature
 // by key.
 func (f Fields) Values(key []byte) []any {
-	if f.Step != "" {
-		return []any{
-			FieldJobID, f.JobID,
-			FieldOutboxID, f.OutboxID,
-			FieldKind, f.Kind,
-			FieldPayload, f.Payload,
-			FieldRequestID, f.RequestID,
-			FieldTrace, f.Trace,
-			FieldAttempt, f.Attempt,
-			FieldStep, f.Step,
-			FieldSig, f.Sign(key),
-		}
-	}
-	return []any{
+	v := make([]any, 0, 18)
+	v = append(v,
 		FieldJobID, f.JobID,
 		FieldOutboxID, f.OutboxID,
 		FieldKind, f.Kind,
 		FieldPayload, f.Payload,
 		FieldRequestID, f.RequestID,
 		FieldTrace, f.Trace,
-		FieldAttempt, f.Attempt,
-		FieldSig, f.Sign(key),
+		FieldAttempt, f.Attempt)
+	if f.Step != "" { // absent on every entry that is no workflow step
+		v = append(v, FieldStep, f.Step)
 	}
+	return append(v, FieldSig, f.Sign(key))
 }

@@ -221,20 +221,9 @@ const maxTurns = 10_000
 // how it ended and the guards of the kinds its plugin serves.
 func (f Flow[In]) run(tb testing.TB, s flowScenario) (flowRun, []usherv1.Guard, error) {
 	tb.Helper()
-	pool, _ := hosttest.DB(tb)
 	ctx := context.Background()
-	k := kit{plugin: f.Plugin, migrations: f.Migrations, grants: f.Grants, enqueues: f.Enqueues}
-	if f.Plugin != "" {
-		hosttest.EnsureRoles(tb, f.Plugin)
-		if err := k.install(ctx, pool, f.Plugin, "sdktest"); err != nil {
-			tb.Fatalf("sdktest: install: %v", err)
-		}
-	}
-	if f.Schema != "" {
-		if _, err := pool.Exec(ctx, f.Schema); err != nil {
-			tb.Fatalf("sdktest: schema: %v", err)
-		}
-	}
+	k := kit{plugin: f.Plugin, schema: f.Schema, migrations: f.Migrations, grants: f.Grants, enqueues: f.Enqueues}
+	pool := k.database(tb)
 	setup := f.Start(tb, pool)
 	if setup.Plugin == nil || setup.Effects == nil || setup.Type == "" || setup.ID == "" {
 		tb.Fatal("sdktest: Flow.Start must return a Plugin, a Type, an ID and Effects")

@@ -196,19 +196,8 @@ var errCrashed = errors.New("sdktest: the plugin process crashed here")
 
 // scenario runs one scenario on a fresh database and returns its effects.
 func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error) {
-	pool, _ := hosttest.DB(tb)
 	ctx := context.Background()
-	if c.Plugin != "" {
-		hosttest.EnsureRoles(tb, c.Plugin)
-		if err := c.install(ctx, pool, c.Plugin, "sdktest"); err != nil {
-			tb.Fatalf("sdktest: install: %v", err)
-		}
-	}
-	if c.Schema != "" {
-		if _, err := pool.Exec(ctx, c.Schema); err != nil {
-			tb.Fatalf("sdktest: schema: %v", err)
-		}
-	}
+	pool := c.kit().database(tb)
 	setup := c.Start(tb, pool)
 	if setup.Plugin == nil || setup.Effects == nil {
 		tb.Fatal("sdktest: Start must return a Plugin and Effects")
@@ -326,13 +315,35 @@ func (c Case[T]) pluginDB(tb testing.TB, pool *pgxpool.Pool, m *usherv1.Manifest
 // migrations, grants and enqueues.
 type kit struct {
 	plugin     string
+	schema     string
 	migrations fs.FS
 	grants     []pluginhost.Grant
 	enqueues   []string
 }
 
 func (c Case[T]) kit() kit {
-	return kit{plugin: c.Plugin, migrations: c.Migrations, grants: c.Grants, enqueues: c.Enqueues}
+	return kit{plugin: c.Plugin, schema: c.Schema, migrations: c.Migrations, grants: c.Grants, enqueues: c.Enqueues}
+}
+
+// database is one scenario's fresh database: the plugin's role made and
+// its migrations and grants installed (when the plugin is named), then
+// the schema run.
+func (c kit) database(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	pool, _ := hosttest.DB(tb)
+	ctx := context.Background()
+	if c.plugin != "" {
+		hosttest.EnsureRoles(tb, c.plugin)
+		if err := c.install(ctx, pool, c.plugin, "sdktest"); err != nil {
+			tb.Fatalf("sdktest: install: %v", err)
+		}
+	}
+	if c.schema != "" {
+		if _, err := pool.Exec(ctx, c.schema); err != nil {
+			tb.Fatalf("sdktest: schema: %v", err)
+		}
+	}
+	return pool
 }
 
 func (c kit) pluginDB(tb testing.TB, pool *pgxpool.Pool, m *usherv1.ManifestResponse) (guard.DB, error) {
