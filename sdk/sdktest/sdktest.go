@@ -581,12 +581,8 @@ func (l localHost) Log(ctx context.Context, in *usherv1.LogRequest, _ ...grpc.Ca
 
 var _ usherv1.HostClient = localHost{}
 
-// install installs the Case's migrations and grants as a host installs a
+// install installs the kit's migrations and grants as a host installs a
 // manifest's (host/plugindb).
-func (c Case[T]) install(ctx context.Context, pool *pgxpool.Pool, name, version string) error {
-	return c.kit().install(ctx, pool, name, version)
-}
-
 func (c kit) install(ctx context.Context, pool *pgxpool.Pool, name, version string) error {
 	if c.migrations == nil && c.grants == nil {
 		return nil
