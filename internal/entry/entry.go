@@ -34,7 +34,8 @@ const (
 	FieldAttempt   = "attempt"
 	// FieldStep is "1" on a workflow step's delivery (the host asks
 	// whether the step was cancelled before it runs it) and absent on
-	// every other entry.
+	// every other entry. The signature covers it when present, so a host
+	// from before the field refuses a step's entry as unsigned.
 	FieldStep = "step"
 )
 
