@@ -20,7 +20,7 @@ import (
 // The durable workflows' pages: the list (by type and state), one
 // workflow's timeline with its history, the actions an operator takes on
 // a running one (cancel, signal), and the schedules. Every action is also
-// in the CLI (`host workflows cancel|signal`, `host schedules pause|resume`)
+// in the CLI (`host workflows cancel|signal`, `host schedules pause|resume|delete`)
 // and is recorded in operator_actions, actor "console".
 
 func (c *Console) workflowRoutes(m *http.ServeMux) {
@@ -163,11 +163,16 @@ func (c *Console) schedules(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) pauseSchedule(w http.ResponseWriter, r *http.Request) {
 	name, action := r.PathValue("name"), r.PathValue("action")
-	if action != "pause" && action != "resume" {
+	var err error
+	switch action {
+	case "pause", "resume":
+		_, err = recurring.SetPaused(r.Context(), c.cfg.Pool, name, action == "pause", c.cfg.Now())
+	case "delete":
+		err = recurring.Delete(r.Context(), c.cfg.Pool, name)
+	default:
 		http.Error(w, "no such action: "+action, http.StatusNotFound)
 		return
 	}
-	_, err := recurring.SetPaused(r.Context(), c.cfg.Pool, name, action == "pause", c.cfg.Now())
 	msg := fmt.Sprintf("schedule %s %sd", name, action)
 	if err == nil {
 		err = pgx.BeginFunc(r.Context(), c.cfg.Pool, func(tx pgx.Tx) error { return recordAction(r, tx, "schedule "+action, name, "") })

@@ -118,10 +118,14 @@ func TestConsoleWorkflowPages(t *testing.T) {
 	// The schedule, paused from its page.
 	run("the schedules", chromedp.Navigate(base+"schedules"), chromedp.WaitVisible(chromedp.ID("schedules")))
 	require.Contains(t, text(`#schedules tr[data-schedule="nightly-trip"]`), "active")
-	run("pause it", chromedp.Submit(`#schedules tr[data-schedule="nightly-trip"] form`), chromedp.WaitVisible(chromedp.ID("flash")))
+	run("pause it", chromedp.Submit(`#schedules tr[data-schedule="nightly-trip"] form.pause`), chromedp.WaitVisible(chromedp.ID("flash")))
 	require.Contains(t, text("#flash"), "schedule nightly-trip paused")
 	require.Contains(t, text(`#schedules tr[data-schedule="nightly-trip"]`), "paused")
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM schedules WHERE name = 'nightly-trip' AND paused`))
+	run("delete it", chromedp.Submit(`#schedules tr[data-schedule="nightly-trip"] form.delete`), chromedp.WaitVisible(chromedp.ID("flash")))
+	require.Contains(t, text("#flash"), "schedule nightly-trip deleted")
+	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM schedules`))
+	run("no schedules", chromedp.WaitVisible(chromedp.ID("no-schedules")))
 
 	var actions []string
 	rows, err := pool.Query(ctx, `SELECT action || ' ' || target FROM operator_actions WHERE actor = 'console' ORDER BY id`)
@@ -132,5 +136,6 @@ func TestConsoleWorkflowPages(t *testing.T) {
 		actions = append(actions, a)
 	}
 	require.NoError(t, rows.Err())
-	require.Equal(t, []string{"workflow signal trip:paid-trip", "workflow cancel trip:left-trip", "schedule pause nightly-trip"}, actions)
+	require.Equal(t, []string{"workflow signal trip:paid-trip", "workflow cancel trip:left-trip", "schedule pause nightly-trip",
+		"schedule delete nightly-trip"}, actions)
 }
