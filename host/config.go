@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/host/secretfile"
+	"github.com/usherhq/usher/host/stream"
 	"github.com/usherhq/usher/internal/entry"
 )
 
@@ -47,6 +48,14 @@ type Config struct {
 	// Stream is the stream key. Default "usher:{jobs}" (the hash tag keeps
 	// a partition's keys in one Redis Cluster slot).
 	Stream string
+	// StreamShards is how many shards the stream is split into: the relay
+	// adds each job's entries to one (stream.ShardOf, by job identity),
+	// shard i > 0 keyed as stream.ShardKey says (usher:{jobs-1}, ...) so
+	// that a Redis Cluster spreads them over its primaries. The host reads
+	// every shard up to the most any host has been started with (recorded
+	// in the stream_shards table), so lowering it strands nothing.
+	// Default 1: the stream key alone, as before shards.
+	StreamShards int
 	// Group is the consumer group. Default "usher".
 	Group string
 	// Consumer is this host's name in the group; unique per process.
@@ -356,6 +365,9 @@ func (c *Config) setDefaults() error {
 	if n := len(c.SigningKey); n > 0 && n < entry.MinKeyLen {
 		return fmt.Errorf("host: SigningKey is %d bytes; at least %d are needed", n, entry.MinKeyLen)
 	}
+	if c.StreamShards < 1 || c.StreamShards > stream.MaxShards {
+		return fmt.Errorf("host: StreamShards %d: must be between 1 and %d", c.StreamShards, stream.MaxShards)
+	}
 	if c.BatchMax < 0 {
 		return fmt.Errorf("host: BatchMax %d is negative; 1 runs every job in its own transaction", c.BatchMax)
 	}
@@ -373,6 +385,9 @@ func (c *Config) setDefaults() error {
 func (c *Config) fill() {
 	if c.Stream == "" {
 		c.Stream = "usher:{jobs}"
+	}
+	if c.StreamShards == 0 {
+		c.StreamShards = 1
 	}
 	if c.Group == "" {
 		c.Group = "usher"
@@ -489,7 +504,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("database_url", maskURL(c.DatabaseURL)),
 		slog.String("redis_url", maskURL(c.RedisURL)), slog.String("redis_ca_file", c.RedisCAFile),
 		slog.String("signing_key", keySource(c.SigningKey)),
-		slog.String("stream", c.Stream), slog.String("group", c.Group), slog.String("consumer", c.Consumer),
+		slog.String("stream", c.Stream), slog.Int("stream_shards", c.StreamShards), slog.String("group", c.Group), slog.String("consumer", c.Consumer),
 		slog.String("plugin_dir", c.PluginDir), slog.Bool("plugin_watch", c.PluginDir != "" && !c.DisablePluginWatch),
 		slog.Any("plugins", c.Plugins), slog.Bool("allow_superuser", c.AllowSuperuser),
 		slog.Int("plugin_pool_size", c.PluginPoolSize), slog.Duration("lock_timeout", c.LockTimeout),

@@ -26,6 +26,7 @@ import (
 	"github.com/usherhq/usher/host/internal/settle"
 	"github.com/usherhq/usher/host/internal/telemetry"
 	"github.com/usherhq/usher/host/limits"
+	"github.com/usherhq/usher/host/ops"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pause"
 	"github.com/usherhq/usher/host/pluginhost"
@@ -43,6 +44,8 @@ type Host struct {
 	pool    *pgxpool.Pool
 	ownPool bool
 	rdb     redis.UniversalClient
+	// shards are the stream's shards this host reads (ops.RecordShards).
+	shards  []string
 	ownRdb  bool
 	metrics *telemetry.Metrics
 	// key signs and verifies stream entries (Config.SigningKey).
@@ -130,6 +133,15 @@ func (h *Host) connect(ctx context.Context) (string, error) {
 	if err := migrations.Up(ctx, h.pool); err != nil {
 		return "", err
 	}
+	n, err := ops.RecordShards(ctx, h.pool, cfg.Stream, cfg.StreamShards)
+	if err != nil {
+		return "", fmt.Errorf("host: %w", err)
+	}
+	h.shards = stream.ShardKeys(cfg.Stream, n)
+	if n > cfg.StreamShards {
+		h.log.Info("reading more shards than this host publishes to: a host was started with more; their entries are read until the shards are empty",
+			"publishes_to", cfg.StreamShards, "reads", n)
+	}
 	h.key = cfg.SigningKey
 	if h.key == nil {
 		if h.key, err = outbox.LoadSigningKey(ctx, h.pool); err != nil {
@@ -152,7 +164,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		return err
 	}
 	h.consumer, err = stream.NewConsumer(stream.ConsumerConfig{
-		Redis: h.rdb, Stream: cfg.Stream, Group: cfg.Group, Name: cfg.Consumer,
+		Redis: h.rdb, Streams: h.shards, Group: cfg.Group, Name: cfg.Consumer,
 		Concurrency: cfg.Concurrency, MaxBytes: cfg.MaxEntryBytesHeld, IdlePoll: cfg.IdlePoll,
 		Dispatch: h.dispatch, ShutdownGrace: cfg.ShutdownGrace, Logger: h.log,
 	})
@@ -210,7 +222,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 	if err != nil {
 		return err
 	}
-	pending := stream.Pending{Redis: h.rdb, Stream: cfg.Stream, Group: cfg.Group, Consumer: cfg.Consumer}
+	pending := stream.Pending{Redis: h.rdb, Group: cfg.Group, Consumer: cfg.Consumer}
 	var ready func(string) bool // the pipeline's, set below: the redispatcher is built first
 	h.redispatcher, err = stream.NewRedispatcher(stream.RedispatcherConfig{Pending: pending, Take: h.consumer.Take,
 		Ready: func(kind string) bool { return ready(kind) }, GiveUpAfter: cfg.ReclaimIdle, Logger: h.log})
@@ -232,7 +244,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 	if cfg.AdminAddr != "" {
 		h.admin, err = adminapi.New(adminapi.Config{
 			Addr: cfg.AdminAddr, Token: h.adminToken, TokenFile: cfg.AdminTokenFile, AllowedHosts: cfg.AdminAllowedHosts,
-			Registry: h.metrics.Reg, Fleet: h.fleet, Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Group: cfg.Group,
+			Registry: h.metrics.Reg, Fleet: h.fleet, Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Group: cfg.Group, Shards: h.shards,
 			ChartWindow: cfg.ConsoleChartWindow, ChartBucket: cfg.ConsoleChartBucket, MigrateWorkflows: h.MigrateWorkflows,
 			Logger: h.log,
 		})

@@ -32,7 +32,7 @@ func (h *Host) Run(ctx context.Context) error {
 func (h *Host) phases() ([]lifecycle.Phase, error) {
 	cfg := h.cfg
 	rec, err := stream.NewReclaimer(stream.ReclaimerConfig{
-		Redis: h.rdb, Stream: cfg.Stream, Group: cfg.Group, Consumer: cfg.Consumer,
+		Redis: h.rdb, Streams: h.shards, Group: cfg.Group, Consumer: cfg.Consumer,
 		MinIdle: cfg.ReclaimIdle, Interval: cfg.ReclaimInterval, Take: h.consumer.Take,
 		OnReclaimed: func(n int) { h.metrics.Reclaimed.Add(float64(n)) }, Logger: h.log,
 	})
@@ -45,7 +45,7 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 	}
 	if cfg.HostLeaseTTL > 0 {
 		lease, err := stream.NewLease(stream.LeaseConfig{
-			Redis: h.rdb, Stream: cfg.Stream, Group: cfg.Group, Consumer: cfg.Consumer, TTL: cfg.HostLeaseTTL,
+			Redis: h.rdb, Streams: h.shards, Group: cfg.Group, Consumer: cfg.Consumer, TTL: cfg.HostLeaseTTL,
 			Take: h.consumer.Take, OnClaimed: func(n int) { h.metrics.Reclaimed.Add(float64(n)) }, Logger: h.log,
 		})
 		if err != nil {
@@ -56,7 +56,7 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 	var background []lifecycle.Service
 	if !cfg.DisableRelay {
 		relay, err := outbox.NewRelay(outbox.RelayConfig{
-			Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Key: h.key, PollInterval: cfg.RelayPollInterval, Replicas: cfg.RelayReplicas,
+			Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Shards: cfg.StreamShards, Key: h.key, PollInterval: cfg.RelayPollInterval, Replicas: cfg.RelayReplicas,
 			AfterPublish: cfg.RelayAfterPublish, Logger: h.log,
 			OnPublished: func(n int) { h.metrics.Published.Add(float64(n)) },
 			// What this host published is read now, not at the next poll.

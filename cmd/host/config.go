@@ -109,6 +109,9 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&cfg.RelayReplicas, "relay-replicas", 0,
 		"mark an outbox row published only once this many Redis replicas acknowledged its entry (WAIT); 0: do not wait (USHER_RELAY_REPLICAS)")
 	fromEnv(fs, "relay-replicas", "USHER_RELAY_REPLICAS")
+	fs.IntVar(&cfg.StreamShards, "stream-shards", 1,
+		"split the stream into this many shards, each its own key and Redis Cluster slot; every host reads every shard any host was started with (USHER_STREAM_SHARDS)")
+	fromEnv(fs, "stream-shards", "USHER_STREAM_SHARDS")
 	fs.DurationVar(&cfg.UnknownKindWait, "unknown-kind-wait", time.Hour,
 		"a job whose kind no plugin here serves waits this long for a host that does, then is dead-lettered; negative: at once (USHER_UNKNOWN_KIND_WAIT)")
 	fromEnv(fs, "unknown-kind-wait", "USHER_UNKNOWN_KIND_WAIT")

@@ -88,6 +88,17 @@ func printInspection(out io.Writer, in ops.Inspection) error {
 		}
 		fmt.Fprintf(w, "  oldest pending\t%s\n", ageText(in.Lag.OldestPending))
 	}
+	if len(in.Shards) > 1 {
+		// Shown only when there are several (host run --stream-shards).
+		fmt.Fprintf(w, "  shards\t%d\n", len(in.Shards))
+		for _, sh := range in.Shards {
+			lag := "unknown"
+			if sh.GroupLag >= 0 {
+				lag = strconv.FormatInt(sh.GroupLag, 10)
+			}
+			fmt.Fprintf(w, "    %s\t%d entries, %d pending, lag %s\n", sh.Stream, sh.Entries, sh.Pending, lag)
+		}
+	}
 	fmt.Fprintf(w, "outbox unpublished\t%d\n", in.OutboxUnpublished)
 	fmt.Fprintf(w, "  relay lag\t%s\n", ageText(in.Lag.RelayLag))
 	fmt.Fprintf(w, "scheduled runs\t%d due, %d later\n", in.ScheduledDue, in.ScheduledLater)

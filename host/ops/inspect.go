@@ -15,15 +15,19 @@ import (
 	"github.com/usherhq/usher/host/limits"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pause"
+	"github.com/usherhq/usher/host/stream"
 )
 
 // Inspection is the runtime's state as `host inspect` reports it.
 type Inspection struct {
 	Stream string `json:"stream"`
 	Group  string `json:"group"`
+	// Shards are the stream's shards, each with its own counts (one, the
+	// stream's key itself, unless the hosts run with more).
+	Shards []Shard `json:"shards"`
 	// Entries is the stream's length; Pending its entries delivered and not
-	// acknowledged, per consumer. PendingError says why there is no count
-	// (the group does not exist on that stream).
+	// acknowledged, per consumer; both over every shard. PendingError says
+	// why there is no count (the group does not exist on a shard).
 	Entries           int64          `json:"entries"`
 	Pending           int64          `json:"pending"`
 	PendingError      string         `json:"pending_error,omitempty"`
@@ -46,6 +50,15 @@ type Inspection struct {
 	// Limited are the kinds with a concurrency or rate limit
 	// (host/limits): their jobs start no faster across every host.
 	Limited []limits.Limit `json:"limited_kinds,omitempty"`
+}
+
+// Shard is one shard's counts.
+type Shard struct {
+	Stream  string `json:"stream"`
+	Entries int64  `json:"entries"`
+	Pending int64  `json:"pending"`
+	// GroupLag is the group's lag on this shard (-1: Redis cannot say).
+	GroupLag int64 `json:"group_lag"`
 }
 
 // ConsumerLoad is one consumer's pending entries.
@@ -83,24 +96,41 @@ func (in Inspection) DeadLettersOpen() int64 {
 // serving their kind, the open dead letters per kind, the duplicates
 // absorbed and the lag as of now (ReadLag). A missing consumer group is not
 // an error: its text is in PendingError, and the group lag is -1.
-func Inspect(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, stream, group string, now time.Time) (Inspection, error) {
-	in := Inspection{Stream: stream, Group: group, Consumers: []ConsumerLoad{}, DeadLetters: []KindCount{}, Absorbed: []Absorbed{}}
+func Inspect(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, base, group string, now time.Time) (Inspection, error) {
+	in := Inspection{Stream: base, Group: group, Consumers: []ConsumerLoad{}, DeadLetters: []KindCount{}, Absorbed: []Absorbed{}}
 	var err error
-	if in.Lag, err = ReadLag(ctx, q, rdb, stream, group, now); err != nil {
+	if in.Lag, err = ReadLag(ctx, q, rdb, base, group, now); err != nil {
 		return in, err
 	}
-	if in.Entries, err = rdb.XLen(ctx, stream).Result(); err != nil {
-		return in, fmt.Errorf("redis: XLEN %s: %w", stream, err)
+	n, err := Shards(ctx, q, base)
+	if err != nil {
+		return in, err
 	}
-	if p, err := rdb.XPending(ctx, stream, group).Result(); err == nil {
-		in.Pending = p.Count
-		for c, n := range p.Consumers {
-			in.Consumers = append(in.Consumers, ConsumerLoad{c, n})
+	consumers := map[string]int64{}
+	for i, key := range stream.ShardKeys(base, n) {
+		sh := Shard{Stream: key, GroupLag: -1}
+		if i < len(in.Lag.shards) {
+			sh.GroupLag = in.Lag.shards[i]
 		}
-		slices.SortFunc(in.Consumers, func(a, b ConsumerLoad) int { return strings.Compare(a.Consumer, b.Consumer) })
-	} else {
-		in.PendingError = err.Error()
+		if sh.Entries, err = rdb.XLen(ctx, key).Result(); err != nil {
+			return in, fmt.Errorf("redis: XLEN %s: %w", key, err)
+		}
+		if p, err := rdb.XPending(ctx, key, group).Result(); err == nil {
+			sh.Pending = p.Count
+			for c, n := range p.Consumers {
+				consumers[c] += n
+			}
+		} else if in.PendingError == "" {
+			in.PendingError = err.Error()
+		}
+		in.Entries += sh.Entries
+		in.Pending += sh.Pending
+		in.Shards = append(in.Shards, sh)
 	}
+	for c, n := range consumers {
+		in.Consumers = append(in.Consumers, ConsumerLoad{c, n})
+	}
+	slices.SortFunc(in.Consumers, func(a, b ConsumerLoad) int { return strings.Compare(a.Consumer, b.Consumer) })
 	if err := q.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM outbox WHERE published_at IS NULL),
 		(SELECT count(*) FROM scheduled_jobs WHERE enqueued_at IS NULL AND run_at <= now()),
@@ -149,23 +179,41 @@ type Lag struct {
 	// RelayLag is the age of the oldest outbox row not yet published; 0
 	// when the relay has published everything.
 	RelayLag time.Duration `json:"relay_lag_ns"`
+	// shards are each shard's group lag.
+	shards []int64
 }
 
-// ReadLag reads Lag as of now.
-func ReadLag(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, stream, group string, now time.Time) (Lag, error) {
-	lag := Lag{GroupLag: -1}
-	groups, err := rdb.XInfoGroups(ctx, stream).Result()
-	if err != nil && !isNoStream(err) {
-		return lag, fmt.Errorf("redis: XINFO GROUPS %s: %w", stream, err)
+// ReadLag reads Lag as of now, over every shard of the stream whose base
+// key is base: the group lags summed (-1 if any shard's is unknown), the
+// oldest pending entry of them all.
+func ReadLag(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, base, group string, now time.Time) (Lag, error) {
+	lag := Lag{}
+	n, err := Shards(ctx, q, base)
+	if err != nil {
+		return lag, err
 	}
-	for _, g := range groups {
-		if g.Name == group {
-			lag.GroupLag = g.Lag
+	for _, key := range stream.ShardKeys(base, n) {
+		groups, err := rdb.XInfoGroups(ctx, key).Result()
+		if err != nil && !isNoStream(err) {
+			return lag, fmt.Errorf("redis: XINFO GROUPS %s: %w", key, err)
 		}
-	}
-	if p, err := rdb.XPending(ctx, stream, group).Result(); err == nil && p.Count > 0 {
-		if ms, ok := streamIDTime(p.Lower); ok && now.After(ms) {
-			lag.OldestPending = now.Sub(ms)
+		shard := int64(-1)
+		for _, g := range groups {
+			if g.Name == group {
+				shard = g.Lag
+			}
+		}
+		lag.shards = append(lag.shards, shard)
+		switch {
+		case shard < 0 || lag.GroupLag < 0:
+			lag.GroupLag = -1
+		default:
+			lag.GroupLag += shard
+		}
+		if p, err := rdb.XPending(ctx, key, group).Result(); err == nil && p.Count > 0 {
+			if ms, ok := streamIDTime(p.Lower); ok && now.After(ms) {
+				lag.OldestPending = max(lag.OldestPending, now.Sub(ms))
+			}
 		}
 	}
 	var oldest *time.Time

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/usherhq/usher/host/stream"
 	"github.com/usherhq/usher/internal/entry"
 )
 
@@ -26,8 +27,12 @@ type RelayConfig struct {
 	Pool *pgxpool.Pool
 	// Redis is the stream's client. Required.
 	Redis redis.UniversalClient
-	// Stream is the stream key. Required.
+	// Stream is the stream's base key. Required.
 	Stream string
+	// Shards is how many shards of Stream the entries are spread over
+	// (stream.ShardKey, stream.ShardOf: by job identity). Default 1: the
+	// base key alone.
+	Shards int
 	// Key signs every entry (entry.Fields.Sign); consumers dead-letter an entry
 	// their key does not verify. At least entry.MinKeyLen bytes. Required:
 	// LoadSigningKey reads the cluster's.
@@ -68,6 +73,12 @@ func (c *RelayConfig) setDefaults() error {
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 256
+	}
+	if c.Shards <= 0 {
+		c.Shards = 1
+	}
+	if c.Shards > stream.MaxShards {
+		return fmt.Errorf("outbox: relay given %d shards; at most %d", c.Shards, stream.MaxShards)
 	}
 	if c.PollInterval <= 0 {
 		c.PollInterval = time.Second
@@ -243,8 +254,10 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	slices.SortFunc(batch, func(a, b row) int { return cmp.Compare(a.id, b.id) })
 	ids := make([]int64, len(batch))
 	values := make([][]any, len(batch))
+	shards := make([]string, len(batch))
 	for i, x := range batch {
 		ids[i] = x.id
+		shards[i] = stream.ShardKey(r.cfg.Stream, stream.ShardOf(x.jobID, r.cfg.Shards))
 		f := entry.Fields{JobID: x.jobID, OutboxID: strconv.FormatInt(x.id, 10), Kind: x.kind, Payload: x.payload,
 			RequestID: x.requestID, Trace: x.trace, Attempt: strconv.Itoa(int(x.attempt))}
 		if x.step {
@@ -252,7 +265,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		}
 		values[i] = f.Values(r.cfg.Key)
 	}
-	if err := r.publish(ctx, values); err != nil {
+	if err := r.publish(ctx, shards, values); err != nil {
 		// Some entries may be on the stream: that is the documented
 		// duplicate. The rows stay unpublished and go out again.
 		return 0, fmt.Errorf("outbox: publish: %w", err)

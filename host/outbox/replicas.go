@@ -12,35 +12,52 @@ import (
 // waits for the replicas' acknowledgement of a batch (WAIT's timeout).
 const DefaultReplicaTimeout = time.Second
 
-// publish adds the batch's entries to the stream in one pipeline and,
-// with Replicas set, ends it with WAIT Replicas ReplicaTimeout on the same
+// publish adds the batch's entries, values[i] to shard keys[i], in one
+// pipeline (a cluster client sends each shard's to its primary) and, with
+// Replicas set, ends it with WAIT Replicas ReplicaTimeout on the same
 // connection: the batch counts as published only when that many replicas
 // have acknowledged every entry, so a failover of the primary right after
 // the mark cannot drop an entry whose row says it was published. On a
-// cluster the pipeline goes to the primary serving the stream's slot
-// (WAIT has no key, and must run on the connection that wrote).
-func (r *Relay) publish(ctx context.Context, values [][]any) error {
-	var client redis.Cmdable = r.cfg.Redis
+// cluster with Replicas set each shard's entries go in a pipeline of their
+// own to the primary serving the shard's slot (WAIT has no key, and must
+// run on the connection that wrote).
+func (r *Relay) publish(ctx context.Context, keys []string, values [][]any) error {
 	cc, cluster := r.cfg.Redis.(*redis.ClusterClient)
-	if cluster && r.cfg.Replicas > 0 {
-		node, err := cc.MasterForKey(ctx, r.cfg.Stream)
+	if !cluster || r.cfg.Replicas == 0 {
+		return r.publishOn(ctx, r.cfg.Redis, keys, values)
+	}
+	byShard := map[string][]int{}
+	for i, k := range keys {
+		byShard[k] = append(byShard[k], i)
+	}
+	for shard, at := range byShard {
+		node, err := cc.MasterForKey(ctx, shard)
 		if err != nil {
 			return err
 		}
-		client = node
+		ks, vs := make([]string, len(at)), make([][]any, len(at))
+		for j, i := range at {
+			ks[j], vs[j] = keys[i], values[i]
+		}
+		if err := r.publishOn(ctx, node, ks, vs); err != nil {
+			cc.ReloadState(ctx) // the primary moved (MOVED) or died: ask again
+			return err
+		}
 	}
+	return nil
+}
+
+// publishOn is publish's pipeline on one client.
+func (r *Relay) publishOn(ctx context.Context, client redis.Cmdable, keys []string, values [][]any) error {
 	pipe := client.Pipeline()
-	for _, v := range values {
-		pipe.XAdd(ctx, &redis.XAddArgs{Stream: r.cfg.Stream, Values: v})
+	for i, v := range values {
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: keys[i], Values: v})
 	}
 	var wait *redis.Cmd
 	if r.cfg.Replicas > 0 {
 		wait = pipe.Do(ctx, "WAIT", r.cfg.Replicas, r.cfg.ReplicaTimeout.Milliseconds())
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		if cluster && r.cfg.Replicas > 0 {
-			cc.ReloadState(ctx) // the primary moved (MOVED) or died: ask again
-		}
 		return err
 	}
 	if wait != nil {

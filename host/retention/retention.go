@@ -50,10 +50,11 @@ type Config struct {
 	Redis redis.UniversalClient
 	// Pool is the runtime's database. Required.
 	Pool *pgxpool.Pool
-	// Stream is the stream key; Group the consumer group whose gone
-	// consumers are removed; Self this host's consumer, never removed.
-	// Required. Trimming respects every group of the stream.
-	Stream, Group, Self string
+	// Streams are the stream's shards' keys; Group the consumer group
+	// whose gone consumers are removed; Self this host's consumer, never
+	// removed. Required. Trimming respects every group of every shard.
+	Streams     []string
+	Group, Self string
 
 	// TrimInterval is how often the stream is trimmed. Default 5s;
 	// negative: never.
@@ -103,8 +104,8 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if c.Redis == nil || c.Pool == nil || c.Stream == "" || c.Group == "" || c.Self == "" {
-		return errors.New("retention: needs Redis, Pool, Stream, Group and Self")
+	if c.Redis == nil || c.Pool == nil || len(c.Streams) == 0 || c.Group == "" || c.Self == "" {
+		return errors.New("retention: needs Redis, Pool, Streams, Group and Self")
 	}
 	for _, w := range []struct {
 		name string
@@ -152,7 +153,7 @@ func New(cfg Config) (*Retainer, error) {
 // Run trims every TrimInterval and cleans up every CleanupInterval until
 // ctx is done.
 func (r *Retainer) Run(ctx context.Context) error {
-	log := r.cfg.Logger.With("stream", r.cfg.Stream)
+	log := r.cfg.Logger
 	var wg sync.WaitGroup
 	if r.cfg.TrimInterval > 0 {
 		wg.Add(1)
@@ -295,19 +296,40 @@ type Trimmed struct {
 	Before time.Time
 }
 
-// Trim trims the stream once (unless TrimInterval is negative, when it only
-// reads the low-water mark).
+// Trim trims every shard of the stream once (unless TrimInterval is
+// negative, when it only reads the low-water marks). What it returns is
+// over every shard: the entries removed summed, the low-water mark the
+// earliest of the shards'.
 func (r *Retainer) Trim(ctx context.Context) (Trimmed, error) {
+	var all Trimmed
+	for i, s := range r.cfg.Streams {
+		t, err := r.trim(ctx, s)
+		if err != nil {
+			return Trimmed{}, err
+		}
+		all.Entries += t.Entries
+		if i == 0 || t.Before.Before(all.Before) {
+			all.Owed, all.Before = t.Owed, t.Before
+		}
+	}
+	if all.Entries > 0 && r.cfg.OnTrimmed != nil {
+		r.cfg.OnTrimmed(all.Entries)
+	}
+	return all, nil
+}
+
+// trim trims one shard.
+func (r *Retainer) trim(ctx context.Context, stream string) (Trimmed, error) {
 	trim := "1"
 	if r.cfg.TrimInterval < 0 {
 		trim = "0"
 	}
-	res, err := trimScript.Run(ctx, r.cfg.Redis, []string{r.cfg.Stream}, trim).Slice()
+	res, err := trimScript.Run(ctx, r.cfg.Redis, []string{stream}, trim).Slice()
 	if err != nil {
-		return Trimmed{}, fmt.Errorf("retention: trim %s: %w", r.cfg.Stream, err)
+		return Trimmed{}, fmt.Errorf("retention: trim %s: %w", stream, err)
 	}
 	if len(res) != 3 {
-		return Trimmed{}, fmt.Errorf("retention: trim %s: unexpected reply %v", r.cfg.Stream, res)
+		return Trimmed{}, fmt.Errorf("retention: trim %s: unexpected reply %v", stream, res)
 	}
 	n, _ := res[0].(int64)
 	owed, _ := res[1].(string)
@@ -321,10 +343,7 @@ func (r *Retainer) Trim(ctx context.Context) (Trimmed, error) {
 		t.Before = time.UnixMilli(ms)
 	}
 	if n > 0 {
-		if r.cfg.OnTrimmed != nil {
-			r.cfg.OnTrimmed(n)
-		}
-		r.cfg.Logger.Debug("stream trimmed", "stream", r.cfg.Stream, "entries", n, "owed", owed)
+		r.cfg.Logger.Debug("stream trimmed", "stream", stream, "entries", n, "owed", owed)
 	}
 	return t, nil
 }
@@ -347,14 +366,27 @@ end
 return gone
 `)
 
-// RemoveIdleConsumers removes Group's consumers with nothing pending that
-// were idle for ConsumerIdle (a consumer still alive is created again by
-// its next read), and returns their names.
+// RemoveIdleConsumers removes, on every shard, Group's consumers with
+// nothing pending that were idle for ConsumerIdle (a consumer still alive
+// is created again by its next read), and returns their names, once per
+// shard they were removed from.
 func (r *Retainer) RemoveIdleConsumers(ctx context.Context) ([]string, error) {
+	var all []string
+	for _, s := range r.cfg.Streams {
+		gone, err := r.removeIdleConsumers(ctx, s)
+		if err != nil {
+			return all, err
+		}
+		all = append(all, gone...)
+	}
+	return all, nil
+}
+
+func (r *Retainer) removeIdleConsumers(ctx context.Context, stream string) ([]string, error) {
 	if r.cfg.ConsumerIdle < 0 {
 		return nil, nil
 	}
-	gone, err := removeScript.Run(ctx, r.cfg.Redis, []string{r.cfg.Stream}, r.cfg.Group, r.cfg.ConsumerIdle.Milliseconds(), r.cfg.Self).StringSlice()
+	gone, err := removeScript.Run(ctx, r.cfg.Redis, []string{stream}, r.cfg.Group, r.cfg.ConsumerIdle.Milliseconds(), r.cfg.Self).StringSlice()
 	if err != nil {
 		if msg := err.Error(); strings.HasPrefix(msg, "NOGROUP") || strings.Contains(msg, "no such key") {
 			return nil, nil
@@ -365,7 +397,7 @@ func (r *Retainer) RemoveIdleConsumers(ctx context.Context) ([]string, error) {
 		if r.cfg.OnConsumersRemoved != nil {
 			r.cfg.OnConsumersRemoved(len(gone))
 		}
-		r.cfg.Logger.Info("removed consumers idle with nothing pending", "stream", r.cfg.Stream, "group", r.cfg.Group,
+		r.cfg.Logger.Info("removed consumers idle with nothing pending", "stream", stream, "group", r.cfg.Group,
 			"consumers", gone, "idle_over", r.cfg.ConsumerIdle)
 	}
 	return gone, nil

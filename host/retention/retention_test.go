@@ -34,7 +34,7 @@ func setup(t *testing.T) *testBundle {
 
 func (b *testBundle) retainer(t *testing.T, cfg retention.Config) *retention.Retainer {
 	t.Helper()
-	cfg.Redis, cfg.Pool, cfg.Stream = b.rdb, b.pool, b.stream
+	cfg.Redis, cfg.Pool, cfg.Streams = b.rdb, b.pool, []string{b.stream}
 	if cfg.Group == "" {
 		cfg.Group = "usher"
 	}
@@ -223,7 +223,7 @@ func TestIdleConsumersWithNothingPendingAreRemoved(t *testing.T) {
 
 	// A stream with no group yet is not an error.
 	_, rdbKey := hosttest.Redis(t)
-	r2, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Stream: rdbKey, Group: "usher", Self: "self"})
+	r2, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Streams: []string{rdbKey}, Group: "usher", Self: "self"})
 	require.NoError(t, err)
 	_, err = r2.RemoveIdleConsumers(ctx)
 	require.NoError(t, err)
@@ -237,11 +237,11 @@ func TestRetentionBelowTheBoundIsRefused(t *testing.T) {
 		MaxAttempts: 8, RetryBackoff: time.Second, MaxBackoff: 5 * time.Minute, ReconcileAfter: 15 * time.Minute, ReconcileInterval: time.Minute}
 	require.Equal(t, 17*time.Minute+30*time.Second+255*time.Second+16*time.Minute, red.Bound())
 	for _, cfg := range []retention.Config{{ProcessedJobs: time.Hour, Outbox: 10 * time.Minute}, {DeadLetters: 37 * time.Minute}} {
-		cfg.Redis, cfg.Pool, cfg.Stream, cfg.Group, cfg.Self, cfg.Redelivery = b.rdb, b.pool, b.stream, "usher", "self", red
+		cfg.Redis, cfg.Pool, cfg.Streams, cfg.Group, cfg.Self, cfg.Redelivery = b.rdb, b.pool, []string{b.stream}, "usher", "self", red
 		_, err := retention.New(cfg)
 		require.ErrorContains(t, err, "is shorter than the redelivery bound 37m45s = MaxDeliveries 10")
 	}
-	_, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Stream: b.stream, Group: "g", Self: "s",
+	_, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Streams: []string{b.stream}, Group: "g", Self: "s",
 		Redelivery: red, ProcessedJobs: red.Bound(), Outbox: 2 * time.Hour})
 	require.NoError(t, err)
 }
@@ -344,7 +344,7 @@ func TestCleanupTrimsTheHistories(t *testing.T) {
 		require.NoError(t, err)
 	}
 	deleted := map[string]int64{}
-	r, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Stream: b.stream, Group: "usher", Self: "self",
+	r, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Streams: []string{b.stream}, Group: "usher", Self: "self",
 		History: 48 * time.Hour, Swaps: 48 * time.Hour, BatchSize: 2,
 		OnDeleted: func(table string, n int64) { deleted[table] += n }})
 	require.NoError(t, err)
@@ -373,7 +373,7 @@ func TestCleanupDeletesFinishedWorkflows(t *testing.T) {
 	}
 	require.EqualValues(t, 4, hosttest.Count(t, b.pool, `SELECT count(*) FROM workflow_events`))
 	deleted := map[string]int64{}
-	r, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Stream: b.stream, Group: "usher", Self: "self",
+	r, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Streams: []string{b.stream}, Group: "usher", Self: "self",
 		Workflows: 48 * time.Hour, BatchSize: 1, OnDeleted: func(table string, n int64) { deleted[table] += n }})
 	require.NoError(t, err)
 	require.NoError(t, r.Cleanup(ctx))
@@ -407,7 +407,7 @@ func TestCleanupDeletesUnpinnedBinaries(t *testing.T) {
 		require.NoError(t, err, q)
 	}
 	deleted := map[string]int64{}
-	r, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Stream: b.stream, Group: "usher", Self: "self",
+	r, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Streams: []string{b.stream}, Group: "usher", Self: "self",
 		OnDeleted: func(table string, n int64) { deleted[table] += n }})
 	require.NoError(t, err)
 	require.NoError(t, r.Cleanup(ctx))

@@ -25,8 +25,10 @@ type Dispatcher func(ctx context.Context, e Entry) (ack bool)
 type ConsumerConfig struct {
 	// Redis client. Required.
 	Redis redis.UniversalClient
-	// Stream key and Group name. Required.
-	Stream, Group string
+	// Streams are the keys of the stream's shards (ShardKeys), read in
+	// turn; Group is the consumer group, on every shard. Required.
+	Streams []string
+	Group   string
 	// Name of this consumer in the group; unique per host process. Required.
 	Name string
 	// Concurrency bounds the entries in flight. Default 16.
@@ -52,8 +54,13 @@ type ConsumerConfig struct {
 }
 
 func (c *ConsumerConfig) setDefaults() error {
-	if c.Redis == nil || c.Stream == "" || c.Group == "" || c.Name == "" || c.Dispatch == nil {
-		return errors.New("stream: consumer needs Redis, Stream, Group, Name and Dispatch")
+	if c.Redis == nil || len(c.Streams) == 0 || c.Group == "" || c.Name == "" || c.Dispatch == nil {
+		return errors.New("stream: consumer needs Redis, Streams, Group, Name and Dispatch")
+	}
+	for _, s := range c.Streams {
+		if s == "" {
+			return errors.New("stream: consumer given an empty stream key")
+		}
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 16
@@ -96,7 +103,7 @@ type Consumer struct {
 	workCtx    context.Context
 	cancelWork context.CancelFunc
 
-	// running holds the stream ids in flight here. XAUTOCLAIM hands an
+	// running holds the entries in flight here, by Entry.Key. XAUTOCLAIM hands an
 	// entry back to the consumer that is still working on it once it idles
 	// past the threshold; starting it twice in one process would only
 	// waste a slot.
@@ -135,7 +142,7 @@ type running struct {
 
 // ackRequest is one finished entry to ack.
 type ackRequest struct {
-	id, jobID string
+	stream, id, jobID string
 }
 
 // maxAckBatch bounds the ids of one XACK.
@@ -167,27 +174,43 @@ func EnsureGroup(ctx context.Context, rdb redis.UniversalClient, streamKey, grou
 
 // Run reads until ctx is done, then waits up to ShutdownGrace for in-flight
 // entries; those still running are cancelled and left unacked.
+//
+// The shards are read in turn, one read each (a read is one slot's
+// script, so a cluster serves each shard from its own primary): after a
+// read that found entries the next shard is read at once, so no shard
+// starves another; the consumer waits only once a whole round of reads
+// found nothing.
 func (c *Consumer) Run(ctx context.Context) error {
-	if err := EnsureGroup(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group); err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped before it began: nothing read, nothing to drain
+	for _, s := range c.cfg.Streams {
+		if err := EnsureGroup(ctx, c.cfg.Redis, s, c.cfg.Group); err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped before it began: nothing read, nothing to drain
+			}
+			return err
 		}
-		return err
 	}
 	defer c.drain()
 	backoff := 100 * time.Millisecond
 	idle := 5 * time.Millisecond
+	// empty counts the reads in a row that found nothing.
+	shard, empty := 0, 0
 	for ctx.Err() == nil {
+		key := c.cfg.Streams[shard]
+		shard = (shard + 1) % len(c.cfg.Streams)
 		got, err := c.Take(ctx, c.cfg.Concurrency, func(ctx context.Context, n int) ([]Entry, error) {
-			return ReadNew(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group, c.cfg.Name, n)
+			return ReadNew(ctx, c.cfg.Redis, key, c.cfg.Group, c.cfg.Name, n)
 		})
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case err == nil && got > 0:
-			backoff, idle = 100*time.Millisecond, 5*time.Millisecond
+			backoff, idle, empty = 100*time.Millisecond, 5*time.Millisecond, 0
 		case err == nil:
 			backoff = 100 * time.Millisecond
+			if empty++; empty < len(c.cfg.Streams) {
+				continue // the next shard may have some
+			}
+			empty = 0
 			if c.idle(ctx, idle) {
 				idle = 5 * time.Millisecond
 			} else {
@@ -197,9 +220,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 			if strings.HasPrefix(err.Error(), "NOGROUP") {
 				// The stream was deleted (Redis restarted without
 				// persistence): recreate the group.
-				_ = EnsureGroup(ctx, c.cfg.Redis, c.cfg.Stream, c.cfg.Group)
+				_ = EnsureGroup(ctx, c.cfg.Redis, key, c.cfg.Group)
 			}
-			c.cfg.Logger.Warn("stream read failed; retrying", "stream", c.cfg.Stream, "err", err, "backoff", backoff)
+			c.cfg.Logger.Warn("stream read failed; retrying", "stream", key, "err", err, "backoff", backoff)
 			wait(ctx, backoff)
 			backoff = min(backoff*2, 5*time.Second)
 		}
@@ -400,8 +423,9 @@ func (c *Consumer) PeakBytesHeld() int64 { return c.peak.Load() }
 // as slots, so a worker is always free for a slot's entry.
 func (c *Consumer) start(e Entry) {
 	held := min(e.Held, entry.MaxBytes)
+	key := e.Key()
 	c.mu.Lock()
-	if c.running[e.StreamID] != nil || c.unacked[e.StreamID] {
+	if c.running[key] != nil || c.unacked[key] {
 		c.mu.Unlock()
 		c.addArriving(-1)
 		c.release(1, held)
@@ -415,7 +439,7 @@ func (c *Consumer) start(e Entry) {
 		c.release(1, held)
 		return
 	}
-	c.running[e.StreamID] = &running{}
+	c.running[key] = &running{}
 	c.mu.Unlock()
 	c.startWorkers.Do(func() {
 		for range c.cfg.Concurrency {
@@ -449,7 +473,7 @@ func (c *Consumer) finish(e Entry) (detached bool) {
 	defer c.wg.Done()
 	defer func() {
 		c.mu.Lock()
-		r := c.running[e.StreamID]
+		r := c.running[e.Key()]
 		detached = r.detached
 		if detached {
 			c.detached--
@@ -458,7 +482,7 @@ func (c *Consumer) finish(e Entry) (detached bool) {
 		if detached || r.settled {
 			slots = 0
 		}
-		delete(c.running, e.StreamID)
+		delete(c.running, e.Key())
 		c.mu.Unlock()
 		c.release(slots, min(e.Held, entry.MaxBytes))
 	}()
@@ -488,27 +512,29 @@ func (c *Consumer) finish(e Entry) (detached bool) {
 // (the entry read into it waits for a worker, Entry.Committed). Until the
 // ack returns, the entry is not run here again.
 func (c *Consumer) settle(e Entry) {
+	key := e.Key()
 	c.mu.Lock()
-	r := c.running[e.StreamID]
+	r := c.running[key]
 	free := !r.detached
 	r.settled = true
-	c.unacked[e.StreamID] = true
+	c.unacked[key] = true
 	c.mu.Unlock()
 	c.acking.Add(1)
-	c.acks <- ackRequest{id: e.StreamID, jobID: e.JobID}
+	c.acks <- ackRequest{stream: e.Stream, id: e.StreamID, jobID: e.JobID}
 	if free {
 		c.release(1, 0)
 	}
 }
 
-// Detach gives back the slot of an entry still running, so that another
-// entry is read and run meanwhile: the host detaches a job that has
-// stalled, so a plugin that hangs cannot hold every slot. The entry keeps
-// its bytes until it finishes. At most Concurrency entries are detached at
-// once; Detach reports whether this one was.
-func (c *Consumer) Detach(streamID string) bool {
+// Detach gives back the slot of an entry still running (named by its
+// Entry.Key), so that another entry is read and run meanwhile: the host
+// detaches a job that has stalled, so a plugin that hangs cannot hold
+// every slot. The entry keeps its bytes until it finishes. At most
+// Concurrency entries are detached at once; Detach reports whether this
+// one was.
+func (c *Consumer) Detach(key string) bool {
 	c.mu.Lock()
-	r := c.running[streamID]
+	r := c.running[key]
 	if r == nil || r.detached || r.settled || c.detached >= c.cfg.Concurrency {
 		c.mu.Unlock()
 		return false
@@ -530,14 +556,13 @@ func (c *Consumer) Detach(streamID string) bool {
 func (c *Consumer) acker() {
 	defer close(c.ackerDone)
 	batch := make([]ackRequest, 0, maxAckBatch)
-	ids := make([]string, 0, maxAckBatch)
 	for first := range c.acks {
-		batch, ids = append(batch[:0], first), append(ids[:0], first.id)
+		batch = append(batch[:0], first)
 	more:
 		for len(batch) < maxAckBatch {
 			select {
 			case r := <-c.acks:
-				batch, ids = append(batch, r), append(ids, r.id)
+				batch = append(batch, r)
 			default:
 				break more
 			}
@@ -546,21 +571,58 @@ func (c *Consumer) acker() {
 		// transactions are committed, and an unacked entry would only
 		// be reclaimed and absorbed as a duplicate.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.workCtx), 5*time.Second)
-		err := c.cfg.Redis.XAck(ctx, c.cfg.Stream, c.cfg.Group, ids...).Err()
+		failed := c.ack(ctx, batch)
 		cancel()
 		c.mu.Lock()
-		for _, id := range ids {
-			delete(c.unacked, id)
+		for _, r := range batch {
+			delete(c.unacked, r.stream+" "+r.id)
 		}
 		c.mu.Unlock()
 		for _, r := range batch {
-			if err != nil {
+			if err := failed[r.stream]; err != nil {
 				c.cfg.Logger.Warn("ack failed; the entry will be reclaimed and absorbed by its guard",
 					"stream_id", r.id, "job_id", r.jobID, "err", err)
 			}
 			c.acking.Done()
 		}
 	}
+}
+
+// ack sends one XACK per shard of batch's entries, in one pipeline (a
+// cluster client sends each to its shard's primary), and returns the
+// error of each shard whose XACK failed.
+func (c *Consumer) ack(ctx context.Context, batch []ackRequest) map[string]error {
+	if len(c.cfg.Streams) == 1 {
+		ids := make([]string, len(batch))
+		for i, r := range batch {
+			ids[i] = r.id
+		}
+		if err := c.cfg.Redis.XAck(ctx, batch[0].stream, c.cfg.Group, ids...).Err(); err != nil {
+			return map[string]error{batch[0].stream: err}
+		}
+		return nil
+	}
+	byStream := map[string][]string{}
+	for _, r := range batch {
+		byStream[r.stream] = append(byStream[r.stream], r.id)
+	}
+	cmds := make(map[string]*redis.IntCmd, len(byStream))
+	_, _ = c.cfg.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for s, ids := range byStream {
+			cmds[s] = pipe.XAck(ctx, s, c.cfg.Group, ids...)
+		}
+		return nil
+	})
+	var failed map[string]error
+	for s, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			if failed == nil {
+				failed = map[string]error{}
+			}
+			failed[s] = err
+		}
+	}
+	return failed
 }
 
 func (c *Consumer) drain() {

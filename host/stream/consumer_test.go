@@ -27,7 +27,7 @@ func TestArrivingCountsEntriesUntilTheyArrive(t *testing.T) {
 	release := map[string]chan struct{}{"1": make(chan struct{}), "2": make(chan struct{}), "3": make(chan struct{})}
 	started := make(chan struct{}, 4)
 	c, err := stream.NewConsumer(stream.ConsumerConfig{
-		Redis: rdb, Stream: key, Group: "g", Name: "c1", Concurrency: 4,
+		Redis: rdb, Streams: []string{key}, Group: "g", Name: "c1", Concurrency: 4,
 		Dispatch: func(ctx context.Context, e stream.Entry) bool {
 			if e.JobID == "1" {
 				e.Arrived()
@@ -128,7 +128,7 @@ func TestEntryWaitingForItsAckIsNotRunAgain(t *testing.T) {
 	var mu sync.Mutex
 	runs := map[string]int{}
 	c, err := stream.NewConsumer(stream.ConsumerConfig{
-		Redis: rdb, Stream: key, Group: "g", Name: "c1", Concurrency: 2,
+		Redis: rdb, Streams: []string{key}, Group: "g", Name: "c1", Concurrency: 2,
 		Dispatch: func(ctx context.Context, e stream.Entry) bool {
 			mu.Lock()
 			runs[e.StreamID]++
@@ -211,7 +211,7 @@ func TestCommittedEntrySettlesBeforeDispatchReturns(t *testing.T) {
 	}
 	settled, release, second := make(chan string, 1), make(chan struct{}), make(chan struct{})
 	c, err := stream.NewConsumer(stream.ConsumerConfig{
-		Redis: rdb, Stream: key, Group: "g", Name: "c1", Concurrency: 1,
+		Redis: rdb, Streams: []string{key}, Group: "g", Name: "c1", Concurrency: 1,
 		Dispatch: func(ctx context.Context, e stream.Entry) bool {
 			switch e.JobID {
 			case "2":

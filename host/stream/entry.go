@@ -24,7 +24,11 @@ import (
 // Entry is one stream entry decoded into a job. Err is set when the entry is
 // malformed; the dispatcher dead-letters it with that reason.
 type Entry struct {
-	// StreamID is the entry id: a delivery, never a job identity.
+	// Stream is the key of the shard the entry was read from: its acks,
+	// parks, claims and crash counts go to that key.
+	Stream string
+	// StreamID is the entry id in its shard: a delivery, never a job
+	// identity (two shards can hold the same id).
 	StreamID  string
 	JobID     string
 	OutboxID  int64
@@ -74,6 +78,9 @@ type Entry struct {
 	// nothing.
 	Committed func()
 }
+
+// Key names the entry on this host: its shard's key and its id in it.
+func (e Entry) Key() string { return e.Stream + " " + e.StreamID }
 
 // Decode turns a stream message into an Entry. It never fails: a missing or
 // malformed field is recorded in Entry.Err.

@@ -16,10 +16,11 @@ import (
 type LeaseConfig struct {
 	// Redis client. Required.
 	Redis redis.UniversalClient
-	// Stream, Group and Consumer (this host's name in the group, the
-	// lease's holder and the name dead hosts' entries are claimed for).
-	// Required.
-	Stream, Group, Consumer string
+	// Streams are the shards' keys; Group and Consumer (this host's name
+	// in the group, the lease's holder and the name dead hosts' entries
+	// are claimed for). Required.
+	Streams         []string
+	Group, Consumer string
 	// TTL is how long the lease lives unless refreshed: a host silent
 	// this long (killed, frozen, cut off from Redis) is taken for dead and
 	// its pending entries are claimed by the others. Default 5s.
@@ -40,8 +41,8 @@ type LeaseConfig struct {
 }
 
 func (c *LeaseConfig) setDefaults() error {
-	if c.Redis == nil || c.Stream == "" || c.Group == "" || c.Consumer == "" || c.Take == nil {
-		return errors.New("stream: lease needs Redis, Stream, Group, Consumer and Take")
+	if c.Redis == nil || len(c.Streams) == 0 || c.Group == "" || c.Consumer == "" || c.Take == nil {
+		return errors.New("stream: lease needs Redis, Streams, Group, Consumer and Take")
 	}
 	if c.TTL <= 0 {
 		c.TTL = 5 * time.Second
@@ -69,9 +70,10 @@ func (c *LeaseConfig) setDefaults() error {
 
 // Lease is a host's heartbeat in Redis, and the watch on everyone else's.
 //
-// Every host holds a key with a TTL, {stream}:lease:<consumer>, renewed
-// every Refresh by a goroutine of its own (a host busy with slow jobs
-// keeps its lease). A consumer of the group with entries pending, no live
+// Every host holds a key with a TTL, {shard}:lease:<consumer>, on every
+// shard (in the shard's slot, so the script that claims a dead host's
+// entries is single-slot), renewed every Refresh by a goroutine of its own
+// (a host busy with slow jobs keeps its lease). A consumer of the group with entries pending, no live
 // lease and idle (no read, no claim) for at least the TTL is a host that
 // is gone: its pending entries are claimed at once for this host, instead
 // of after the reclaim threshold, which stays for the entries of a host
@@ -82,8 +84,8 @@ func (c *LeaseConfig) setDefaults() error {
 // A frozen host that comes back finds its entries claimed; its late
 // results are absorbed by the guards, as for any reclaimed entry.
 type Lease struct {
-	cfg LeaseConfig
-	key string
+	cfg  LeaseConfig
+	keys []string
 }
 
 // NewLease validates cfg and fills its defaults.
@@ -91,7 +93,11 @@ func NewLease(cfg LeaseConfig) (*Lease, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Lease{cfg: cfg, key: LeaseKey(cfg.Stream, cfg.Consumer)}, nil
+	l := &Lease{cfg: cfg}
+	for _, s := range cfg.Streams {
+		l.keys = append(l.keys, LeaseKey(s, cfg.Consumer))
+	}
+	return l, nil
 }
 
 // LeaseKey is consumer's lease key for stream, in the stream's hash slot:
@@ -109,9 +115,19 @@ func leasePrefix(stream string) string {
 	return "{" + stream + "}:lease:"
 }
 
-// Renew sets the lease for another TTL.
+// Renew sets the lease, on every shard, for another TTL.
 func (l *Lease) Renew(ctx context.Context) error {
-	return l.cfg.Redis.Set(ctx, l.key, time.Now().UTC().Format(time.RFC3339Nano), l.cfg.TTL).Err()
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	if len(l.keys) == 1 {
+		return l.cfg.Redis.Set(ctx, l.keys[0], now, l.cfg.TTL).Err()
+	}
+	_, err := l.cfg.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for _, k := range l.keys {
+			pipe.Set(ctx, k, now, l.cfg.TTL)
+		}
+		return nil
+	})
+	return err
 }
 
 // Run renews the lease and scans for dead consumers until ctx is done;
@@ -120,7 +136,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 // unfinished entries pending too, and they are claimed once it expires.
 func (l *Lease) Run(ctx context.Context) error {
 	if err := l.Renew(ctx); err != nil && ctx.Err() == nil {
-		l.cfg.Logger.Warn("host lease not taken", "key", l.key, "err", err)
+		l.cfg.Logger.Warn("host lease not taken", "keys", l.keys, "err", err)
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -128,13 +144,13 @@ func (l *Lease) Run(ctx context.Context) error {
 		defer wg.Done()
 		l.every(ctx, l.cfg.Refresh, func(ctx context.Context) {
 			if err := l.Renew(ctx); err != nil && ctx.Err() == nil {
-				l.cfg.Logger.Warn("host lease not renewed", "key", l.key, "err", err)
+				l.cfg.Logger.Warn("host lease not renewed", "keys", l.keys, "err", err)
 			}
 		})
 	}()
 	l.every(ctx, l.cfg.Interval, func(ctx context.Context) {
 		if _, err := l.ClaimDead(ctx); err != nil && ctx.Err() == nil {
-			l.cfg.Logger.Warn("dead host scan failed", "stream", l.cfg.Stream, "err", err)
+			l.cfg.Logger.Warn("dead host scan failed", "err", err)
 		}
 	})
 	wg.Wait()
@@ -187,17 +203,32 @@ end
 return {dead, ids}
 `)
 
-// ClaimDead claims the entries of consumers whose lease is gone and runs
-// them here (through Take), until none is left or Take has no room; it
-// returns how many it took.
+// ClaimDead claims, on every shard, the entries of consumers whose lease
+// is gone and runs them here (through Take), until none is left or Take
+// has no room; it returns how many it took. A shard whose claim fails
+// does not keep the others from theirs; the first error is returned.
 func (l *Lease) ClaimDead(ctx context.Context) (int, error) {
+	total := 0
+	var first error
+	for _, s := range l.cfg.Streams {
+		n, err := l.claimDead(ctx, s)
+		total += n
+		if err != nil && first == nil {
+			first = fmt.Errorf("stream %s: %w", s, err)
+		}
+	}
+	return total, first
+}
+
+// claimDead claims the dead consumers' entries of one shard.
+func (l *Lease) claimDead(ctx context.Context, stream string) (int, error) {
 	total := 0
 	for ctx.Err() == nil {
 		var dead []string
 		n, err := l.cfg.Take(ctx, l.cfg.Count, func(ctx context.Context, n int) ([]Entry, error) {
 			var ids []string
 			var err error
-			dead, ids, err = l.claim(ctx, n)
+			dead, ids, err = l.claim(ctx, stream, n)
 			if err != nil || len(ids) == 0 {
 				return nil, err
 			}
@@ -205,11 +236,11 @@ func (l *Lease) ClaimDead(ctx context.Context) (int, error) {
 			// reads (cut when oversized), which counts this delivery.
 			entries := make([]Entry, 0, len(ids))
 			for _, id := range ids {
-				e, ok, err := claimOwn(ctx, l.cfg.Redis, l.cfg.Stream, l.cfg.Group, l.cfg.Consumer, id)
+				e, ok, err := claimOwn(ctx, l.cfg.Redis, stream, l.cfg.Group, l.cfg.Consumer, id)
 				if err != nil {
 					// Pending here: the reclaimer or a later claim of
 					// its own takes it.
-					l.cfg.Logger.Warn("claimed entry of a dead host not read", "stream", l.cfg.Stream, "id", id, "err", err)
+					l.cfg.Logger.Warn("claimed entry of a dead host not read", "stream", stream, "id", id, "err", err)
 					continue
 				}
 				if ok {
@@ -231,15 +262,15 @@ func (l *Lease) ClaimDead(ctx context.Context) (int, error) {
 		if l.cfg.OnClaimed != nil {
 			l.cfg.OnClaimed(n)
 		}
-		l.cfg.Logger.Info("claimed the pending entries of hosts whose lease expired", "stream", l.cfg.Stream, "count", n, "hosts", dead, "lease_ttl", l.cfg.TTL)
+		l.cfg.Logger.Info("claimed the pending entries of hosts whose lease expired", "stream", stream, "count", n, "hosts", dead, "lease_ttl", l.cfg.TTL)
 	}
 	return total, nil
 }
 
-// claim runs deadScript for up to n entries.
-func (l *Lease) claim(ctx context.Context, n int) (dead, ids []string, err error) {
-	res, err := deadScript.Run(ctx, l.cfg.Redis, []string{l.cfg.Stream}, l.cfg.Group, l.cfg.Consumer,
-		leasePrefix(l.cfg.Stream), l.cfg.TTL.Milliseconds(), n).Slice()
+// claim runs deadScript on one shard for up to n entries.
+func (l *Lease) claim(ctx context.Context, stream string, n int) (dead, ids []string, err error) {
+	res, err := deadScript.Run(ctx, l.cfg.Redis, []string{stream}, l.cfg.Group, l.cfg.Consumer,
+		leasePrefix(stream), l.cfg.TTL.Milliseconds(), n).Slice()
 	if err != nil {
 		return nil, nil, err
 	}

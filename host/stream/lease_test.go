@@ -61,7 +61,7 @@ func testLeaseClaimsOnlyDeadHosts(t *testing.T, rdb redis.UniversalClient, key s
 		took = append(took, got...)
 		return len(got), err
 	}
-	l, err := stream.NewLease(stream.LeaseConfig{Redis: rdb, Stream: key, Group: "g", Consumer: "live", TTL: ttl, Take: take})
+	l, err := stream.NewLease(stream.LeaseConfig{Redis: rdb, Streams: []string{key}, Group: "g", Consumer: "live", TTL: ttl, Take: take})
 	require.NoError(t, err)
 	require.NoError(t, l.Renew(ctx))
 

@@ -11,11 +11,11 @@ import (
 // Pending is what one consumer does with the entries pending under its
 // name beyond reading and acking them: give a delivery back (park), count
 // the crashes an entry was in flight for (poison), and take an entry it
-// still owns again (redispatch). Every key it touches is in the stream's
-// hash slot.
+// still owns again (redispatch). Each works on the entry's own shard
+// (Entry.Stream), and every key it touches is in that shard's hash slot.
 type Pending struct {
-	Redis                   redis.UniversalClient
-	Stream, Group, Consumer string
+	Redis           redis.UniversalClient
+	Group, Consumer string
 }
 
 // parkScript gives back the delivery of an entry its consumer still owns:
@@ -37,15 +37,16 @@ return n`)
 // the host's MaxDeliveries. It returns the entry's delivery count after
 // (-1 when the entry is no longer pending here).
 func (p Pending) GiveBack(ctx context.Context, e Entry) (int64, error) {
-	return parkScript.Run(context.WithoutCancel(ctx), p.Redis, []string{p.Stream},
+	return parkScript.Run(context.WithoutCancel(ctx), p.Redis, []string{e.Stream},
 		p.Group, p.Consumer, e.StreamID, e.Deliveries).Int64()
 }
 
-// ClaimOwn takes a new delivery of the entry id this consumer still owns,
-// read as the consumer reads (an oversized entry cut the same way), with
-// its delivery count; false when it is no longer pending here.
-func (p Pending) ClaimOwn(ctx context.Context, id string) (Entry, bool, error) {
-	return claimOwn(ctx, p.Redis, p.Stream, p.Group, p.Consumer, id)
+// ClaimOwn takes a new delivery of the entry id of shard stream that this
+// consumer still owns, read as the consumer reads (an oversized entry cut
+// the same way), with its delivery count; false when it is no longer
+// pending here.
+func (p Pending) ClaimOwn(ctx context.Context, stream, id string) (Entry, bool, error) {
+	return claimOwn(ctx, p.Redis, stream, p.Group, p.Consumer, id)
 }
 
 // CrashCountTTL is how long an entry's crash count is kept after its last
@@ -55,11 +56,11 @@ func (p Pending) ClaimOwn(ctx context.Context, id string) (Entry, bool, error) {
 // the stream, and a poison entry's runs are spread over them by the
 // reclaimer. The delivery count is no substitute: it also counts hosts
 // killed, hangs and shutdowns, which say nothing against the entry. One
-// key per entry, {stream}:crashes:<stream id>, in the stream's hash slot,
+// key per entry, {shard}:crashes:<stream id>, in its shard's hash slot,
 // deleted when the entry is finished.
 const CrashCountTTL = 24 * time.Hour
 
-func (p Pending) crashKey(e Entry) string { return p.Stream + ":crashes:" + e.StreamID }
+func (p Pending) crashKey(e Entry) string { return e.Stream + ":crashes:" + e.StreamID }
 
 // Crashes returns the crashes charged to e so far. A first delivery has
 // none (a crashed entry is always redelivered), which spares the common

@@ -102,6 +102,7 @@ func read(ctx context.Context, rdb redis.UniversalClient, stream string, args ..
 		if err != nil {
 			return nil, "", err
 		}
+		e.Stream = stream
 		entries = append(entries, e)
 	}
 	return entries, next, nil

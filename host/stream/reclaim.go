@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -16,9 +17,10 @@ import (
 type ReclaimerConfig struct {
 	// Redis client. Required.
 	Redis redis.UniversalClient
-	// Stream, Group and Consumer (the name entries are claimed for).
-	// Required.
-	Stream, Group, Consumer string
+	// Streams are the shards' keys, scanned in turn; Group and Consumer
+	// (the name entries are claimed for). Required.
+	Streams         []string
+	Group, Consumer string
 	// MinIdle is the reclaim threshold. Default 60s.
 	MinIdle time.Duration
 	// Interval between scans. Default MinIdle/4, at least 100ms.
@@ -37,8 +39,8 @@ type ReclaimerConfig struct {
 }
 
 func (c *ReclaimerConfig) setDefaults() error {
-	if c.Redis == nil || c.Stream == "" || c.Group == "" || c.Consumer == "" || c.Take == nil {
-		return errors.New("stream: reclaimer needs Redis, Stream, Group, Consumer and Take")
+	if c.Redis == nil || len(c.Streams) == 0 || c.Group == "" || c.Consumer == "" || c.Take == nil {
+		return errors.New("stream: reclaimer needs Redis, Streams, Group, Consumer and Take")
 	}
 	if c.MinIdle <= 0 {
 		c.MinIdle = 60 * time.Second
@@ -75,21 +77,37 @@ func NewReclaimer(cfg ReclaimerConfig) (*Reclaimer, error) {
 
 // Run scans every Interval until ctx is done.
 func (r *Reclaimer) Run(ctx context.Context) error {
-	return periodic.Run(ctx, r.cfg.Interval, r.cfg.Logger.With("stream", r.cfg.Stream), "reclaim scan failed", func(ctx context.Context) error {
+	return periodic.Run(ctx, r.cfg.Interval, r.cfg.Logger, "reclaim scan failed", func(ctx context.Context) error {
 		_, err := r.Scan(ctx)
 		return err
 	})
 }
 
-// Scan walks the whole pending list once, claiming every entry idle past
-// the threshold, and returns how many it claimed.
+// Scan walks every shard's whole pending list once, claiming every entry
+// idle past the threshold, and returns how many it claimed. A shard whose
+// scan fails does not keep the others from theirs; the first error is
+// returned.
 func (r *Reclaimer) Scan(ctx context.Context) (int, error) {
+	total := 0
+	var first error
+	for _, s := range r.cfg.Streams {
+		n, err := r.scan(ctx, s)
+		total += n
+		if err != nil && first == nil {
+			first = fmt.Errorf("stream %s: %w", s, err)
+		}
+	}
+	return total, first
+}
+
+// scan walks one shard's pending list.
+func (r *Reclaimer) scan(ctx context.Context, stream string) (int, error) {
 	total := 0
 	start := "0-0"
 	for {
 		next := ""
 		n, err := r.cfg.Take(ctx, int(r.cfg.Count), func(ctx context.Context, n int) ([]Entry, error) {
-			entries, nx, err := AutoClaim(ctx, r.cfg.Redis, r.cfg.Stream, r.cfg.Group, r.cfg.Consumer, r.cfg.MinIdle, start, n)
+			entries, nx, err := AutoClaim(ctx, r.cfg.Redis, stream, r.cfg.Group, r.cfg.Consumer, r.cfg.MinIdle, start, n)
 			if err != nil {
 				return nil, err
 			}
@@ -97,11 +115,11 @@ func (r *Reclaimer) Scan(ctx context.Context) (int, error) {
 			if len(entries) == 0 {
 				return nil, nil
 			}
-			if err := r.withDeliveries(ctx, entries); err != nil {
+			if err := r.withDeliveries(ctx, stream, entries); err != nil {
 				// Claimed, and now pending under this consumer with
 				// no count read: they run with Deliveries 1 rather
 				// than wait a whole threshold again.
-				r.cfg.Logger.Warn("could not read the delivery counts of reclaimed entries", "stream", r.cfg.Stream, "err", err)
+				r.cfg.Logger.Warn("could not read the delivery counts of reclaimed entries", "stream", stream, "err", err)
 			}
 			return entries, nil
 		})
@@ -116,7 +134,7 @@ func (r *Reclaimer) Scan(ctx context.Context) (int, error) {
 			if r.cfg.OnReclaimed != nil {
 				r.cfg.OnReclaimed(n)
 			}
-			r.cfg.Logger.Info("reclaimed idle entries", "stream", r.cfg.Stream, "count", n, "idle_over", r.cfg.MinIdle)
+			r.cfg.Logger.Info("reclaimed idle entries", "stream", stream, "count", n, "idle_over", r.cfg.MinIdle)
 		}
 		if next == "0-0" || next == "" || ctx.Err() != nil {
 			return total, nil
@@ -128,12 +146,12 @@ func (r *Reclaimer) Scan(ctx context.Context) (int, error) {
 // withDeliveries attaches each claimed entry's delivery count from
 // XPENDING, which the dispatcher compares with its maximum. XAUTOCLAIM
 // itself has already counted this delivery.
-func (r *Reclaimer) withDeliveries(ctx context.Context, entries []Entry) error {
+func (r *Reclaimer) withDeliveries(ctx context.Context, stream string, entries []Entry) error {
 	pipe := r.cfg.Redis.Pipeline()
 	cmds := make([]*redis.XPendingExtCmd, len(entries))
 	for i, e := range entries {
 		cmds[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: r.cfg.Stream, Group: r.cfg.Group, Start: e.StreamID, End: e.StreamID, Count: 1,
+			Stream: stream, Group: r.cfg.Group, Start: e.StreamID, End: e.StreamID, Count: 1,
 		})
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {

@@ -89,8 +89,8 @@ func (r *Redispatcher) Later(e Entry) {
 		r.mu.Unlock()
 		return
 	}
-	id, kind := e.StreamID, e.Kind
-	if _, dup := r.waiting.LoadOrStore(id, true); dup {
+	id, shard, key, kind := e.StreamID, e.Stream, e.Key(), e.Kind
+	if _, dup := r.waiting.LoadOrStore(key, true); dup {
 		r.mu.Unlock()
 		return
 	}
@@ -99,13 +99,13 @@ func (r *Redispatcher) Later(e Entry) {
 	r.tasks.Go(func() {
 		defer r.n.Add(-1)
 		if !r.wait(ctx, kind) {
-			r.waiting.Delete(id)
+			r.waiting.Delete(key)
 			return
 		}
-		e, ok, err := r.cfg.Pending.ClaimOwn(ctx, id)
+		e, ok, err := r.cfg.Pending.ClaimOwn(ctx, shard, id)
 		// Forgotten before it runs: a run held back again (a kind at its
 		// limit) asks Later for it while this task is still in Take.
-		r.waiting.Delete(id)
+		r.waiting.Delete(key)
 		if err != nil || !ok {
 			return
 		}

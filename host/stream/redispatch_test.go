@@ -30,7 +30,7 @@ func TestRedispatchAgainWhileRunning(t *testing.T) {
 	var r *stream.Redispatcher
 	var takes atomic.Int32
 	r, err = stream.NewRedispatcher(stream.RedispatcherConfig{
-		Pending: stream.Pending{Redis: rdb, Stream: key, Group: "g", Consumer: "c"},
+		Pending: stream.Pending{Redis: rdb, Group: "g", Consumer: "c"},
 		Ready:   func(string) bool { return true },
 		Take: func(ctx context.Context, _ int, read func(context.Context, int) ([]stream.Entry, error)) (int, error) {
 			es, err := read(ctx, 1)
@@ -47,7 +47,7 @@ func TestRedispatchAgainWhileRunning(t *testing.T) {
 	// Later once Run is accepting (it takes nothing before): Waiting
 	// counts it at once.
 	hosttest.Eventually(t, 5*time.Second, "the redispatcher to wait for the entry", func() bool {
-		r.Later(stream.Entry{StreamID: id, Kind: "k"})
+		r.Later(stream.Entry{Stream: key, StreamID: id, Kind: "k"})
 		return r.Waiting() > 0
 	})
 	hosttest.Eventually(t, 5*time.Second, "the entry held back again to run again", func() bool { return takes.Load() >= 2 })

@@ -52,6 +52,9 @@ type Config struct {
 	Pool          *pgxpool.Pool
 	Redis         redis.UniversalClient
 	Stream, Group string
+	// Shards are the stream's shards the host reads; /healthz reaches
+	// the primary of each. Default: Stream alone.
+	Shards []string
 	// ChartWindow and ChartBucket: see host.Config. Optional.
 	ChartWindow, ChartBucket time.Duration
 	// MigrateWorkflows moves running workflows to the version serving

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // HealthTimeout bounds each dependency's probe of one /healthz: a host
@@ -38,10 +40,22 @@ func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
 	}()
 	go func() {
 		defer wg.Done()
-		// EXISTS on the stream's key goes to the primary serving its slot
-		// (on a cluster, PING would go to any node).
-		if err := s.cfg.Redis.Exists(ctx, s.cfg.Stream).Err(); err != nil {
-			fail("redis", err)
+		// EXISTS on each shard's key goes to the primary serving its
+		// slot (on a cluster, PING would go to any node).
+		shards := s.cfg.Shards
+		if len(shards) == 0 {
+			shards = []string{s.cfg.Stream}
+		}
+		cmds, _ := s.cfg.Redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for _, k := range shards {
+				pipe.Exists(ctx, k)
+			}
+			return nil
+		})
+		for i, c := range cmds {
+			if err := c.Err(); err != nil {
+				fail("redis", fmt.Errorf("stream shard %s: %w", shards[i], err))
+			}
 		}
 	}()
 	wg.Wait()

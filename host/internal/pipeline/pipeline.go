@@ -123,9 +123,10 @@ type Config struct {
 	// (workflow.StepStart): false when the step was cancelled before it
 	// started, and then no handler runs. Optional (nil: every step runs).
 	StepStart func(ctx context.Context, jobID string) (bool, error)
-	// Detach gives the slot of the running entry streamID back to the
-	// consumer (stream.Consumer.Detach). Optional.
-	Detach  func(streamID string) bool
+	// Detach gives the slot of the running entry named key (its
+	// stream.Entry.Key) back to the consumer (stream.Consumer.Detach).
+	// Optional.
+	Detach  func(key string) bool
 	Metrics *telemetry.Metrics
 	Tracer  telemetry.Tracer
 	Logger  *slog.Logger
@@ -277,7 +278,7 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 		return p.poison(ctx, e, d, rt, crashes, nil)
 	}
 	if p.cfg.Limits != nil {
-		release, ok, err := p.cfg.Limits.Acquire(ctx, e.Kind, e.StreamID)
+		release, ok, err := p.cfg.Limits.Acquire(ctx, e.Kind, e.Key())
 		if err != nil || !ok {
 			// Held back by its kind's limit (or the limit could not be
 			// asked): it waits in the stream, its delivery given back, and
@@ -381,7 +382,7 @@ func (p *Pipeline) watchStall(e stream.Entry, rt route.Route) func() {
 		if state.CompareAndSwap(0, 1) {
 			rt.Counters.Stalled.Add(1)
 			if p.cfg.Detach != nil {
-				p.cfg.Detach(e.StreamID)
+				p.cfg.Detach(e.Key())
 			}
 		}
 	})
