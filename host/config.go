@@ -365,8 +365,8 @@ func (c *Config) setDefaults() error {
 	if n := len(c.SigningKey); n > 0 && n < entry.MinKeyLen {
 		return fmt.Errorf("host: SigningKey is %d bytes; at least %d are needed", n, entry.MinKeyLen)
 	}
-	if c.StreamShards < 1 || c.StreamShards > stream.MaxShards {
-		return fmt.Errorf("host: StreamShards %d: must be between 1 and %d", c.StreamShards, stream.MaxShards)
+	if c.StreamShards < 0 || c.StreamShards > stream.MaxShards {
+		return fmt.Errorf("host: StreamShards %d: must be between 1 and %d (0: the default, 1)", c.StreamShards, stream.MaxShards)
 	}
 	if c.BatchMax < 0 {
 		return fmt.Errorf("host: BatchMax %d is negative; 1 runs every job in its own transaction", c.BatchMax)

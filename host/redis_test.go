@@ -47,7 +47,8 @@ func readmeACL(t *testing.T) []string {
 
 // A host whose Redis user has only the README's ACL line (under a name and
 // password of the test's own) serves jobs end to end: relay, consumer,
-// reclaim and the park script all run within it.
+// reclaim and the park script all run within it, on a stream of three
+// shards (their keys are within the line's pattern too).
 func TestHostRunsAsACLUser(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -65,6 +66,7 @@ func TestHostRunsAsACLUser(t *testing.T) {
 	cfg := b.config()
 	cfg.Redis = nil
 	cfg.RedisURL = fmt.Sprintf("redis://%s:%s@%s/0", user, pass, b.rdb.Options().Addr)
+	cfg.StreamShards = 3
 	jobID := b.armFirstJob(t, "counter.before_apply", faults.Spec{Action: "stall", Duration: "2s", Once: true}) // reclaimed while it stalls)
 	hosttest.Start(t, cfg)
 	b.held(t, "counter.before_apply", jobID)

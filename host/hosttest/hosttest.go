@@ -290,7 +290,8 @@ func AdminURL(tb testing.TB, dbURL string) string {
 	return u.String()
 }
 
-// Redis returns a client and a stream key unique to the test; the key is
+// Redis returns a client and a stream key unique to the test; the key,
+// its shards' keys (stream.ShardKey) and every key derived from them are
 // deleted when the test ends.
 func Redis(tb testing.TB) (*redis.Client, string) {
 	tb.Helper()
@@ -302,9 +303,15 @@ func Redis(tb testing.TB) (*redis.Client, string) {
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		tb.Fatalf("hosttest: redis: %v", err)
 	}
-	key := "usher:test:{" + Suffix() + "}"
+	suffix := Suffix()
+	key := "usher:test:{" + suffix + "}"
 	tb.Cleanup(func() {
-		_ = rdb.Del(context.Background(), key).Err()
+		ctx := context.Background()
+		_ = rdb.Del(ctx, key).Err()
+		iter := rdb.Scan(ctx, 0, "usher:test:{"+suffix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			_ = rdb.Del(ctx, iter.Val()).Err()
+		}
 		_ = rdb.Close()
 	})
 	return rdb, key
