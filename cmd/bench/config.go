@@ -66,6 +66,12 @@ type config struct {
 	Plots string
 	// Log is the host's log file (level warn). Default <plots>/host.log.
 	Log string
+	// Scale are the scale rows' shapes, hosts x shards. Default 1x1,1x6,3x1,3x6.
+	Scale []scaleSpec
+	// ScaleCluster also runs the scale rows on a local Redis Cluster
+	// (3 primaries, 3 replicas, from redis-server), and the last shape
+	// again with WAIT 1. Default true.
+	ScaleCluster bool
 	// Timeout bounds the whole command. Default 15m.
 	Timeout time.Duration
 	// CPUProfile is a directory for a CPU profile of the host (this
@@ -112,6 +118,8 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.WorkflowRateSeconds, "workflow-rate-seconds", 5, "workflow rows' latency run: seconds of starts")
 	fs.IntVar(&cfg.Sleeping, "sleeping", 100000, "workflow rows' idle run: sleeping workflows (0 skips it)")
 	fs.DurationVar(&cfg.IdleWindow, "idle-window", 10*time.Second, "workflow rows' idle run: the measured window")
+	scale := fs.String("scale", "1x1,1x6,3x1,3x6", "scale rows: comma-separated HOSTSxSHARDS, hosts sharing one stream of shards; empty skips them")
+	fs.BoolVar(&cfg.ScaleCluster, "scale-cluster", true, "also run the scale rows on a local Redis Cluster (redis-server, 3 primaries and 3 replicas), the last shape again with --relay-replicas 1")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -129,6 +137,10 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 			return cfg, fmt.Errorf("--inflight: %d given twice", n)
 		}
 		cfg.Inflight = append(cfg.Inflight, n)
+	}
+	var err error
+	if cfg.Scale, err = parseScale(*scale); err != nil {
+		return cfg, err
 	}
 	if cfg.Log == "" {
 		cfg.Log = filepath.Join(cfg.Plots, "host.log")
@@ -167,10 +179,10 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 
 // String prints the config with the URLs' passwords masked.
 func (c config) String() string {
-	return fmt.Sprintf("admin-url=%s redis-url=%s owner=%s plugin-dir=%s jobs=%d events=%d warmup=%d inflight=%v host-pool-size=%d rate=%d rate-seconds=%d mix=%d mailprovider=%s in-process=%t peers=%t bench-dir=%s json=%q plots=%s log=%s timeout=%s cpu-profile=%q workflows=%d workflow-rate=%d workflow-rate-seconds=%d sleeping=%d idle-window=%s",
+	return fmt.Sprintf("admin-url=%s redis-url=%s owner=%s plugin-dir=%s jobs=%d events=%d warmup=%d inflight=%v host-pool-size=%d rate=%d rate-seconds=%d mix=%d mailprovider=%s in-process=%t peers=%t bench-dir=%s json=%q plots=%s log=%s timeout=%s cpu-profile=%q workflows=%d workflow-rate=%d workflow-rate-seconds=%d sleeping=%d idle-window=%s scale=%v scale-cluster=%t",
 		host.MaskURL(c.AdminURL), host.MaskURL(c.RedisURL), c.Owner, c.PluginDir, c.Jobs, c.Events, c.Warmup, c.Inflight, c.HostPoolSize,
 		c.Rate, c.RateSeconds, c.Mix, c.MailProvider, c.InProcess, c.Peers, c.BenchDir, c.JSON, c.Plots, c.Log, c.Timeout, c.CPUProfile,
-		c.Workflows, c.WorkflowRate, c.WorkflowRateSeconds, c.Sleeping, c.IdleWindow)
+		c.Workflows, c.WorkflowRate, c.WorkflowRateSeconds, c.Sleeping, c.IdleWindow, c.Scale, c.ScaleCluster)
 }
 
 // largest is the level the latency run uses.

@@ -39,9 +39,12 @@ type results struct {
 	Peers   []peerResult `json:"peers,omitempty"`
 	// Workflows are the workflow rows: usher's and DBOS's.
 	Workflows *workflowResults `json:"workflows,omitempty"`
-	Ratios    []ratio          `json:"ratios,omitempty"`
-	Plots     []string         `json:"plots"`
-	Errors    []string         `json:"errors,omitempty"`
+	// Scale are the scale rows: hosts x shards, on one Redis node and on
+	// a Redis Cluster.
+	Scale  []scaleRow `json:"scale,omitempty"`
+	Ratios []ratio    `json:"ratios,omitempty"`
+	Plots  []string   `json:"plots"`
+	Errors []string   `json:"errors,omitempty"`
 }
 
 // boundary is the plugin boundary's cost at one level: Cost is the share
@@ -149,6 +152,9 @@ func (r *results) tally() {
 		r.Doubled += m.DoubledMails
 	}
 	r.Workflows.tally(&r.Lost, &r.Doubled)
+	for _, s := range r.Scale {
+		add(s.check)
+	}
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
@@ -230,6 +236,7 @@ func (r *results) printTable(w io.Writer) {
 		_ = tw.Flush()
 	}
 	r.Workflows.print(w)
+	printScale(w, r.Scale)
 	if len(r.Plots) > 0 {
 		fmt.Fprintf(w, "\nplots: %s\n", strings.Join(r.Plots, ", "))
 	}

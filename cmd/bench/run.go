@@ -60,6 +60,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			res.Errors = append(res.Errors, "workflows: "+err.Error())
 		}
 	}
+	if len(cfg.Scale) > 0 && ctx.Err() == nil {
+		res.Scale, err = runScaleRows(ctx, cfg, logger, p)
+		if err != nil {
+			res.Errors = append(res.Errors, err.Error())
+		}
+	}
 	p.close()
 	res.Boundary = boundaries(res.Usher, res.InProcess)
 	res.tally()

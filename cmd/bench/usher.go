@@ -209,12 +209,27 @@ func startHost(ctx context.Context, cfg config, db *database, pluginDir string, 
 // startHostServing is startHost serving inProc inside the host when it is
 // not nil, and pluginDir's plugins otherwise.
 func startHostServing(ctx context.Context, cfg config, db *database, pluginDir string, inflight int, inProc *sdk.Plugin, logger *slog.Logger) (*runningHost, error) {
-	inProcess := inProc != nil
+	hcfg, err := benchHostConfig(cfg, db, pluginDir, inflight, logger)
+	if err != nil {
+		return nil, err
+	}
+	if inProc != nil {
+		hcfg.PluginDir = ""
+	} else if cfg.CPUProfile != "" {
+		// The plugin profiles itself over the window (startProfile).
+		hcfg.PluginEnv = []string{contract.CPUProfileEnv + "=" + filepath.Join(cfg.CPUProfile, fmt.Sprintf("plugin-inflight-%d.pprof", inflight))}
+	}
+	return launchHost(ctx, hcfg, inProc)
+}
+
+// benchHostConfig is a host on the run's database, serving pluginDir with
+// Concurrency inflight, on a stream and as a consumer of its own.
+func benchHostConfig(cfg config, db *database, pluginDir string, inflight int, logger *slog.Logger) (host.Config, error) {
 	dbURL := db.ownerURL
 	if cfg.HostPoolSize > 0 {
 		u, err := url.Parse(dbURL)
 		if err != nil {
-			return nil, err
+			return host.Config{}, err
 		}
 		q := u.Query()
 		q.Set("pool_max_conns", strconv.Itoa(cfg.HostPoolSize))
@@ -222,19 +237,18 @@ func startHostServing(ctx context.Context, cfg config, db *database, pluginDir s
 		dbURL = u.String()
 	}
 	id := suffix()
-	stream := "usher:bench:{" + id + "}"
-	hcfg := host.Config{
+	return host.Config{
 		DatabaseURL: dbURL, RedisURL: cfg.RedisURL,
-		Stream: stream, Group: group, Consumer: "bench-" + id,
+		Stream: "usher:bench:{" + id + "}", Group: group, Consumer: "bench-" + id,
 		PluginDir: pluginDir, DisablePluginWatch: true,
 		Concurrency: inflight, Logger: logger,
-	}
-	if inProcess {
-		hcfg.PluginDir = ""
-	} else if cfg.CPUProfile != "" {
-		// The plugin profiles itself over the window (startProfile).
-		hcfg.PluginEnv = []string{contract.CPUProfileEnv + "=" + filepath.Join(cfg.CPUProfile, fmt.Sprintf("plugin-inflight-%d.pprof", inflight))}
-	}
+	}, nil
+}
+
+// launchHost builds the host of hcfg, serving inProc inside it when it is
+// not nil, and runs it until stop.
+func launchHost(ctx context.Context, hcfg host.Config, inProc *sdk.Plugin) (*runningHost, error) {
+	inProcess, stream, inflight := inProc != nil, hcfg.Stream, hcfg.Concurrency
 	h, err := host.New(ctx, hcfg)
 	if err != nil {
 		return nil, fmt.Errorf("start host: %w", err)
@@ -247,7 +261,7 @@ func startHostServing(ctx context.Context, cfg config, db *database, pluginDir s
 	}
 	if !slices.Contains(h.Kinds(), "update_sales_counter") {
 		h.Close()
-		return nil, fmt.Errorf("no plugin in %s serves update_sales_counter (run make plugins); refused: %+v", cfg.PluginDir, h.Refusals())
+		return nil, fmt.Errorf("no plugin in %s serves update_sales_counter (run make plugins); refused: %+v", hcfg.PluginDir, h.Refusals())
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	r := &runningHost{h: h, stream: stream, concurrency: inflight, inProcess: inProcess, cancel: cancel, done: make(chan error, 1)}

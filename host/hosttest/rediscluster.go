@@ -3,7 +3,6 @@ package hosttest
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/usherhq/usher/internal/localcluster"
 )
 
 // RedisCluster is a Redis Cluster of the test's own: 3 primaries with a
@@ -27,19 +28,13 @@ type RedisCluster struct {
 	dir string
 	mu  sync.Mutex
 	// nodes by port.
-	nodes map[int]*redisNode
+	nodes map[int]*localcluster.Node
 	ports []int
-}
-
-type redisNode struct {
-	port int
-	cmd  *exec.Cmd
-	done chan struct{}
 }
 
 // NodeTimeout is the cluster-node-timeout the test clusters run with: a
 // primary unreachable this long is failed over to its replica.
-const NodeTimeout = 2 * time.Second
+const NodeTimeout = localcluster.NodeTimeout
 
 // StartRedisCluster starts the six nodes, joins them with
 // `redis-cli --cluster create ... --cluster-replicas 1` and waits until
@@ -51,96 +46,41 @@ func StartRedisCluster(tb testing.TB) *RedisCluster {
 			tb.Fatalf("hosttest: %s not found (Debian's redis-server package has it): %v", bin, err)
 		}
 	}
-	c := &RedisCluster{tb: tb, dir: tb.TempDir(), nodes: map[int]*redisNode{}}
+	c := &RedisCluster{tb: tb, dir: tb.TempDir(), nodes: map[int]*localcluster.Node{}}
 	tb.Cleanup(c.stop)
-	c.ports = clusterPorts(tb, 6)
+	var err error
+	if c.ports, err = localcluster.Ports(localcluster.Nodes); err != nil {
+		tb.Fatal(err)
+	}
 	for _, p := range c.ports {
 		c.start(p)
 	}
-	args := []string{"--cluster", "create"}
-	for _, p := range c.ports {
-		args = append(args, fmt.Sprintf("127.0.0.1:%d", p))
-	}
-	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		tb.Fatalf("hosttest: redis-cli --cluster create: %v\n%s", err, out)
+	if err := localcluster.Create(c.ports); err != nil {
+		tb.Fatal(err)
 	}
 	c.WaitHealthy(30 * time.Second)
 	return c
-}
-
-// clusterPorts finds n ports p free on loopback with p+10000 (the cluster
-// bus port) free too.
-func clusterPorts(tb testing.TB, n int) []int {
-	var ports []int
-	held := map[int]bool{}
-	for tries := 0; len(ports) < n && tries < 1000; tries++ {
-		p := 20000 + rand.IntN(20000)
-		if held[p] || held[p+10000] {
-			continue
-		}
-		a, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
-			continue
-		}
-		b, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+10000))
-		_ = a.Close()
-		if err != nil {
-			continue
-		}
-		_ = b.Close()
-		held[p], held[p+10000] = true, true
-		ports = append(ports, p)
-	}
-	if len(ports) < n {
-		tb.Fatal("hosttest: no free ports for a Redis Cluster")
-	}
-	return ports
 }
 
 // start runs the node on port (again, after Kill: it rejoins with its
 // nodes.conf, as a replica if it was failed over meanwhile).
 func (c *RedisCluster) start(port int) {
 	c.tb.Helper()
-	dir := filepath.Join(c.dir, strconv.Itoa(port))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	n, err := localcluster.StartNode(c.dir, port)
+	if err != nil {
 		c.tb.Fatal(err)
 	}
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-		"--cluster-node-timeout", strconv.FormatInt(NodeTimeout.Milliseconds(), 10),
-		"--dir", dir, "--save", "", "--repl-diskless-sync-delay", "0", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no",
-		"--logfile", filepath.Join(dir, "redis.log"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		c.tb.Fatalf("hosttest: redis-server on %d: %v", port, err)
-	}
-	n := &redisNode{port: port, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(n.done) }()
 	c.mu.Lock()
 	c.nodes[port] = n
 	c.mu.Unlock()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		cl := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1})
-		err := cl.Ping(context.Background()).Err()
-		_ = cl.Close()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.tb.Fatalf("hosttest: redis-server on %d did not answer: %v", port, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func (c *RedisCluster) stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, n := range c.nodes {
-		_ = n.cmd.Process.Kill()
-		<-n.done
+		_ = n.Cmd.Process.Kill()
+		<-n.Done
 	}
 	if c.tb.Failed() {
 		for _, p := range c.ports {
@@ -238,7 +178,7 @@ func (c *RedisCluster) liveAddrs() []string {
 	for _, p := range c.ports {
 		n := c.nodes[p]
 		select {
-		case <-n.done:
+		case <-n.Done:
 		default:
 			out = append(out, fmt.Sprintf("127.0.0.1:%d", p))
 		}
@@ -257,8 +197,8 @@ func (c *RedisCluster) Kill(addr string) {
 	if n == nil {
 		c.tb.Fatalf("hosttest: no cluster node %s", addr)
 	}
-	_ = n.cmd.Process.Signal(syscall.SIGKILL)
-	<-n.done
+	_ = n.Cmd.Process.Signal(syscall.SIGKILL)
+	<-n.Done
 }
 
 // Restart starts the node at addr again after Kill.
@@ -287,31 +227,7 @@ func (c *RedisCluster) WaitHealthy(within time.Duration) {
 	}
 }
 
-func (c *RedisCluster) healthy() (bool, string) {
-	for _, a := range c.liveAddrs() {
-		cl := node(a)
-		info, err := cl.ClusterInfo(context.Background()).Result()
-		_ = cl.Close()
-		if err != nil {
-			return false, fmt.Sprintf("%s: %v", a, err)
-		}
-		if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") {
-			return false, fmt.Sprintf("%s: %s", a, strings.ReplaceAll(info, "\r\n", " "))
-		}
-		// A replica that has not finished its first sync cannot be
-		// promoted: a primary killed before then is never failed over.
-		cl = node(a)
-		repl, err := cl.Info(context.Background(), "replication").Result()
-		_ = cl.Close()
-		if err != nil {
-			return false, fmt.Sprintf("%s: %v", a, err)
-		}
-		if strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up") {
-			return false, fmt.Sprintf("%s: replica not in sync with its primary", a)
-		}
-	}
-	return true, ""
-}
+func (c *RedisCluster) healthy() (bool, string) { return localcluster.Healthy(c.liveAddrs()) }
 
 // hashTag is the part of key Redis Cluster hashes: the first {...} with
 // something inside, else the whole key.

@@ -70,3 +70,28 @@ func PeakRSS(pid string) (int64, error) {
 func ResetPeak(pid string) {
 	_ = os.WriteFile("/proc/"+pid+"/clear_refs", []byte("5"), 0)
 }
+
+// CommandCPU is the user+system CPU so far of every process whose command
+// name (/proc/<pid>/comm) is name: a server's processes (postgres's
+// backends and workers). A process that exited is not counted.
+func CommandCPU(name string) time.Duration {
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	var total time.Duration
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil || strings.TrimSpace(string(comm)) != name {
+			continue
+		}
+		if cpu, err := CPU(pid); err == nil {
+			total += cpu
+		}
+	}
+	return total
+}
