@@ -21,9 +21,10 @@
 //     write (a statement that writes, an enqueue, the writes or the claim
 //     its phase hands the host) until the other has done its reads, checked
 //     against [Race.Want]. A read-modify-write with neither a conditional
-//     write nor a row lock loses an update there; a read FOR UPDATE holds
-//     the other job's read until it commits (the kit waits 2 s for a copy
-//     that cannot arrive).
+//     write nor a row lock loses an update there; a read FOR UPDATE makes
+//     the other job wait for the lock, which the kit sees (pg_locks) and
+//     lets the held job go on. A copy that is only slow is waited for (up
+//     to 10 s), so the interleaving does not depend on the load.
 //
 // A claim a crashed or concurrent copy still holds is aged past its lease
 // (as time would) rather than waited for, so in the claim guard's

@@ -182,3 +182,33 @@ func TestFlowKitCatchesADoubledStep(t *testing.T) {
 	require.Contains(t, all, "want:     110\n  this run: 220")
 	require.Len(t, failures, 1, "a crash rolls the always-true write back: only the redelivery of a finished step doubles it")
 }
+
+// creditNothing answers as credit does and credits nothing.
+type creditNothing struct{}
+
+func (creditNothing) Apply(ctx context.Context, job sdk.Job[Credit], tx *sdk.Tx) error {
+	return sdk.StepResult(ctx, tx, job, map[string]int64{"credited": job.Args.Amount})
+}
+
+// A workflow states its effects as a Case does: a step that does nothing
+// fails the clean run (before FlowSetup.Want it passed every scenario),
+// and a FlowSetup that states none is refused.
+func TestFlowKitFailsAStepThatDoesNothing(t *testing.T) {
+	t.Parallel()
+	failures, run := sdktest.CheckFlow(t, onboardFlow(t, func(p *sdk.Plugin) { sdk.HandleRecordJobID(p, creditNothing{}) }, approveOnce, 110))
+	require.Equal(t, "completed", run.State, "the workflow itself ends as the right one does")
+	require.Len(t, failures, 1)
+	require.Contains(t, failures[0], "onboard workflow: a single clean run left other effects than the test states (FlowSetup.Want)")
+	require.Contains(t, failures[0], "want:     110\n  this run: 0")
+
+	f := onboardFlow(t, recordCredit, approveOnce, 110)
+	start := f.Start
+	f.Start = func(tb testing.TB, pool *pgxpool.Pool) sdktest.FlowSetup[Onboard] {
+		s := start(tb, pool)
+		s.Want = nil
+		return s
+	}
+	failures, _ = sdktest.CheckFlow(t, f)
+	require.Len(t, failures, 1)
+	require.Contains(t, failures[0], "FlowSetup.Want is not set")
+}

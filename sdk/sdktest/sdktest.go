@@ -381,7 +381,7 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (ran, error) {
 	case s.second:
 		other := newJob("sdktest-2", setup.Race.Args)
 		if s.concurrent {
-			if err := together(newBarrier(2), job, other); err != nil {
+			if err := together(newBarrier(2, pool), job, other); err != nil {
 				return r, err
 			}
 			break
@@ -400,7 +400,7 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (ran, error) {
 	case s.concurrent:
 		var b *barrier
 		if s.meet != usherv1.Phase_PHASE_UNSPECIFIED {
-			b = newBarrier(2)
+			b = newBarrier(2, pool)
 		}
 		if err := together(b, job, job); err != nil {
 			return r, err
@@ -567,27 +567,60 @@ func ageClaim(ctx context.Context, pool *pgxpool.Pool, role string, spec *usherv
 }
 
 // barrier holds copies of a run at a phase until all have reached it, or
-// ended, or meetTimeout passed (the other copy may be blocked in the
-// database by this one's locks: the guard itself forbids the
-// interleaving then).
+// ended, or one of them waits for a lock in the scenario's database (held
+// by a copy the barrier holds: the guard itself forbids the interleaving
+// then), or meetCeiling passed (a copy blocked outside the database).
+// Being slow is not being blocked: a copy that takes its time to reach the
+// phase is waited for, so the interleaving does not depend on the load.
 type barrier struct {
 	mu      sync.Mutex
 	waiting int
 	all     chan struct{}
+	// pool is the scenario's database, asked whether a session in it
+	// waits for a lock.
+	pool *pgxpool.Pool
 }
 
-const meetTimeout = 2 * time.Second
+const (
+	meetPoll    = 10 * time.Millisecond
+	meetCeiling = 10 * time.Second
+)
 
-func newBarrier(n int) *barrier { return &barrier{waiting: n, all: make(chan struct{})} }
+func newBarrier(n int, pool *pgxpool.Pool) *barrier {
+	return &barrier{waiting: n, all: make(chan struct{}), pool: pool}
+}
 
 // arrive counts one copy in and waits for the others.
 func (b *barrier) arrive(ctx context.Context) {
 	b.leave()
-	select {
-	case <-b.all:
-	case <-ctx.Done():
-	case <-time.After(meetTimeout):
+	ceiling := time.NewTimer(meetCeiling)
+	defer ceiling.Stop()
+	poll := time.NewTicker(meetPoll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-b.all:
+			return
+		case <-ctx.Done():
+			return
+		case <-ceiling.C:
+			return
+		case <-poll.C:
+			if b.lockWait(ctx) {
+				return
+			}
+		}
 	}
+}
+
+// lockWait reports whether a session of the scenario's database waits for
+// a lock. Each scenario has a database of its own, so the session is one
+// of its copies, and the lock is one a held copy has.
+func (b *barrier) lockWait(ctx context.Context) bool {
+	var waits bool
+	err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE NOT l.granted AND a.datname = current_database())`).Scan(&waits)
+	return err == nil && waits
 }
 
 // leave counts one copy in without waiting (it arrived, or it ended
@@ -694,8 +727,8 @@ func (i *invoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1
 }
 
 // beforeWrite holds a raced run before its first write until the other
-// job has done its reads (or meetTimeout passed: the other may wait for a
-// row lock this run holds, which forbids the lost update itself).
+// job has done its reads, or waits for a row lock this run holds (which
+// forbids the lost update itself).
 func (i *invoker) beforeWrite(ctx context.Context) {
 	i.mu.Lock()
 	hold := i.race != nil && !i.held
