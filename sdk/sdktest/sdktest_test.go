@@ -24,10 +24,14 @@ func (Bonus) Kind() string { return "credit_bonus" }
 
 const schema = `
 CREATE TABLE wallets (customer bigint PRIMARY KEY, balance bigint NOT NULL DEFAULT 0, bonus_job text);
-INSERT INTO wallets (customer) VALUES (7);`
+INSERT INTO wallets (customer) VALUES (7);
+CREATE TABLE credits (job_id text PRIMARY KEY);`
 
 // grants are the bonus plugin's, as its manifest would declare them.
-var grants = []pluginhost.Grant{{Table: "wallets", Select: []string{"customer", "balance", "bonus_job"}, Update: []string{"balance", "bonus_job"}}}
+var grants = []pluginhost.Grant{
+	{Table: "wallets", Select: []string{"customer", "balance", "bonus_job"}, Update: []string{"balance", "bonus_job"}},
+	{Table: "credits", Select: []string{"job_id"}, Insert: []string{"job_id"}},
+}
 
 // wrongBonus is deliberately not idempotent: its "conditional" write is
 // always true, so every run credits again. The kit must catch it.
@@ -230,15 +234,19 @@ func readThenWrite(ctx context.Context, job sdk.Job[Topup], tx *sdk.Tx, read str
 	return nil
 }
 
-// topupCase credits 10 to customer 7 (balance 0); its race is another
-// job crediting 5 to the same wallet.
+// topupCase credits 10 to customer 7 (balance 0) with h; its race is
+// another job crediting 5 to the same wallet.
 func topupCase(tb testing.TB, h sdk.RecordJobID[Topup]) sdktest.Case[Topup] {
+	return topupCaseOf(tb, func(p *sdk.Plugin) { sdk.HandleRecordJobID(p, h) })
+}
+
+func topupCaseOf(tb testing.TB, register func(*sdk.Plugin)) sdktest.Case[Topup] {
 	hosttest.EnsureRoles(tb, "bonus")
 	return sdktest.Case[Topup]{
 		Schema: schema, Grants: grants,
 		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[Topup] {
 			p := sdk.New("bonus", "1")
-			sdk.HandleRecordJobID(p, h)
+			register(p)
 			return sdktest.Setup[Topup]{Plugin: p, Args: Topup{Customer: 7, Amount: 10},
 				Effects: func(ctx context.Context) (any, error) {
 					var balance int64
@@ -285,4 +293,55 @@ func TestKitPassesTwoJobsThatLetTheDatabaseAdd(t *testing.T) {
 func TestKitPassesTwoJobsThatLockTheRow(t *testing.T) {
 	t.Parallel()
 	sdktest.Run(t, topupCase(t, topupLocked{}))
+}
+
+// stateCredit is a top-up under the state-first guard: the state is the
+// job's row in credits. Check reads the balance; Commit records the job
+// and, where it won, writes the balance: with lost, the one Check read
+// plus the amount (a read in one phase, a write in another).
+type stateCredit struct{ lost bool }
+
+type creditState struct {
+	Balance int64 `json:"balance"`
+}
+
+func (stateCredit) Check(ctx context.Context, job sdk.Job[Topup], db *sdk.ReadOnly) (creditState, bool, error) {
+	var st creditState
+	var done bool
+	err := db.QueryRow(ctx, `SELECT balance, EXISTS (SELECT 1 FROM credits WHERE job_id = $2) FROM wallets WHERE customer = $1`,
+		job.Args.Customer, job.ID).Scan(&st.Balance, &done)
+	return st, done, err
+}
+
+func (stateCredit) Prepare(ctx context.Context, job sdk.Job[Topup], st creditState) (creditState, error) {
+	return st, nil
+}
+
+func (h stateCredit) Commit(ctx context.Context, job sdk.Job[Topup], tx *sdk.CommitTx, st creditState) error {
+	win, err := tx.WriteIf(ctx, `INSERT INTO credits (job_id) VALUES ($1) ON CONFLICT DO NOTHING RETURNING job_id`, job.ID)
+	if err != nil || win == nil {
+		return err
+	}
+	if h.lost {
+		_, err = win.Exec(ctx, `UPDATE wallets SET balance = $2 WHERE customer = $1`, job.Args.Customer, st.Balance+job.Args.Amount)
+		return err
+	}
+	_, err = win.Exec(ctx, `UPDATE wallets SET balance = balance + $2 WHERE customer = $1`, job.Args.Customer, job.Args.Amount)
+	return err
+}
+
+// The race holds each job before its first write, Commit's conditional
+// write, so both Checks read the balance first: the balance Check read,
+// written back in Commit, loses the other job's credit.
+func TestKitCatchesALostUpdateAcrossPhases(t *testing.T) {
+	t.Parallel()
+	failures := sdktest.Check(t, topupCaseOf(t, func(p *sdk.Plugin) { sdk.HandleStateFirst(p, stateCredit{lost: true}) }))
+	require.Len(t, failures, 1, "%s", strings.Join(failures, "\n"))
+	require.Contains(t, failures[0], "topup is not idempotent when another job on the same rows runs at once, both reading before either writes")
+	require.Contains(t, failures[0], "want:     15")
+}
+
+func TestKitPassesAStateFirstCreditThatLetsTheDatabaseAdd(t *testing.T) {
+	t.Parallel()
+	sdktest.Run(t, topupCaseOf(t, func(p *sdk.Plugin) { sdk.HandleStateFirst(p, stateCredit{}) }))
 }
