@@ -67,7 +67,10 @@
 // sdktest.Run(t, sdktest.Case{...}) runs the handler, as its plugin's
 // database role with the grants your schema gives it, once cleanly, then
 // twice, as two copies at once, and crashed at each step boundary, and
-// compares the effects with the clean run's, one subtest per scenario. A
+// checks the effects against what the test states (Setup.Want, required),
+// one subtest per scenario; Setup.Race adds a second job on the same rows,
+// run at once with both reading before either writes, so a lost update
+// fails. A
 // grant the handler lacks fails the test with the database's refusal, as it
 // would fail in production.
 //

@@ -65,6 +65,7 @@ func TestPluginsInit(t *testing.T) {
 		require.Contains(t, string(out), "--- PASS: "+test+" ", "%s", out)
 	}
 	require.Contains(t, string(out), "crashes_after_the_effect,_before_the_mark", "every scenario ran")
+	require.Contains(t, string(out), "--- PASS: TestCountIsIdempotent/when_another_job_on_the_same_rows_runs_at_once", "the race ran")
 
 	// The Makefile builds the binary under a versioned name and writes its
 	// manifest, with its migrations beside it, also versioned.

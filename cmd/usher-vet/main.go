@@ -1,6 +1,6 @@
 // Command usher-vet checks handler plugins for what Go's types cannot stop:
 // an effect outside the effect phase, sdk.KeyForTest outside tests, and a
-// claim effect that ignores its idempotency key (see package
+// claim effect whose idempotency key never reaches the provider call (see package
 // github.com/usherhq/usher/sdk/analysis/effectcheck).
 //
 // Run it on its own or as go vet's tool:

@@ -53,6 +53,7 @@ func TestREADMEVetYourPlugin(t *testing.T) {
 		"CheckSendMark.Check: marked effect outside the effect phase",
 		"sdk.KeyForTest outside a _test.go file",
 		"BlankKey.Effect ignores its idempotency key",
+		"LoggedKey.Effect never sends its idempotency key key to the provider",
 	} {
 		require.Contains(t, out, want)
 	}

@@ -14,8 +14,11 @@ import (
 // sdktest runs each kind once cleanly, then twice, as two copies at once
 // (also held together past the claim, or past the record of the job id),
 // and crashed at every step boundary of its guard, on a fresh database
-// each time, as the plugin's own role; every run must leave what the clean
-// run left.
+// each time, as the plugin's own role; every run must leave what the test
+// states (Want), so a handler that does nothing fails.
+
+// refunded is the one refund rf-4471 leaves at the provider.
+var refunded = []performed{{ID: "re_1", Key: "refund-rf-4471", PaymentID: "pay-19", AmountCents: 2500, Currency: "EUR"}}
 
 func TestRefundIsIdempotent(t *testing.T) {
 	t.Parallel()
@@ -38,6 +41,7 @@ func TestRefundIsIdempotent(t *testing.T) {
 					refunds, err := p.refunds(ctx)
 					return []any{claims, refunds}, err
 				},
+				Want: []any{[][]any{{"rf-4471", true, "re_1"}}, refunded},
 			}
 		},
 	})
@@ -62,6 +66,10 @@ func TestCreditWalletIsIdempotent(t *testing.T) {
 					return rows(ctx, pool, `SELECT w.balance_cents, count(l.*), coalesce(sum(l.amount_cents), 0)
 						FROM plugin_refunds.wallets w LEFT JOIN plugin_refunds.wallet_ledger l ON l.wallet_id = w.id GROUP BY w.id`)
 				},
+				Want: [][]any{{1250, 1, 250}},
+				// Another credit to the same wallet at once: both land.
+				Race: &sdktest.Race[CreditWallet]{Args: CreditWallet{WalletID: 7, AmountCents: 100, Reason: "apology"},
+					Want: [][]any{{1350, 2, 350}}},
 			}
 		},
 	})
@@ -111,6 +119,8 @@ func TestReturnWorkflow(t *testing.T) {
 						refunds, err := p.refunds(ctx)
 						return []any{balance, refunds}, err
 					},
+					// The refund once, the goodwill credit once.
+					Want: []any{[][]any{{1500}}, refunded},
 				}
 			},
 		}

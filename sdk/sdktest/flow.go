@@ -64,9 +64,12 @@ type FlowSetup[In any] struct {
 	// far: what it returns is sent to the workflow (in order); nothing
 	// lets time pass to the next timer. Optional.
 	Wait func(w Waiting) []Send
-	// Effects reads everything the workflow's steps change; a scenario's
-	// are compared with reflect.DeepEqual to the clean run's.
+	// Effects reads everything the workflow's steps change.
 	Effects func(ctx context.Context) (any, error)
+	// Want is what Effects must read once a clean run ended, checked then
+	// and after every scenario, as [Setup.Want]: required, and not what
+	// Effects reads before the workflow starts.
+	Want any
 }
 
 // Waiting is what Wait is told: the workflow's history so far, and how
@@ -162,6 +165,11 @@ func (f Flow[In]) each(tb testing.TB, each func(name string, check func(testing.
 		failed(fmt.Sprintf("sdktest: a single clean run of the workflow failed: %v", err))
 		return base.FlowRun
 	}
+	if !sameEffects(base.Effects, base.want) {
+		failed(fmt.Sprintf("%s workflow: a single clean run left other effects than the test states (FlowSetup.Want): a workflow whose steps do nothing, or do it twice, fails here\n  want:     %+v\n  this run: %+v",
+			base.typ, base.want, base.Effects))
+		return base.FlowRun
+	}
 	scenarios := []flowScenario{
 		{name: "when every step runs twice", stepTwice: true},
 		{name: "when every decision task runs twice", taskTwice: true},
@@ -184,9 +192,9 @@ func (f Flow[In]) each(tb testing.TB, each func(name string, check func(testing.
 			case got.State != base.State || !jsonEqual(got.Result, base.Result) || got.Error != base.Error:
 				return fmt.Sprintf("%s workflow %s ended otherwise than a single clean run:\n  clean run: %s %s %s\n  this run:  %s %s %s",
 					base.typ, s.name, base.State, base.Result, base.Error, got.State, got.Result, got.Error)
-			case !reflect.DeepEqual(got.Effects, base.Effects):
-				return fmt.Sprintf("%s workflow is not exactly-once %s: the effects differ from a single clean run's\n  clean run: %+v\n  this run:  %+v",
-					base.typ, s.name, base.Effects, got.Effects)
+			case !sameEffects(got.Effects, got.want):
+				return fmt.Sprintf("%s workflow is not exactly-once %s: the effects differ from what the test states a single clean run leaves (FlowSetup.Want)\n  want:     %+v\n  this run: %+v",
+					base.typ, s.name, got.want, got.Effects)
 			}
 			return ""
 		})
@@ -207,10 +215,12 @@ func jsonEqual(a, b json.RawMessage) bool {
 	return reflect.DeepEqual(x, y)
 }
 
-// flowRun is a FlowRun with the workflow's type, for messages.
+// flowRun is a FlowRun with the workflow's type, for messages, and the
+// effects its test states.
 type flowRun struct {
 	FlowRun
-	typ string
+	typ  string
+	want any
 }
 
 // maxTurns bounds a run: a workflow that keeps scheduling is reported,
@@ -231,7 +241,14 @@ func (f Flow[In]) run(tb testing.TB, s flowScenario) (flowRun, []usherv1.Guard, 
 	if err := setup.Plugin.Err(); err != nil {
 		tb.Fatalf("sdktest: plugin: %v", err)
 	}
-	out := flowRun{typ: setup.Type, FlowRun: FlowRun{Runs: map[string]int{}}}
+	out := flowRun{typ: setup.Type, want: setup.Want, FlowRun: FlowRun{Runs: map[string]int{}}}
+	before, err := setup.Effects(ctx)
+	if err != nil {
+		tb.Fatalf("sdktest: read effects before the run: %v", err)
+	}
+	if err := stated(before, setup.Want, "FlowSetup.Want"); err != nil {
+		return out, nil, err
+	}
 	handles := guard.NewHandles("public", hosttest.Logger(tb, 100))
 	runner, err := guard.NewRunner(guard.Config{Handles: handles, Logger: hosttest.Logger(tb, 100)})
 	if err != nil {

@@ -68,7 +68,9 @@ func onboard(_ context.Context, h sdk.WorkflowHistory[Onboard]) (sdk.Decision, e
 	return sdk.Decision{}, nil
 }
 
-func onboardFlow(tb testing.TB, register func(*sdk.Plugin), wait func(sdktest.Waiting) []sdktest.Send) sdktest.Flow[Onboard] {
+// onboardFlow is the onboarding workflow; want is the balance it must
+// leave.
+func onboardFlow(tb testing.TB, register func(*sdk.Plugin), wait func(sdktest.Waiting) []sdktest.Send, want int64) sdktest.Flow[Onboard] {
 	hosttest.EnsureRoles(tb, "onboard")
 	return sdktest.Flow[Onboard]{
 		Plugin: "onboard", Schema: schema + `GRANT SELECT, UPDATE ON wallets TO ` + hosttest.PluginRole("onboard"),
@@ -82,7 +84,8 @@ func onboardFlow(tb testing.TB, register func(*sdk.Plugin), wait func(sdktest.Wa
 					var balance int64
 					err := pool.QueryRow(ctx, `SELECT balance FROM wallets WHERE customer = 7`).Scan(&balance)
 					return balance, err
-				}}
+				},
+				Want: want}
 		},
 	}
 }
@@ -109,7 +112,7 @@ func approveOnce(w sdktest.Waiting) []sdktest.Send {
 // redelivered) ends the same, with each credit once.
 func TestFlowKitProvesAWorkflow(t *testing.T) {
 	t.Parallel()
-	run := sdktest.RunFlow(t, onboardFlow(t, recordCredit, approveOnce))
+	run := sdktest.RunFlow(t, onboardFlow(t, recordCredit, approveOnce, 110))
 	require.Equal(t, "completed", run.State)
 	require.JSONEq(t, `{"approved": true, "credited": "{\"credited\": 100}"}`, string(run.Result))
 	require.Equal(t, int64(110), run.Effects)
@@ -122,7 +125,7 @@ func TestFlowKitProvesAWorkflow(t *testing.T) {
 // bonus only.
 func TestFlowKitSkipsTimeToTheTimer(t *testing.T) {
 	t.Parallel()
-	failures, run := sdktest.CheckFlow(t, onboardFlow(t, recordCredit, nil))
+	failures, run := sdktest.CheckFlow(t, onboardFlow(t, recordCredit, nil, 10))
 	require.Empty(t, failures)
 	require.Equal(t, "completed", run.State)
 	require.JSONEq(t, `{"approved": false}`, string(run.Result))
@@ -143,7 +146,7 @@ func TestFlowKitSendsACancel(t *testing.T) {
 		}
 		return nil
 	}
-	failures, run := sdktest.CheckFlow(t, onboardFlow(t, recordCredit, cancel))
+	failures, run := sdktest.CheckFlow(t, onboardFlow(t, recordCredit, cancel, 10))
 	require.Empty(t, failures)
 	require.Equal(t, "cancelled", run.State)
 	require.JSONEq(t, `{"reason": "closed the account"}`, string(run.Result))
@@ -171,11 +174,41 @@ func (twiceCredit) Commit(ctx context.Context, job sdk.Job[Credit], tx *sdk.Comm
 // scenario and both balances.
 func TestFlowKitCatchesADoubledStep(t *testing.T) {
 	t.Parallel()
-	failures, run := sdktest.CheckFlow(t, onboardFlow(t, func(p *sdk.Plugin) { sdk.HandleStateFirst(p, twiceCredit{}) }, approveOnce))
+	failures, run := sdktest.CheckFlow(t, onboardFlow(t, func(p *sdk.Plugin) { sdk.HandleStateFirst(p, twiceCredit{}) }, approveOnce, 110))
 	require.Equal(t, int64(110), run.Effects, "a single clean run credits each step once")
 	require.NotEmpty(t, failures, "the kit let a step that credits on every run pass")
 	all := strings.Join(failures, "\n")
 	require.Contains(t, all, "onboard workflow is not exactly-once when every step runs twice")
-	require.Contains(t, all, "this run:  220")
+	require.Contains(t, all, "want:     110\n  this run: 220")
 	require.Len(t, failures, 1, "a crash rolls the always-true write back: only the redelivery of a finished step doubles it")
+}
+
+// creditNothing answers as credit does and credits nothing.
+type creditNothing struct{}
+
+func (creditNothing) Apply(ctx context.Context, job sdk.Job[Credit], tx *sdk.Tx) error {
+	return sdk.StepResult(ctx, tx, job, map[string]int64{"credited": job.Args.Amount})
+}
+
+// A workflow states its effects as a Case does: a step that does nothing
+// fails the clean run (before FlowSetup.Want it passed every scenario),
+// and a FlowSetup that states none is refused.
+func TestFlowKitFailsAStepThatDoesNothing(t *testing.T) {
+	t.Parallel()
+	failures, run := sdktest.CheckFlow(t, onboardFlow(t, func(p *sdk.Plugin) { sdk.HandleRecordJobID(p, creditNothing{}) }, approveOnce, 110))
+	require.Equal(t, "completed", run.State, "the workflow itself ends as the right one does")
+	require.Len(t, failures, 1)
+	require.Contains(t, failures[0], "onboard workflow: a single clean run left other effects than the test states (FlowSetup.Want)")
+	require.Contains(t, failures[0], "want:     110\n  this run: 0")
+
+	f := onboardFlow(t, recordCredit, approveOnce, 110)
+	start := f.Start
+	f.Start = func(tb testing.TB, pool *pgxpool.Pool) sdktest.FlowSetup[Onboard] {
+		s := start(tb, pool)
+		s.Want = nil
+		return s
+	}
+	failures, _ = sdktest.CheckFlow(t, f)
+	require.Len(t, failures, 1)
+	require.Contains(t, failures[0], "FlowSetup.Want is not set")
 }

@@ -65,14 +65,39 @@ type Setup[T sdk.Args] struct {
 	Plugin *sdk.Plugin
 	// Args is the job's payload.
 	Args T
-	// Effects reads everything the job changes; the values of a scenario
-	// are compared with reflect.DeepEqual to those of a clean run.
+	// Effects reads everything the job changes: rows in the database
+	// (a query's rows) and what left the process (the messages at a
+	// provider).
 	Effects func(ctx context.Context) (any, error)
+	// Want is what Effects must read after a single clean run: the kit
+	// checks it after the clean run and after every scenario (equal by
+	// reflect.DeepEqual, or once both are encoded as JSON, so a stated
+	// [][]any{{4}} matches the int64 a query returns). Required, and it
+	// must differ from what Effects reads before the job runs: a test
+	// that states no effect, or one already there, cannot tell a handler
+	// that does nothing from one that works.
+	Want any
+	// Race, when set, is a second job (job id sdktest-2, its own payload)
+	// that reads and writes the same rows: the kit runs the two one after
+	// the other, then at once with each held before its first write until
+	// the other has done its reads, and checks Race.Want both times. A
+	// read-modify-write with neither a conditional write nor a row lock
+	// loses one job's update there. Optional.
+	Race *Race[T]
+}
+
+// Race is the second job of [Setup.Race].
+type Race[T sdk.Args] struct {
+	// Args is the second job's payload: another order on the same event,
+	// another credit to the same wallet.
+	Args T
+	// Want is what Effects must read once both jobs ran, as Setup.Want.
+	Want any
 }
 
 // Run proves c's handler idempotent: a clean run first, then one subtest
 // per scenario (named after it), each failing when its effects differ
-// from the clean run's.
+// from what the test states (Setup.Want).
 func Run[T sdk.Args](t *testing.T, c Case[T]) {
 	t.Helper()
 	c.each(t, func(name string, check func(testing.TB) string) {
@@ -85,8 +110,9 @@ func Run[T sdk.Args](t *testing.T, c Case[T]) {
 }
 
 // Check runs every scenario and returns one message per scenario whose
-// effects differ from a clean run's (empty when the handler is idempotent).
-// Infrastructure errors (no database) fail tb.
+// effects differ from what the test states (empty when the handler is
+// idempotent), or the one message of a clean run that failed or left
+// other effects. Infrastructure errors (no database) fail tb.
 func Check[T sdk.Args](tb testing.TB, c Case[T]) []string {
 	tb.Helper()
 	var failures []string
@@ -100,7 +126,8 @@ func Check[T sdk.Args](tb testing.TB, c Case[T]) []string {
 }
 
 // each runs the clean run, then hands each scenario's check to each;
-// a clean run that fails is given to failed instead, and nothing else runs.
+// a clean run that fails, or leaves what the test does not state, is
+// given to failed instead, and nothing else runs.
 func (c Case[T]) each(tb testing.TB, each func(name string, check func(testing.TB) string), failed func(string)) {
 	tb.Helper()
 	if c.Start == nil {
@@ -108,24 +135,88 @@ func (c Case[T]) each(tb testing.TB, each func(name string, check func(testing.T
 	}
 	var zero T
 	kind := zero.Kind()
-	base, guardOf, err := c.scenario(tb, scenario{name: "a single clean run"})
+	base, err := c.scenario(tb, scenario{name: cleanRun})
 	if err != nil {
 		failed(fmt.Sprintf("%s: a single clean run failed: %v", kind, err))
 		return
 	}
-	for _, s := range scenariosFor(guardOf) {
+	if msg := base.differs(kind, cleanRun); msg != "" {
+		failed(msg)
+		return
+	}
+	scenarios := scenariosFor(base.guard)
+	if base.race {
+		scenarios = append(scenarios, raceScenarios...)
+	}
+	for _, s := range scenarios {
 		each(s.name, func(tb testing.TB) string {
-			got, _, err := c.scenario(tb, s)
-			switch {
-			case err != nil:
+			got, err := c.scenario(tb, s)
+			if err != nil {
 				return fmt.Sprintf("%s, %s: %v", kind, s.name, err)
-			case !reflect.DeepEqual(base, got):
-				return fmt.Sprintf("%s is not idempotent %s: the effects differ from a single clean run's\n  clean run: %+v\n  this run:  %+v",
-					kind, s.name, base, got)
 			}
-			return ""
+			return got.differs(kind, s.name)
 		})
 	}
+}
+
+// cleanRun names the run every scenario is checked beside.
+const cleanRun = "a single clean run"
+
+// ran is what one scenario left, beside what its test states.
+type ran struct {
+	guard   usherv1.Guard
+	effects any
+	want    any
+	// race: the Setup has a second job; second: this scenario ran it.
+	race, second bool
+}
+
+// differs explains how the effects of scenario name differ from the
+// stated ones, or returns "".
+func (r ran) differs(kind, name string) string {
+	if sameEffects(r.effects, r.want) {
+		return ""
+	}
+	what := "the effects differ from what the test states a single clean run leaves (Setup.Want)"
+	if name == cleanRun {
+		return fmt.Sprintf("%s: a single clean run left other effects than the test states (Setup.Want): a handler that does nothing, or does it twice, fails here\n  want:     %+v\n  this run: %+v",
+			kind, r.want, r.effects)
+	}
+	if r.second {
+		what = "the effects differ from what the test states two jobs leave (Setup.Race.Want)"
+	}
+	return fmt.Sprintf("%s is not idempotent %s: %s\n  want:     %+v\n  this run: %+v", kind, name, what, r.want, r.effects)
+}
+
+// sameEffects reports whether effects a and b are equal: by
+// reflect.DeepEqual, or once both are encoded as JSON and decoded (the
+// numbers a query reads are int64s, a test writes untyped constants).
+func sameEffects(a, b any) bool {
+	if reflect.DeepEqual(a, b) {
+		return true
+	}
+	x, errX := json.Marshal(a)
+	y, errY := json.Marshal(b)
+	if errX != nil || errY != nil {
+		return false
+	}
+	var u, v any
+	if json.Unmarshal(x, &u) != nil || json.Unmarshal(y, &v) != nil {
+		return false
+	}
+	return reflect.DeepEqual(u, v)
+}
+
+// stated checks what a test states before its job runs: a Want, and one
+// the database (or provider) does not already show.
+func stated(before, want any, field string) error {
+	switch {
+	case want == nil:
+		return fmt.Errorf("%s is not set: state what a single clean run must leave (the value Effects reads after it), so that a handler that does nothing, or does it twice, fails", field)
+	case sameEffects(before, want):
+		return fmt.Errorf("%s (%+v) is what Effects reads before the job runs: the test cannot tell a handler that does nothing from one that works; state what the job changes", field, want)
+	}
+	return nil
 }
 
 // crash names a step boundary: the run dies there, as a kill -9 would.
@@ -148,6 +239,16 @@ type scenario struct {
 	// scheduler.
 	meet  usherv1.Phase
 	crash *crash
+	// second: the Setup's Race job runs too, after the first, or with
+	// concurrent at once, each held before its first write until the
+	// other has read (a barrier).
+	second bool
+}
+
+// raceScenarios run a Setup's second job (Setup.Race).
+var raceScenarios = []scenario{
+	{name: "when another job on the same rows runs after it", second: true},
+	{name: "when another job on the same rows runs at once, both reading before either writes", second: true, concurrent: true},
 }
 
 func scenariosFor(g usherv1.Guard) []scenario {
@@ -195,7 +296,7 @@ func scenariosFor(g usherv1.Guard) []scenario {
 var errCrashed = errors.New("sdktest: the plugin process crashed here")
 
 // scenario runs one scenario on a fresh database and returns its effects.
-func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error) {
+func (c Case[T]) scenario(tb testing.TB, s scenario) (ran, error) {
 	ctx := context.Background()
 	pool := c.kit().database(tb)
 	setup := c.Start(tb, pool)
@@ -205,6 +306,23 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 	if err := setup.Plugin.Err(); err != nil {
 		tb.Fatalf("sdktest: plugin: %v", err)
 	}
+	r := ran{want: setup.Want, race: setup.Race != nil}
+	before, err := setup.Effects(ctx)
+	if err != nil {
+		tb.Fatalf("sdktest: read effects before the run: %v", err)
+	}
+	if err := stated(before, setup.Want, "Setup.Want"); err != nil {
+		return r, err
+	}
+	if s.second {
+		if setup.Race == nil {
+			return r, errors.New("sdktest: Start returned no Race for this scenario, though it did for the clean run")
+		}
+		r.second, r.want = true, setup.Race.Want
+		if err := stated(before, r.want, "Setup.Race.Want"); err != nil {
+			return r, err
+		}
+	}
 	kind := setup.Args.Kind()
 	handles := guard.NewHandles("public", hosttest.Logger(tb, 100))
 	runner, err := guard.NewRunner(guard.Config{Handles: handles, Logger: hosttest.Logger(tb, 100)})
@@ -212,80 +330,106 @@ func (c Case[T]) scenario(tb testing.TB, s scenario) (any, usherv1.Guard, error)
 		tb.Fatal(err)
 	}
 	m, g, err := guardOf(setup.Plugin, kind, handles)
+	r.guard = g
 	if err != nil {
-		return nil, 0, err
+		return r, err
 	}
 	if c.Plugin != "" && m.GetName() != c.Plugin {
 		tb.Fatalf("sdktest: Case.Plugin is %q, but Start's plugin is named %q", c.Plugin, m.GetName())
 	}
 	db, err := c.pluginDB(tb, pool, m)
 	if err != nil {
-		return nil, g, err
+		return r, err
 	}
 	defer db.Pool.Close()
-	payload, err := json.Marshal(setup.Args)
-	if err != nil {
-		tb.Fatalf("sdktest: encode args: %v", err)
+	newJob := func(id string, args T) *usherv1.Job {
+		payload, err := json.Marshal(args)
+		if err != nil {
+			tb.Fatalf("sdktest: encode args: %v", err)
+		}
+		return &usherv1.Job{Id: id, Kind: kind, Payload: payload, RequestId: "req-sdktest", Trace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 	}
-	job := &usherv1.Job{Id: "sdktest-1", Kind: kind, Payload: payload, RequestId: "req-sdktest", Trace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+	job := newJob("sdktest-1", setup.Args)
 
-	run := func(cr *crash, b *barrier) (guard.Outcome, error) {
+	// run runs job to its end; b, when set, holds it at s.meet or, for
+	// a second job's race, before its first write.
+	run := func(job *usherv1.Job, cr *crash, b *barrier) (guard.Outcome, error) {
 		inv := newInvoker(setup.Plugin, handles, cr)
-		inv.meet, inv.barrier = s.meet, b
+		if s.second {
+			inv.race = b
+		} else {
+			inv.meet, inv.barrier = s.meet, b
+		}
 		defer b.leave()
 		return runToEnd(ctx, pool, runner, inv, db, g, job, 0)
 	}
-	switch {
-	case s.twice:
-		for range 2 {
-			if _, err := run(nil, nil); err != nil {
-				return nil, g, err
-			}
-		}
-	case s.concurrent:
+	// together runs jobs at once, held together when b is set.
+	together := func(b *barrier, jobs ...*usherv1.Job) error {
 		var wg sync.WaitGroup
-		errs := make([]error, 2)
-		var b *barrier
-		if s.meet != usherv1.Phase_PHASE_UNSPECIFIED {
-			b = newBarrier(2)
-		}
-		for i := range 2 {
+		errs := make([]error, len(jobs))
+		for i, j := range jobs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, errs[i] = run(nil, b)
+				_, errs[i] = run(j, nil, b)
 			}()
 		}
 		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			return nil, g, err
+		return errors.Join(errs...)
+	}
+	switch {
+	case s.second:
+		other := newJob("sdktest-2", setup.Race.Args)
+		if s.concurrent {
+			if err := together(newBarrier(2, pool), job, other); err != nil {
+				return r, err
+			}
+			break
+		}
+		for _, j := range []*usherv1.Job{job, other} {
+			if _, err := run(j, nil, nil); err != nil {
+				return r, err
+			}
+		}
+	case s.twice:
+		for range 2 {
+			if _, err := run(job, nil, nil); err != nil {
+				return r, err
+			}
+		}
+	case s.concurrent:
+		var b *barrier
+		if s.meet != usherv1.Phase_PHASE_UNSPECIFIED {
+			b = newBarrier(2, pool)
+		}
+		if err := together(b, job, job); err != nil {
+			return r, err
 		}
 	case s.crash != nil:
 		inv := newInvoker(setup.Plugin, handles, s.crash)
 		out := runner.Run(ctx, inv, db, g, job, guard.Delivery{})
 		if !inv.crashed() {
-			return nil, g, fmt.Errorf("the crash point was never reached (the run ended %s: %s)", out.Verdict, out.Reason)
+			return r, fmt.Errorf("the crash point was never reached (the run ended %s: %s)", out.Verdict, out.Reason)
 		}
 		if out.Verdict != guard.Abandoned {
-			return nil, g, fmt.Errorf("the host did not treat the crash as an unfinished run (verdict %s)", out.Verdict)
+			return r, fmt.Errorf("the host did not treat the crash as an unfinished run (verdict %s)", out.Verdict)
 		}
-		if _, err := run(nil, nil); err != nil { // the redelivery
-			return nil, g, err
+		if _, err := run(job, nil, nil); err != nil { // the redelivery
+			return r, err
 		}
 	default:
-		out, err := run(nil, nil)
+		out, err := run(job, nil, nil)
 		if err != nil {
-			return nil, g, err
+			return r, err
 		}
 		if out.Verdict != guard.Applied {
-			return nil, g, fmt.Errorf("a clean run on a fresh database ended %s (%s), not applied", out.Verdict, out.Reason)
+			return r, fmt.Errorf("a clean run on a fresh database ended %s (%s), not applied", out.Verdict, out.Reason)
 		}
 	}
-	effects, err := setup.Effects(ctx)
-	if err != nil {
+	if r.effects, err = setup.Effects(ctx); err != nil {
 		tb.Fatalf("sdktest: read effects: %v", err)
 	}
-	return effects, g, nil
+	return r, nil
 }
 
 func guardOf(p *sdk.Plugin, kind string, handles *guard.Handles) (*usherv1.ManifestResponse, usherv1.Guard, error) {
@@ -423,27 +567,60 @@ func ageClaim(ctx context.Context, pool *pgxpool.Pool, role string, spec *usherv
 }
 
 // barrier holds copies of a run at a phase until all have reached it, or
-// ended, or meetTimeout passed (the other copy may be blocked in the
-// database by this one's locks: the guard itself forbids the
-// interleaving then).
+// ended, or one of them waits for a lock in the scenario's database (held
+// by a copy the barrier holds: the guard itself forbids the interleaving
+// then), or meetCeiling passed (a copy blocked outside the database).
+// Being slow is not being blocked: a copy that takes its time to reach the
+// phase is waited for, so the interleaving does not depend on the load.
 type barrier struct {
 	mu      sync.Mutex
 	waiting int
 	all     chan struct{}
+	// pool is the scenario's database, asked whether a session in it
+	// waits for a lock.
+	pool *pgxpool.Pool
 }
 
-const meetTimeout = 2 * time.Second
+const (
+	meetPoll    = 10 * time.Millisecond
+	meetCeiling = 10 * time.Second
+)
 
-func newBarrier(n int) *barrier { return &barrier{waiting: n, all: make(chan struct{})} }
+func newBarrier(n int, pool *pgxpool.Pool) *barrier {
+	return &barrier{waiting: n, all: make(chan struct{}), pool: pool}
+}
 
 // arrive counts one copy in and waits for the others.
 func (b *barrier) arrive(ctx context.Context) {
 	b.leave()
-	select {
-	case <-b.all:
-	case <-ctx.Done():
-	case <-time.After(meetTimeout):
+	ceiling := time.NewTimer(meetCeiling)
+	defer ceiling.Stop()
+	poll := time.NewTicker(meetPoll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-b.all:
+			return
+		case <-ctx.Done():
+			return
+		case <-ceiling.C:
+			return
+		case <-poll.C:
+			if b.lockWait(ctx) {
+				return
+			}
+		}
 	}
+}
+
+// lockWait reports whether a session of the scenario's database waits for
+// a lock. Each scenario has a database of its own, so the session is one
+// of its copies, and the lock is one a held copy has.
+func (b *barrier) lockWait(ctx context.Context) bool {
+	var waits bool
+	err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE NOT l.granted AND a.datname = current_database())`).Scan(&waits)
+	return err == nil && waits
 }
 
 // leave counts one copy in without waiting (it arrived, or it ended
@@ -470,6 +647,11 @@ type invoker struct {
 	meet    usherv1.Phase
 	barrier *barrier
 	met     bool
+	// race, when set, holds this run before its first write: a write
+	// statement it sends, a follow-on job it enqueues, or the writes or
+	// claim its phase hands the host.
+	race *barrier
+	held bool
 
 	mu    sync.Mutex
 	fired bool
@@ -533,12 +715,28 @@ func (i *invoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1
 			i.claim = r.GetClaim()
 			i.mu.Unlock()
 		}
+		if r.GetClaim() != nil || len(r.GetWrites()) > 0 {
+			i.beforeWrite(ctx)
+		}
 	}
 	if c != nil && (c.after || c.crashed(i)) {
 		i.fire()
 		return nil, errCrashed
 	}
 	return res.GetResults(), nil
+}
+
+// beforeWrite holds a raced run before its first write until the other
+// job has done its reads, or waits for a row lock this run holds (which
+// forbids the lost update itself).
+func (i *invoker) beforeWrite(ctx context.Context) {
+	i.mu.Lock()
+	hold := i.race != nil && !i.held
+	i.held = i.held || hold
+	i.mu.Unlock()
+	if hold {
+		i.race.arrive(ctx)
+	}
 }
 
 // crashed reports whether a crash inside the phase fired during it.
@@ -559,6 +757,14 @@ func (l localHost) Exec(ctx context.Context, in *usherv1.ExecRequest, _ ...grpc.
 		c = l.inv.armed(usherv1.Phase_PHASE_COMMIT)
 	}
 	conditional := len(in.GetStatements()) > 0 && in.GetStatements()[0].GetMode() == usherv1.Mode_MODE_WRITE_IF
+	if l.inv != nil {
+		for _, st := range in.GetStatements() {
+			if st.GetMode() != usherv1.Mode_MODE_QUERY {
+				l.inv.beforeWrite(ctx)
+				break
+			}
+		}
+	}
 	if c != nil && c.beforeWrite && conditional {
 		l.inv.fire()
 		return nil, errCrashed
@@ -572,6 +778,9 @@ func (l localHost) Exec(ctx context.Context, in *usherv1.ExecRequest, _ ...grpc.
 }
 
 func (l localHost) Enqueue(ctx context.Context, in *usherv1.EnqueueRequest, _ ...grpc.CallOption) (*usherv1.EnqueueResponse, error) {
+	if l.inv != nil {
+		l.inv.beforeWrite(ctx)
+	}
 	return l.h.Enqueue(ctx, in)
 }
 

@@ -31,14 +31,17 @@ func grants(t *testing.T) []pluginhost.Grant {
 	return g
 }
 
-// placed is an order of 3 seats, with no job.
-func placed(tb testing.TB, pool *pgxpool.Pool) (order, event int64) {
+// placed is an order of 3 seats and another of 2 for the same event (its
+// job moves the same event's seats_held), with no job.
+func placed(tb testing.TB, pool *pgxpool.Pool) (order, other, event int64) {
 	ctx := context.Background()
 	ev, err := orders.CreateEvent(ctx, pool, "Hania Rani", "Kölner Philharmonie")
 	require.NoError(tb, err)
 	o, err := orders.Place(ctx, pool, orders.Order{EventID: ev, Buyer: "B", Email: "b@example.com", Seats: 3}, orders.Jobs{})
 	require.NoError(tb, err)
-	return o.ID, ev
+	p, err := orders.Place(ctx, pool, orders.Order{EventID: ev, Buyer: "C", Email: "c@example.com", Seats: 2}, orders.Jobs{})
+	require.NoError(tb, err)
+	return o.ID, p.ID, ev
 }
 
 func effects(pool *pgxpool.Pool, event int64) func(context.Context) (any, error) {
@@ -62,37 +65,44 @@ func plugin() *sdk.Plugin {
 }
 
 // reserve_seats holds 3 seats once, whatever crashes and redeliveries:
-// never 6.
+// never 6, never none; with the other order's reserve at once, 5.
 func TestReserveSeatsIsIdempotent(t *testing.T) {
 	t.Parallel()
 	sdktest.Run(t, sdktest.Case[stagedoor.ReserveSeats]{
 		Plugin: "checkout", Migrations: os.DirFS("../db/migrations"), Grants: grants(t),
 		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[stagedoor.ReserveSeats] {
-			order, ev := placed(tb, pool)
+			order, other, ev := placed(tb, pool)
 			return sdktest.Setup[stagedoor.ReserveSeats]{Plugin: plugin(), Args: stagedoor.ReserveSeats{OrderID: order},
-				Effects: effects(pool, ev)}
+				Effects: effects(pool, ev),
+				Want:    holdEffects{SeatsHeld: 3, Holds: 1, Moves: 1, MovedSum: 3},
+				Race: &sdktest.Race[stagedoor.ReserveSeats]{Args: stagedoor.ReserveSeats{OrderID: other},
+					Want: holdEffects{SeatsHeld: 5, Holds: 2, Moves: 2, MovedSum: 5}}}
 		},
 	})
 }
 
 // release_seats, the checkout's compensation, gives the 3 held seats back
-// once: never -3.
+// once: never -3, never none; with the other order's release at once, both.
 func TestReleaseSeatsIsIdempotent(t *testing.T) {
 	t.Parallel()
 	sdktest.Run(t, sdktest.Case[stagedoor.ReleaseSeats]{
 		Plugin: "checkout", Migrations: os.DirFS("../db/migrations"), Grants: grants(t),
 		Start: func(tb testing.TB, pool *pgxpool.Pool) sdktest.Setup[stagedoor.ReleaseSeats] {
 			ctx := context.Background()
-			order, ev := placed(tb, pool)
-			// Held as a reserve leaves it.
-			_, err := pool.Exec(ctx, `INSERT INTO plugin_checkout.seat_holds (order_id, event_id, seats) VALUES ($1, $2, 3)`, order, ev)
+			order, other, ev := placed(tb, pool)
+			// Both held as a reserve leaves them.
+			_, err := pool.Exec(ctx, `INSERT INTO plugin_checkout.seat_holds (order_id, event_id, seats) VALUES ($1, $3, 3), ($2, $3, 2)`, order, other, ev)
 			require.NoError(tb, err)
-			_, err = pool.Exec(ctx, `INSERT INTO plugin_checkout.seat_moves (order_id, event_id, delta, job_id) VALUES ($1, $2, 3, 'reserve')`, order, ev)
+			_, err = pool.Exec(ctx, `INSERT INTO plugin_checkout.seat_moves (order_id, event_id, delta, job_id)
+				VALUES ($1, $3, 3, 'reserve-1'), ($2, $3, 2, 'reserve-2')`, order, other, ev)
 			require.NoError(tb, err)
-			_, err = pool.Exec(ctx, `UPDATE events SET seats_held = 3 WHERE id = $1`, ev)
+			_, err = pool.Exec(ctx, `UPDATE events SET seats_held = 5 WHERE id = $1`, ev)
 			require.NoError(tb, err)
 			return sdktest.Setup[stagedoor.ReleaseSeats]{Plugin: plugin(), Args: stagedoor.ReleaseSeats{OrderID: order},
-				Effects: effects(pool, ev)}
+				Effects: effects(pool, ev),
+				Want:    holdEffects{SeatsHeld: 2, Holds: 2, Released: 1, Moves: 3, MovedSum: 2},
+				Race: &sdktest.Race[stagedoor.ReleaseSeats]{Args: stagedoor.ReleaseSeats{OrderID: other},
+					Want: holdEffects{SeatsHeld: 0, Holds: 2, Released: 2, Moves: 4, MovedSum: 0}}}
 		},
 	})
 }

@@ -27,16 +27,22 @@ func TestUpdateSalesCounterIsIdempotent(t *testing.T) {
 			require.NoError(tb, err)
 			o, err := orders.Place(ctx, pool, orders.Order{EventID: ev, Buyer: "B", Email: "b@example.com", Seats: 4}, orders.Jobs{})
 			require.NoError(tb, err)
+			// Another order for the same event: its job updates the same row.
+			other, err := orders.Place(ctx, pool, orders.Order{EventID: ev, Buyer: "C", Email: "c@example.com", Seats: 3}, orders.Jobs{})
+			require.NoError(tb, err)
 			p := sdk.New("counters", "test")
 			sdk.HandleRecordJobID(p, counter.Handler{})
 			return sdktest.Setup[stagedoor.UpdateSalesCounter]{
 				Plugin: p, Args: stagedoor.UpdateSalesCounter{OrderID: o.ID},
-				// The counter is the effect: 4 seats once, never 8.
+				// The counter is the effect: 4 seats once, never 8, never 0.
 				Effects: func(ctx context.Context) (any, error) {
 					var seats int64
 					err := pool.QueryRow(ctx, `SELECT seats_sold FROM events WHERE id = $1`, ev).Scan(&seats)
 					return seats, err
 				},
+				Want: 4,
+				// Both orders counted, however their jobs interleave: 7.
+				Race: &sdktest.Race[stagedoor.UpdateSalesCounter]{Args: stagedoor.UpdateSalesCounter{OrderID: other.ID}, Want: 7},
 			}
 		},
 	})

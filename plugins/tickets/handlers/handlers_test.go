@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -73,6 +74,8 @@ func TestRenderTicketsIsIdempotent(t *testing.T) {
 					e.Stored = []string{fmt.Sprint(len(keys))}
 					return e, err
 				},
+				// Both tickets keyed, one PDF stored, one send queued.
+				Want: renderEffects{TicketsWithKey: 2, SendQueued: 1, Stored: []string{"1"}},
 			}
 		},
 	})
@@ -106,6 +109,7 @@ func TestRenderTicketsForACheckoutQueuesNoSend(t *testing.T) {
 					e.Stored = []string{fmt.Sprint(len(keys))}
 					return e, err
 				},
+				Want: renderEffects{TicketsWithKey: 2, SendQueued: 0, Stored: []string{"1"}},
 			}
 		},
 	})
@@ -146,6 +150,9 @@ func TestSendTicketsIsIdempotent(t *testing.T) {
 					err = pool.QueryRow(ctx, `SELECT count(*) FROM plugin_tickets.email_sends WHERE sent_at IS NOT NULL`).Scan(&e.Sent)
 					return e, err
 				},
+				// One email at the provider, under the intent's key, and
+				// its claim marked sent.
+				Want: sendEffects{Messages: 1, Keys: []string{"tickets-" + strconv.FormatInt(o.ID, 10)}, Sent: 1},
 			}
 		},
 	})

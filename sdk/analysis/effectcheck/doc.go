@@ -23,8 +23,24 @@
 //     literal or a function of the registering package is reported call
 //     by call; a function of another package at its registration.
 //   - sdk.KeyForTest outside a _test.go file.
-//   - A ClaimEffect's Effect that ignores its key: the IdempotencyKey
-//     parameter is unnamed, named _, or never used.
+//   - A ClaimEffect's Effect whose key never reaches the provider call:
+//     the IdempotencyKey parameter is unnamed, named _, never used, or
+//     used (a log line, an error, a helper that only logs it) but never
+//     passed to a provider call. The key's value is followed through the
+//     package's SSA: copies and conversions, key.String() and strings
+//     built from it, what a call makes of it, struct fields and slice
+//     elements it is stored in, closures that capture it, and the
+//     parameters of the package's own functions it is passed to. It
+//     reaches the provider when it is passed as sdk.NewProviderRequest's
+//     key, as the value of an http.Header's Set or Add (or assigned to a
+//     header by name), as a parameter of type sdk.IdempotencyKey of an
+//     interface method or function value, to a function of another
+//     package whose KeySink fact says that parameter reaches one, or, as
+//     a key or a string, to a function of a package that does not import
+//     the SDK (a provider's own client library, not followed: trusted).
+//     The standard library is not trusted: a key that only reaches log,
+//     fmt or errors does not reach the provider. A key kept in a global
+//     is not followed, and is reported.
 //
 // Handlers are the methods of the types that implement sdk.StateFirst,
 // sdk.ClaimEffect or sdk.RecordJobID, instantiated with the type arguments

@@ -19,13 +19,14 @@ import (
 const SDKPath = "github.com/usherhq/usher/sdk"
 
 // Analyzer reports effects outside a handler's effect phase,
-// sdk.KeyForTest outside tests and claim effects that ignore their key.
+// sdk.KeyForTest outside tests and claim effects whose key never reaches
+// the provider call.
 var Analyzer = &analysis.Analyzer{
 	Name:      "effectcheck",
-	Doc:       "report effects outside a handler's effect phase, sdk.KeyForTest outside tests, and claim effects that ignore their key",
+	Doc:       "report effects outside a handler's effect phase, sdk.KeyForTest outside tests, and claim effects whose key never reaches the provider call",
 	URL:       "https://pkg.go.dev/github.com/usherhq/usher/sdk/analysis/effectcheck",
 	Run:       run,
-	FactTypes: []analysis.Fact{new(Effects)},
+	FactTypes: []analysis.Fact{new(Effects), new(KeySink)},
 }
 
 // Directives.
@@ -178,7 +179,11 @@ func run(pass *analysis.Pass) (any, error) {
 	}
 
 	if sdk := sdkPackage(pass.Pkg); sdk != nil && pass.Pkg.Path() != SDKPath {
-		checkHandlers(pass, sdk, funcs)
+		flow := newKeyFlow(pass, sdk)
+		if flow != nil {
+			flow.exportSinks(order)
+		}
+		checkHandlers(pass, sdk, funcs, flow)
 		checkDecisions(pass, funcs)
 		checkKeyForTest(pass, sdk)
 	}

@@ -25,7 +25,7 @@ var guards = []struct {
 // checkHandlers checks the methods of every handler type declared in the
 // package, and every middleware: the Wrap method of a type implementing
 // sdk.Middleware and a function literal converted to sdk.MiddlewareFunc.
-func checkHandlers(pass *analysis.Pass, sdk *types.Package, funcs map[*types.Func]*funcInfo) {
+func checkHandlers(pass *analysis.Pass, sdk *types.Package, funcs map[*types.Func]*funcInfo, flow *keyFlow) {
 	checkMiddlewareFuncs(pass, sdk, funcs)
 	known := map[*types.TypeName]map[string]bool{} // handler type -> its guard's methods
 	for _, f := range pass.Files {
@@ -59,7 +59,7 @@ func checkHandlers(pass *analysis.Pass, sdk *types.Package, funcs map[*types.Fun
 			phase := obj.Name() + "." + fn.Name()
 			switch fn.Name() {
 			case "Effect":
-				checkKeyUsed(pass, fd, fn, phase)
+				checkKeyUsed(pass, fd, fn, phase, flow)
 			case "Prepare":
 				checkPhase(pass, fd.Body, phase, keyedOnly, funcs)
 			default:
@@ -200,9 +200,10 @@ func checkPhase(pass *analysis.Pass, body *ast.BlockStmt, phase string, r rule, 
 }
 
 // checkKeyUsed reports a claim effect whose IdempotencyKey parameter is
-// unnamed, blank or never used: a provider call without it cannot be
-// deduplicated.
-func checkKeyUsed(pass *analysis.Pass, fd *ast.FuncDecl, fn *types.Func, phase string) {
+// unnamed, blank, never used, or used but never passed to a provider call
+// (followed through the package's SSA, see keyFlow): a provider call
+// without it cannot be deduplicated.
+func checkKeyUsed(pass *analysis.Pass, fd *ast.FuncDecl, fn *types.Func, phase string, flow *keyFlow) {
 	params := fn.Type().(*types.Signature).Params()
 	const keyIdx = 3
 	if params.Len() <= keyIdx {
@@ -223,6 +224,11 @@ func checkKeyUsed(pass *analysis.Pass, fd *ast.FuncDecl, fn *types.Func, phase s
 	})
 	if !used {
 		pass.Reportf(pos, "%s never uses its idempotency key %s: send it with the effect (sdk.NewProviderRequest)", phase, key.Name())
+		return
+	}
+	if flow != nil && !flow.paramReaches(fn, key) {
+		pass.Reportf(pos, "%s never sends its idempotency key %s to the provider: it is used, but reaches no provider call "+
+			"(sdk.NewProviderRequest, an http.Header, a client's key parameter): send it with the effect", phase, key.Name())
 	}
 }
 

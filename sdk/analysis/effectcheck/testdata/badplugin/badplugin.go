@@ -114,7 +114,7 @@ func (s *Send) Claim(job sdk.Job[Order]) (sdk.Claim, error) {
 	return sdk.Claim{Table: "email_sends", Key: []sdk.Column{{Name: "order_id", Value: job.Args.ID}}, Intent: "order-1"}, nil
 }
 
-func (s *Send) Effect(ctx context.Context, job sdk.Job[Order], db *sdk.ReadOnly, key sdk.IdempotencyKey) error { // want Effect:`effect: network call`
+func (s *Send) Effect(ctx context.Context, job sdk.Job[Order], db *sdk.ReadOnly, key sdk.IdempotencyKey) error { // want Effect:`effect: network call` Effect:`key reaches \(\*mailer.Client\).Send -> sdk.NewProviderRequest from parameters \[4\]`
 	return s.Mailer.Send(ctx, key, nil)
 }
 

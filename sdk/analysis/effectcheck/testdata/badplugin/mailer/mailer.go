@@ -12,7 +12,7 @@ import (
 type Client struct{ HTTP *http.Client }
 
 // Send posts one message under key.
-func (c *Client) Send(ctx context.Context, key sdk.IdempotencyKey, body []byte) error { // want Send:`effect: network call sdk.NewProviderRequest`
+func (c *Client) Send(ctx context.Context, key sdk.IdempotencyKey, body []byte) error { // want Send:`effect: network call sdk.NewProviderRequest` Send:`key reaches sdk.NewProviderRequest from parameters \[2\]`
 	req, err := sdk.NewProviderRequest(ctx, http.MethodPost, "http://mail.invalid/v1/messages", body, key)
 	if err != nil {
 		return err
@@ -23,3 +23,6 @@ func (c *Client) Send(ctx context.Context, key sdk.IdempotencyKey, body []byte) 
 	}
 	return resp.Body.Close()
 }
+
+// Describe names key for a log line; it sends nothing.
+func (c *Client) Describe(key sdk.IdempotencyKey) string { return "message " + key.String() }
