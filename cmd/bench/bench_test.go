@@ -174,6 +174,21 @@ func checkResults(t *testing.T, dir string, inflight int) {
 	idle := wf["idle"].([]any)[0].(map[string]any)
 	require.Greater(t, idle["sleeping"], 0.0)
 	require.Greater(t, idle["goroutines"], 0.0)
+	// The scale rows (--scale 3x6): three hosts on six shards, each
+	// with its rate and CPU per job, nothing lost or doubled.
+	scale := r["scale"].([]any)
+	require.NotEmpty(t, scale)
+	for _, row := range scale {
+		sr := row.(map[string]any)
+		require.EqualValues(t, 3, sr["hosts"])
+		require.EqualValues(t, 6, sr["shards"])
+		require.Greater(t, sr["jobs_per_sec"], 0.0)
+		require.Greater(t, sr["host_cpu_us_per_job"], 0.0)
+		require.Greater(t, sr["plugin_cpu_us_per_job"], 0.0)
+		require.EqualValues(t, 0, sr["lost"])
+		require.EqualValues(t, 0, sr["lost_jobs"])
+		require.EqualValues(t, 0, sr["doubled"])
+	}
 	lat := r["latency"].(map[string]any)
 	for _, k := range []string{"p50_ms", "p95_ms", "p99_ms", "max_ms"} {
 		require.Greater(t, lat[k], 0.0, k)
@@ -203,7 +218,7 @@ func TestREADMEMakeBench(t *testing.T) {
 	cmd.Dir = hosttest.ModuleRoot(t)
 	cmd.Env = append(os.Environ(),
 		"BENCH_FLAGS=--jobs 300 --inflight 4 --rate 100 --rate-seconds 2 --warmup 100 --mix 20 --peers=false "+
-			"--workflows 30 --workflow-rate 10 --workflow-rate-seconds 1 --sleeping 200 --idle-window 1s --plots "+results+
+			"--workflows 30 --workflow-rate 10 --workflow-rate-seconds 1 --sleeping 200 --idle-window 1s --scale 3x6 --plots "+results+
 			" --json "+filepath.Join(results, "bench.json")+services(),
 		"BENCH_TIME=5x")
 	out, err := cmd.CombinedOutput()

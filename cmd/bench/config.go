@@ -68,6 +68,11 @@ type config struct {
 	Log string
 	// Scale are the scale rows' shapes, hosts x shards. Default 1x1,1x6,3x1,3x6.
 	Scale []scaleSpec
+	// ScaleEvents are the events the scale rows' orders spread over.
+	// Default 10,000: over --events' 100, three hosts' batches lock the
+	// same rows in different orders, and Postgres's deadlock detection
+	// (deadlock_timeout, 1 s) sets the rate, not the hosts.
+	ScaleEvents int
 	// ScaleCluster also runs the scale rows on a local Redis Cluster
 	// (3 primaries, 3 replicas, from redis-server), and the last shape
 	// again with WAIT 1. Default true.
@@ -119,6 +124,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.Sleeping, "sleeping", 100000, "workflow rows' idle run: sleeping workflows (0 skips it)")
 	fs.DurationVar(&cfg.IdleWindow, "idle-window", 10*time.Second, "workflow rows' idle run: the measured window")
 	scale := fs.String("scale", "1x1,1x6,3x1,3x6", "scale rows: comma-separated HOSTSxSHARDS, hosts sharing one stream of shards; empty skips them")
+	fs.IntVar(&cfg.ScaleEvents, "scale-events", 10000, "scale rows: events the orders spread over (few events: the hosts' batches deadlock on their rows)")
 	fs.BoolVar(&cfg.ScaleCluster, "scale-cluster", true, "also run the scale rows on a local Redis Cluster (redis-server, 3 primaries and 3 replicas), the last shape again with --relay-replicas 1")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -148,8 +154,8 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	switch {
 	case cfg.Jobs < 1:
 		return cfg, errors.New("--jobs must be at least 1")
-	case cfg.Events < 1:
-		return cfg, errors.New("--events must be at least 1")
+	case cfg.Events < 1 || cfg.ScaleEvents < 1:
+		return cfg, errors.New("--events and --scale-events must be at least 1")
 	case cfg.Warmup < 0:
 		return cfg, errors.New("--warmup must not be negative")
 	case cfg.HostPoolSize < 0:
@@ -179,10 +185,10 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 
 // String prints the config with the URLs' passwords masked.
 func (c config) String() string {
-	return fmt.Sprintf("admin-url=%s redis-url=%s owner=%s plugin-dir=%s jobs=%d events=%d warmup=%d inflight=%v host-pool-size=%d rate=%d rate-seconds=%d mix=%d mailprovider=%s in-process=%t peers=%t bench-dir=%s json=%q plots=%s log=%s timeout=%s cpu-profile=%q workflows=%d workflow-rate=%d workflow-rate-seconds=%d sleeping=%d idle-window=%s scale=%v scale-cluster=%t",
+	return fmt.Sprintf("admin-url=%s redis-url=%s owner=%s plugin-dir=%s jobs=%d events=%d warmup=%d inflight=%v host-pool-size=%d rate=%d rate-seconds=%d mix=%d mailprovider=%s in-process=%t peers=%t bench-dir=%s json=%q plots=%s log=%s timeout=%s cpu-profile=%q workflows=%d workflow-rate=%d workflow-rate-seconds=%d sleeping=%d idle-window=%s scale=%v scale-events=%d scale-cluster=%t",
 		host.MaskURL(c.AdminURL), host.MaskURL(c.RedisURL), c.Owner, c.PluginDir, c.Jobs, c.Events, c.Warmup, c.Inflight, c.HostPoolSize,
 		c.Rate, c.RateSeconds, c.Mix, c.MailProvider, c.InProcess, c.Peers, c.BenchDir, c.JSON, c.Plots, c.Log, c.Timeout, c.CPUProfile,
-		c.Workflows, c.WorkflowRate, c.WorkflowRateSeconds, c.Sleeping, c.IdleWindow, c.Scale, c.ScaleCluster)
+		c.Workflows, c.WorkflowRate, c.WorkflowRateSeconds, c.Sleeping, c.IdleWindow, c.Scale, c.ScaleEvents, c.ScaleCluster)
 }
 
 // largest is the level the latency run uses.

@@ -54,6 +54,7 @@ type scaleRow struct {
 	Replicas   int     `json:"relay_replicas"`
 	Inflight   int     `json:"inflight_per_host"`
 	Jobs       int     `json:"jobs"`
+	Events     int     `json:"events"`
 	Seconds    float64 `json:"seconds"`
 	JobsPerSec float64 `json:"jobs_per_sec"`
 	// CPU per job, in microseconds, over the window: the hosts (this
@@ -155,7 +156,7 @@ func runScaleRows(ctx context.Context, cfg config, logger *slog.Logger, p *progr
 // scaleRun is one scale row, in a fresh database.
 func scaleRun(ctx context.Context, cfg config, pluginDir string, logger *slog.Logger, p *progress, spec scaleSpec, replicas int,
 	redisName, redisURL string, rdb redis.UniversalClient, servers []*redis.Client) (row scaleRow, err error) {
-	row = scaleRow{Redis: redisName, Hosts: spec.Hosts, Shards: spec.Shards, Replicas: replicas, Inflight: cfg.largest(), Jobs: cfg.Jobs}
+	row = scaleRow{Redis: redisName, Hosts: spec.Hosts, Shards: spec.Shards, Replicas: replicas, Inflight: cfg.largest(), Jobs: cfg.Jobs, Events: cfg.ScaleEvents}
 	what := fmt.Sprintf("scale %d hosts x %d shards on %s", spec.Hosts, spec.Shards, redisName)
 	if replicas > 0 {
 		what += fmt.Sprintf(", WAIT %d", replicas)
@@ -255,7 +256,7 @@ func scaleRun(ctx context.Context, cfg config, pluginDir string, logger *slog.Lo
 			}
 		}
 	}
-	evs, err := createEvents(ctx, db.pool, what, cfg.Events)
+	evs, err := createEvents(ctx, db.pool, what, cfg.ScaleEvents)
 	if err != nil {
 		return row, err
 	}
@@ -308,8 +309,8 @@ func printScale(w io.Writer, rows []scaleRow) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nscale: hosts sharing one stream of shards (every host in this process, each with its plugin process, %d in flight each), %d jobs committed at once:\n",
-		rows[0].Inflight, rows[0].Jobs)
+	fmt.Fprintf(w, "\nscale: hosts sharing one stream of shards (every host in this process, each with its plugin process, %d in flight each), %d jobs over %d events committed at once:\n",
+		rows[0].Inflight, rows[0].Jobs, rows[0].Events)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "redis\thosts\tshards\tWAIT\tjobs/s\thost µs/job\tplugin µs/job\tpostgres µs/job\tredis µs/job\tlost\tdoubled\t")
 	for _, r := range rows {

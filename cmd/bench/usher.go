@@ -288,14 +288,19 @@ func workloadOrder(g int64, events []int64) orders.Order {
 }
 
 func createEvents(ctx context.Context, pool *pgxpool.Pool, label string, n int) ([]int64, error) {
-	evs := make([]int64, 0, n)
-	for i := range n {
-		id, err := orders.CreateEvent(ctx, pool, fmt.Sprintf("bench %s %d", label, i+1), "bench")
-		if err != nil {
-			return nil, fmt.Errorf("create event: %w", err)
-		}
-		evs = append(evs, id)
+	// One statement, as orders.CreateEvent makes each: the scale rows
+	// create thousands.
+	rows, err := pool.Query(ctx, `INSERT INTO events (name, venue, starts_at)
+		SELECT 'bench ' || $1 || ' ' || i, 'bench', now() + interval '30 days' FROM generate_series(1, $2) i
+		RETURNING id`, label, n)
+	if err != nil {
+		return nil, fmt.Errorf("create events: %w", err)
 	}
+	evs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("create events: %w", err)
+	}
+	slices.Sort(evs)
 	return evs, nil
 }
 
