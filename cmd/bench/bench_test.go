@@ -246,3 +246,22 @@ func TestREADMEQuotedCommandsParse(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, n, 3, "the README quotes its measuring commands")
 }
+
+// The command docs/scaling.md gives for its table parses as bench's
+// flags (its numbers come from that line, run as written).
+func TestScalingDocCommandParses(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "docs", "scaling.md"))
+	require.NoError(t, err)
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "bin/bench "); ok {
+			cfg, err := parseConfig(strings.Fields(rest), io.Discard)
+			require.NoError(t, err, line)
+			require.NotEmpty(t, cfg.Scale, "the command runs the scale rows")
+			require.True(t, cfg.ScaleCluster, "and on the cluster")
+			n++
+		}
+	}
+	require.Equal(t, 1, n, "docs/scaling.md gives its measuring command")
+}
