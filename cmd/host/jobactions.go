@@ -48,23 +48,10 @@ func (cl *cli) jobsCancel(fs *flag.FlagSet) runner {
 			if *asJSON {
 				return writeJSON(cl.stdout, c)
 			}
-			_, err = fmt.Fprintln(cl.stdout, cancelledText(c))
+			_, err = fmt.Fprintln(cl.stdout, c.String())
 			return err
 		})
 	}
-}
-
-// cancelledText says what a cancel did, as the CLI and the console say it.
-func cancelledText(c jobctl.Cancelled) string {
-	switch c.Was {
-	case jobctl.WasCancelled:
-		return fmt.Sprintf("job %s was cancelled before: nothing more recorded", c.JobID)
-	case jobctl.WasScheduled:
-		return fmt.Sprintf("cancelled job %s: its scheduled run never runs", c.JobID)
-	case jobctl.WasPending:
-		return fmt.Sprintf("cancelled job %s: it was not published, and never will be", c.JobID)
-	}
-	return fmt.Sprintf("cancelled job %s: its entry waits in the stream, and the host that takes it acks it without running it", c.JobID)
 }
 
 func (cl *cli) jobsRunNow(fs *flag.FlagSet) runner {

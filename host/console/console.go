@@ -68,6 +68,9 @@ type Config struct {
 	// /plugins/reload). Required.
 	Plugins func(ctx context.Context) []Plugin
 	Reload  func(ctx context.Context, name string) ([]ReloadResult, error)
+	// Rollback swaps plugin name back to the version its last swap
+	// replaced (the admin API's /plugins/rollback). Required.
+	Rollback func(ctx context.Context, name string) (ReloadResult, error)
 	// ChartWindow is how far back the overview's charts go, and
 	// ChartBucket the width of one point: they count the job history's
 	// records of every host (ops.Throughput). Defaults 1h and 1m.
@@ -88,8 +91,8 @@ func (c *Config) setDefaults() error {
 		return errors.New("console: Stream and Group are required")
 	case c.Token == "":
 		return errors.New("console: Token is required")
-	case c.Plugins == nil || c.Reload == nil:
-		return errors.New("console: Plugins and Reload are required")
+	case c.Plugins == nil || c.Reload == nil || c.Rollback == nil:
+		return errors.New("console: Plugins, Reload and Rollback are required")
 	case c.Logger == nil:
 		return errors.New("console: Logger is required")
 	}

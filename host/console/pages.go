@@ -17,7 +17,9 @@ import (
 
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/history"
+	"github.com/usherhq/usher/host/jobctl"
 	"github.com/usherhq/usher/host/ops"
+	"github.com/usherhq/usher/host/pause"
 )
 
 var funcs = template.FuncMap{
@@ -60,6 +62,7 @@ func (c *Console) routes() {
 	m.HandleFunc("POST "+Prefix+"plugins/reload", c.authed(c.reload))
 	m.HandleFunc("GET "+Prefix+"jobs", c.authed(c.jobs))
 	c.workflowRoutes(m)
+	c.actionRoutes(m)
 	c.mux = m
 }
 
@@ -178,13 +181,13 @@ func (c *Console) requeueOne(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
-	n, err := c.requeue(r.Context(), id, "")
+	jobs, err := jobctl.Requeue(r.Context(), c.cfg.Pool, []int64{id}, actor)
 	if err != nil {
 		back(w, r, Prefix+"deadletters/"+strconv.FormatInt(id, 10), "requeue failed: "+err.Error())
 		return
 	}
 	c.log.Info("console: dead letter requeued", "id", id, "remote", r.RemoteAddr)
-	back(w, r, Prefix+"deadletters", fmt.Sprintf("requeued %d dead letter(s) through the outbox, identities kept", n))
+	back(w, r, Prefix+"deadletters", fmt.Sprintf("requeued %d dead letter(s) through the outbox, identities kept", len(jobs)))
 }
 
 func (c *Console) requeueKind(w http.ResponseWriter, r *http.Request) {
@@ -203,7 +206,16 @@ func (c *Console) requeueKind(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) plugins(w http.ResponseWriter, r *http.Request) {
-	c.render(w, r, "plugins.html", map[string]any{"Plugins": c.cfg.Plugins(r.Context()), "Now": c.cfg.Now()})
+	list, err := pause.List(r.Context(), c.cfg.Pool)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	paused := make(map[string]pause.Paused, len(list))
+	for _, p := range list {
+		paused[p.Kind] = p
+	}
+	c.render(w, r, "plugins.html", map[string]any{"Plugins": c.cfg.Plugins(r.Context()), "Now": c.cfg.Now(), "Paused": paused})
 }
 
 func (c *Console) reload(w http.ResponseWriter, r *http.Request) {

@@ -36,6 +36,9 @@ const (
 	ActionRunNow  = "run_job_now"
 	ActionDiscard = "discard_dead_letter"
 	ActionRequeue = "requeue_dead_letter"
+	// ActionRollback is a plugin rolled back by an operator (its target
+	// the plugin's name), recorded by the admin API and the console.
+	ActionRollback = "rollback_plugin"
 )
 
 // Where a cancelled job was waiting (usher_cancel_job).
@@ -60,6 +63,19 @@ type Cancelled struct {
 	// WasPublished), or WasCancelled when it was cancelled before and
 	// nothing was recorded.
 	Was string `json:"was"`
+}
+
+// String says what the cancel did, as the CLI and the console say it.
+func (c Cancelled) String() string {
+	switch c.Was {
+	case WasCancelled:
+		return fmt.Sprintf("job %s was cancelled before: nothing more recorded", c.JobID)
+	case WasScheduled:
+		return fmt.Sprintf("cancelled job %s: its scheduled run never runs", c.JobID)
+	case WasPending:
+		return fmt.Sprintf("cancelled job %s: it was not published, and never will be", c.JobID)
+	}
+	return fmt.Sprintf("cancelled job %s: its entry waits in the stream, and the host that takes it acks it without running it", c.JobID)
 }
 
 // Cancel cancels job id before it starts, on behalf of actor (who, as the
@@ -179,6 +195,12 @@ func check(target, actor string) error {
 		return errors.New("name who acts")
 	}
 	return nil
+}
+
+// Record records an action done elsewhere (a plugin's rollback, which
+// the fleet does in memory) in operator_actions.
+func Record(ctx context.Context, db Beginner, actor, action, target, detail string) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return record(ctx, tx, actor, action, target, detail) })
 }
 
 func record(ctx context.Context, tx pgx.Tx, actor, action, target, detail string) error {

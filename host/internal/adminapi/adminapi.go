@@ -26,6 +26,7 @@ import (
 	"github.com/usherhq/usher/host/admin"
 	"github.com/usherhq/usher/host/console"
 	"github.com/usherhq/usher/host/internal/fleet"
+	"github.com/usherhq/usher/host/jobctl"
 	"github.com/usherhq/usher/host/pause"
 	"github.com/usherhq/usher/host/workflow"
 )
@@ -139,13 +140,17 @@ func (s *Server) handler(bound string) (http.Handler, error) {
 	mux.HandleFunc("GET /kinds/paused", s.servePaused)
 	mux.HandleFunc("POST /kinds/pause", s.servePause)
 	mux.HandleFunc("POST /kinds/resume", s.servePause)
+	mux.HandleFunc("POST /jobs/cancel", s.serveJobAction)
+	mux.HandleFunc("POST /jobs/run-now", s.serveJobAction)
+	mux.HandleFunc("POST /deadletters/discard", s.serveJobAction)
+	mux.HandleFunc("POST /deadletters/requeue", s.serveJobAction)
 	if s.cfg.MigrateWorkflows != nil {
 		mux.HandleFunc("POST /workflows/migrate", s.serveMigrate)
 	}
 	c, err := console.New(console.Config{
 		Pool: s.cfg.Pool, Redis: s.cfg.Redis, Stream: s.cfg.Stream, Group: s.cfg.Group,
 		Token: s.cfg.Token, ChartWindow: s.cfg.ChartWindow, ChartBucket: s.cfg.ChartBucket,
-		Plugins: s.consolePlugins, Reload: s.consoleReload, Logger: s.cfg.Logger,
+		Plugins: s.consolePlugins, Reload: s.consoleReload, Rollback: s.consoleRollback, Logger: s.cfg.Logger,
 	})
 	if err != nil {
 		return nil, err
@@ -182,7 +187,11 @@ func (s *Server) serveRollback(w http.ResponseWriter, r *http.Request) {
 	var res fleet.ReloadResult
 	err := errors.New("host: name the plugin to roll back (?name=NAME)")
 	if name := r.URL.Query().Get("name"); name != "" {
-		res, err = s.cfg.Fleet.Rollback(context.WithoutCancel(r.Context()), name)
+		ctx := context.WithoutCancel(r.Context())
+		res, err = s.cfg.Fleet.Rollback(ctx, name)
+		if err == nil {
+			err = jobctl.Record(ctx, s.cfg.Pool, actorOf(r), jobctl.ActionRollback, name, fmt.Sprintf("%s → %s", res.From, res.To))
+		}
 	}
 	if res.Action != "" {
 		resp.Results = []fleet.ReloadResult{res}
@@ -236,6 +245,11 @@ func (s *Server) consolePlugins(ctx context.Context) []console.Plugin {
 	return out
 }
 
+func (s *Server) consoleRollback(ctx context.Context, name string) (console.ReloadResult, error) {
+	r, err := s.cfg.Fleet.Rollback(ctx, name)
+	return console.ReloadResult{Plugin: r.Plugin, Action: r.Action, From: r.From, To: r.To, Error: r.Error}, err
+}
+
 func (s *Server) consoleReload(ctx context.Context, name string) ([]console.ReloadResult, error) {
 	res, err := s.cfg.Fleet.Reload(ctx, name)
 	out := make([]console.ReloadResult, 0, len(res))
@@ -261,11 +275,7 @@ type PauseResponse struct {
 func (s *Server) servePause(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	resp := PauseResponse{Kind: q.Get("kind")}
-	by := strings.TrimSpace(q.Get("by"))
-	if by == "" {
-		by = "admin API"
-	}
-	actor := fmt.Sprintf("%.200s via the admin API from %s", by, r.RemoteAddr)
+	actor := actorOf(r)
 	ctx := context.WithoutCancel(r.Context())
 	var err error
 	if strings.HasSuffix(r.URL.Path, "/pause") {
@@ -295,4 +305,69 @@ func (s *Server) servePaused(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(list)
+}
+
+// actorOf is who acts through the admin API, as operator_actions records
+// it: ?by=WHO (default "admin API") and the caller's address.
+func actorOf(r *http.Request) string {
+	by := strings.TrimSpace(r.URL.Query().Get("by"))
+	if by == "" {
+		by = "admin API"
+	}
+	return fmt.Sprintf("%.200s via the admin API from %s", by, r.RemoteAddr)
+}
+
+// JobActionResponse is the admin API's answer to POST /jobs/cancel,
+// /jobs/run-now, /deadletters/discard and /deadletters/requeue: what was
+// done (Message, as the CLI prints it), or Error with 422.
+type JobActionResponse struct {
+	// Jobs are the jobs acted on.
+	Jobs    []string `json:"jobs,omitempty"`
+	Message string   `json:"message,omitempty"`
+	Error   string   `json:"error,omitempty"`
+}
+
+// serveJobAction is POST /jobs/cancel?id=JOB[&reason=WHY],
+// /jobs/run-now?id=JOB, /deadletters/discard?id=LETTER[&reason=WHY] and
+// /deadletters/requeue?id=LETTER[&id=LETTER...] (all or none), each
+// with [&by=WHO]: host/jobctl's actions, recorded as by via the admin API
+// from the caller's address.
+func (s *Server) serveJobAction(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	ctx := context.WithoutCancel(r.Context())
+	actor := actorOf(r)
+	var resp JobActionResponse
+	var err error
+	switch r.URL.Path {
+	case "/jobs/cancel":
+		var c jobctl.Cancelled
+		c, err = jobctl.Cancel(ctx, s.cfg.Pool, q.Get("id"), actor, q.Get("reason"))
+		resp.Jobs, resp.Message = []string{c.JobID}, c.String()
+	case "/jobs/run-now":
+		var was time.Time
+		was, err = jobctl.RunNow(ctx, s.cfg.Pool, q.Get("id"), actor)
+		resp.Jobs, resp.Message = []string{q.Get("id")}, fmt.Sprintf("job %s is due now (was due %s)", q.Get("id"), was.UTC().Format(time.RFC3339))
+	case "/deadletters/discard":
+		var ids []int64
+		if ids, err = jobctl.ParseIDs(q["id"]); err == nil && len(ids) != 1 {
+			err = errors.New("host: discard takes one dead letter (?id=ID)")
+		}
+		if err == nil {
+			var job string
+			job, err = jobctl.Discard(ctx, s.cfg.Pool, ids[0], actor, q.Get("reason"))
+			resp.Jobs, resp.Message = []string{job}, fmt.Sprintf("discarded dead letter %d of job %s: kept in its history, no longer open", ids[0], job)
+		}
+	default: // /deadletters/requeue
+		var ids []int64
+		if ids, err = jobctl.ParseIDs(q["id"]); err == nil {
+			resp.Jobs, err = jobctl.Requeue(ctx, s.cfg.Pool, ids, actor)
+			resp.Message = fmt.Sprintf("requeued %d dead letter(s) through the outbox, identities kept", len(resp.Jobs))
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		resp = JobActionResponse{Error: err.Error()}
+		w.WriteHeader(http.StatusUnprocessableEntity)
+	}
+	_ = json.NewEncoder(w).Encode(resp)
 }
