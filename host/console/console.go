@@ -34,7 +34,7 @@ type Plugin struct {
 	Parked           int64
 	// InFlight is its jobs running on this host now.
 	InFlight int64
-	Kinds    []string
+	Kinds    []PluginKind
 	// Previous is the version a rollback would go back to;
 	// ProbationUntil, while set, when the running version stops being
 	// judged for an automatic rollback.
@@ -48,6 +48,9 @@ type Plugin struct {
 	// newest first.
 	Swaps []swaps.Swap
 }
+
+// PluginKind is a kind a plugin serves, with its guard.
+type PluginKind struct{ Kind, Guard string }
 
 // ReloadResult is what a reload did to one plugin.
 type ReloadResult struct {

@@ -211,9 +211,9 @@ func (c *Console) plugins(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	paused := make(map[string]pause.Paused, len(list))
-	for _, p := range list {
-		paused[p.Kind] = p
+	paused := make(map[string]*pause.Paused, len(list))
+	for i := range list {
+		paused[list[i].Kind] = &list[i]
 	}
 	c.render(w, r, "plugins.html", map[string]any{"Plugins": c.cfg.Plugins(r.Context()), "Now": c.cfg.Now(), "Paused": paused})
 }

@@ -235,8 +235,16 @@ func (s *Server) consolePlugins(ctx context.Context) []console.Plugin {
 	var out []console.Plugin
 	for _, p := range s.cfg.Fleet.PluginReport(ctx) {
 		cp := console.Plugin{Name: p.Name, Version: p.Version, Manifest: p.Manifest, SHA256: p.SHA256, Pid: p.Pid,
-			Healthy: p.Healthy, Restarts: p.Restarts, Parked: p.Parked, InFlight: p.InFlight, Kinds: p.Kinds, Swaps: p.Swaps, Previous: p.Previous,
+			Healthy: p.Healthy, Restarts: p.Restarts, Parked: p.Parked, InFlight: p.InFlight, Swaps: p.Swaps, Previous: p.Previous,
 			ProbationUntil: p.ProbationUntil, Refused: p.Refused, RefusedReason: p.RefusedReason}
+		for _, k := range p.Kinds {
+			// "kind (guard)", as PluginStatus reports it.
+			pk := console.PluginKind{Kind: k}
+			if i := strings.LastIndex(k, " ("); i > 0 && strings.HasSuffix(k, ")") {
+				pk = console.PluginKind{Kind: k[:i], Guard: k[i+2 : len(k)-1]}
+			}
+			cp.Kinds = append(cp.Kinds, pk)
+		}
 		if r := p.LastRollback; r != nil {
 			cp.LastRollback = fmt.Sprintf("%s → %s at %s (%s: %s)", r.From, r.To, r.At.UTC().Format("2006-01-02 15:04:05Z"), r.Cause, r.Reason)
 		}
