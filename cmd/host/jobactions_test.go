@@ -119,3 +119,44 @@ func TestJobActionsCLI(t *testing.T) {
 		"3 cancels, a run-now, 2 requeues, a discard (the repeat and the refusals record nothing)")
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM operator_actions WHERE target = $1 AND actor = 'ada'`, published))
 }
+
+// The README's job actions, run as written by sh on a fresh database:
+// job 1 an outbox row not yet published, job 2 waiting to retry, dead
+// letters 1 to 3.
+func TestREADMEJobActions(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, dbURL := hosttest.DB(t)
+	for i := 1; i <= 2; i++ {
+		_, err := outbox.Add(ctx, pool, outbox.Message{Kind: "update_sales_counter", Payload: json.RawMessage(fmt.Sprintf(`{"order_id":%d}`, i))})
+		require.NoError(t, err)
+	}
+	_, err := pool.Exec(ctx, `UPDATE outbox SET published_at = now(), started_at = now(), done_at = now(), outcome = 'retry_scheduled' WHERE id = 2`)
+	require.NoError(t, err)
+	_, err = schedule.Add(ctx, pool, schedule.Run{JobID: "2", Attempt: 1, Kind: "update_sales_counter", Payload: json.RawMessage(`{"order_id":2}`),
+		Reason: "provider busy", RunAt: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	for i := range 3 {
+		_, err := deadletter.Add(ctx, pool, deadletter.Letter{JobID: fmt.Sprintf("dl-%d", i), Kind: "update_sales_counter",
+			Payload: []byte(`{"order_id":9}`), Reason: "permanent: no such order", Attempts: 1, StreamID: fmt.Sprintf("1-%d", i)})
+		require.NoError(t, err)
+	}
+	dir := binDir(t)
+	env := []string{"DATABASE_URL=" + dbURL, "USER=ada"}
+	lines := readmeBlock(t, "**Act on a job.**", "sh")
+	require.Len(t, lines, 5)
+	for i, want := range []string{
+		"cancelled job 1: it was not published, and never will be",
+		"job 2 is due now (was due ",
+		"requeued 2 dead letter(s)",
+		"discarded dead letter 3 of job dl-2: kept in its history, no longer open",
+		"cancel_job",
+	} {
+		require.Contains(t, readmeShell(t, dir, env, lines[i]), want, lines[i])
+	}
+	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE id = 1 AND outcome = 'cancelled'`))
+	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM scheduled_jobs WHERE job_id = '2' AND run_at <= now()`))
+	require.EqualValues(t, 2, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NOT NULL`))
+	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE id = 3 AND discard_reason = 'test order'`))
+	require.EqualValues(t, 5, hosttest.Count(t, pool, `SELECT count(*) FROM operator_actions WHERE actor LIKE 'ada@%'`))
+}

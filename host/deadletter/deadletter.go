@@ -191,7 +191,7 @@ func RequeueIDs(ctx context.Context, tx pgx.Tx, ids []int64) ([]Requeued, error)
 				missing = append(missing, strconv.FormatInt(id, 10))
 			}
 		}
-		return nil, fmt.Errorf("deadletter: no open dead letter %s (requeued, discarded or forged letters are never requeued); nothing requeued",
+		return nil, fmt.Errorf("deadletter: no open dead letter %s (a requeued or discarded letter is not open; forged entries are never requeued); nothing requeued",
 			strings.Join(missing, ", "))
 	}
 	order := make(map[int64]int, len(ids))
