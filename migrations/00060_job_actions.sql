@@ -20,6 +20,7 @@
 -- the outbox row's lock, so either the start or the cancel comes first and
 -- the other sees it: a job is never both cancelled and run. A run that
 -- started finishes under its guard; the cancel says so and changes nothing.
+-- A job cancelled before its first run frees its deduplication key.
 
 ALTER TABLE outbox ADD COLUMN started_at timestamptz;
 
@@ -93,6 +94,9 @@ BEGIN
     END IF;
     UPDATE outbox SET done_at = now(), outcome = 'cancelled', published_at = coalesce(published_at, now())
         WHERE id = o.id;
+    -- A cancelled job holds no deduplication key: the same key enqueues
+    -- again (as River's unique jobs leave cancelled ones out).
+    DELETE FROM job_dedup_keys WHERE kind = o.kind AND outbox_id = v_row_id;
     RETURN CASE WHEN o.published_at IS NULL THEN 'pending' ELSE 'published' END;
 END
 $$;

@@ -103,6 +103,19 @@ func TestJobActionsCLI(t *testing.T) {
 		}
 	}
 
+	// A cancelled job frees its deduplication key: the same key enqueues
+	// a new job.
+	keyed := runHost(t, bin, env, "jobs", "enqueue", "update_sales_counter", `{"order_id":8}`, "--dedup-key", "order-8", "--json")
+	require.Zero(t, keyed.code, keyed.stderr)
+	var first enqueued
+	require.NoError(t, json.Unmarshal([]byte(keyed.stdout), &first))
+	require.Zero(t, runHost(t, bin, env, "jobs", "cancel", strconv.FormatInt(first.ID, 10)).code)
+	again := runHost(t, bin, env, "jobs", "enqueue", "update_sales_counter", `{"order_id":8}`, "--dedup-key", "order-8", "--json")
+	var second enqueued
+	require.NoError(t, json.Unmarshal([]byte(again.stdout), &second))
+	require.False(t, second.Duplicate, again.stdout)
+	require.NotEqual(t, first.ID, second.ID)
+
 	// The database: each cancel settled where the job waited, the host's
 	// start refuses the cancelled entry, the scheduled runs moved or due.
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE id = $1 AND outcome = 'cancelled' AND published_at IS NOT NULL AND started_at IS NULL`, pending))
@@ -115,8 +128,8 @@ func TestJobActionsCLI(t *testing.T) {
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM scheduled_jobs WHERE job_id = $1 AND run_at <= now() AND enqueued_at IS NULL`, soon))
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE id = $1 AND discarded_at IS NOT NULL AND discard_reason = 'test order'`, letters[2]))
 	require.EqualValues(t, 2, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE job_id IN ('dl-0', 'dl-1')`))
-	require.EqualValues(t, 7, hosttest.Count(t, pool, `SELECT count(*) FROM operator_actions`),
-		"3 cancels, a run-now, 2 requeues, a discard (the repeat and the refusals record nothing)")
+	require.EqualValues(t, 8, hosttest.Count(t, pool, `SELECT count(*) FROM operator_actions`),
+		"4 cancels, a run-now, 2 requeues, a discard (the repeat and the refusals record nothing)")
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM operator_actions WHERE target = $1 AND actor = 'ada'`, published))
 }
 
