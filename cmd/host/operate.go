@@ -332,7 +332,7 @@ func (cl *cli) deadLettersRequeue(fs *flag.FlagSet) runner {
 	conn := &connFlags{}
 	conn.registerDB(fs)
 	kind := fs.String("kind", "", "requeue every open letter of this kind (instead of IDs)")
-	by := fs.String("by", actingOperator(), "who acts, as the operator actions record it (requeue by ID)")
+	by := fs.String("by", actingOperator(), "who acts, as the operator actions record it")
 	return func(ctx context.Context, pos []string) error {
 		var ids []int64
 		switch {
@@ -347,23 +347,17 @@ func (cl *cli) deadLettersRequeue(fs *flag.FlagSet) runner {
 			}
 		}
 		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
-			var n int
+			var jobs []string
 			var err error
 			if len(ids) > 0 {
-				var jobs []string
 				jobs, err = jobctl.Requeue(ctx, pool, ids, *by)
-				n = len(jobs)
 			} else {
-				err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					var err error
-					n, err = deadletter.Requeue(ctx, tx, 0, *kind)
-					return err
-				})
+				jobs, err = jobctl.RequeueKind(ctx, pool, *kind, *by)
 			}
 			if err != nil {
 				return err
 			}
-			_, err = fmt.Fprintf(cl.stdout, "requeued %d dead letter(s) through the outbox, identities kept\n", n)
+			_, err = fmt.Fprintf(cl.stdout, "requeued %d dead letter(s) through the outbox, identities kept\n", len(jobs))
 			return err
 		})
 	}

@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/jobctl"
@@ -163,18 +161,6 @@ func (c *Console) deadLetter(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "deadletter.html", map[string]any{"L": l, "Forged": deadletter.ForgedKind})
 }
 
-// requeue runs deadletter.Requeue in a transaction, as `host deadletters
-// requeue` does.
-func (c *Console) requeue(ctx context.Context, id int64, kind string) (int, error) {
-	var n int
-	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
-		var err error
-		n, err = deadletter.Requeue(ctx, tx, id, kind)
-		return err
-	})
-	return n, err
-}
-
 func (c *Console) requeueOne(w http.ResponseWriter, r *http.Request) {
 	id, err := letterID(r)
 	if err != nil {
@@ -196,7 +182,8 @@ func (c *Console) requeueKind(w http.ResponseWriter, r *http.Request) {
 		back(w, r, Prefix+"deadletters", "requeue by kind needs a kind")
 		return
 	}
-	n, err := c.requeue(r.Context(), 0, kind)
+	jobs, err := jobctl.RequeueKind(r.Context(), c.cfg.Pool, kind, actor)
+	n := len(jobs)
 	if err != nil {
 		back(w, r, Prefix+"deadletters?kind="+url.QueryEscape(kind), "requeue failed: "+err.Error())
 		return

@@ -160,8 +160,17 @@ func Requeue(ctx context.Context, tx pgx.Tx, id int64, kind string) (int, error)
 		l, err := RequeueIDs(ctx, tx, []int64{id})
 		return len(l), err
 	}
-	l, err := requeue(ctx, tx, `kind = $1`, kind)
+	l, err := RequeueKind(ctx, tx, kind)
 	return len(l), err
+}
+
+// RequeueKind requeues every open letter of kind as Requeue does and
+// returns them.
+func RequeueKind(ctx context.Context, tx pgx.Tx, kind string) ([]Requeued, error) {
+	if kind == "" {
+		return nil, errors.New("deadletter: requeue needs a kind")
+	}
+	return requeue(ctx, tx, `kind = $1`, kind)
 }
 
 // Requeued is a letter Requeue put back.

@@ -152,8 +152,21 @@ func Requeue(ctx context.Context, db Beginner, ids []int64, actor string) (jobID
 	if len(ids) == 0 {
 		return nil, errors.New("requeue: name at least one dead letter")
 	}
+	return requeue(ctx, db, actor, func(tx pgx.Tx) ([]deadletter.Requeued, error) { return deadletter.RequeueIDs(ctx, tx, ids) })
+}
+
+// RequeueKind puts every open dead letter of kind back as Requeue does,
+// on behalf of actor, and returns their job ids.
+func RequeueKind(ctx context.Context, db Beginner, kind, actor string) (jobIDs []string, err error) {
+	if err := check(kind, actor); err != nil {
+		return nil, err
+	}
+	return requeue(ctx, db, actor, func(tx pgx.Tx) ([]deadletter.Requeued, error) { return deadletter.RequeueKind(ctx, tx, kind) })
+}
+
+func requeue(ctx context.Context, db Beginner, actor string, put func(pgx.Tx) ([]deadletter.Requeued, error)) (jobIDs []string, err error) {
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		letters, err := deadletter.RequeueIDs(ctx, tx, ids)
+		letters, err := put(tx)
 		if err != nil {
 			return err
 		}
