@@ -224,9 +224,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		JobTimeout: cfg.JobTimeout, StalledAfter: cfg.StalledAfter, UnknownKindWait: cfg.UnknownKindWait,
 		Routes: h.fleet.Routes(), Fleet: h.fleet, Pending: pending, Redelivery: h.redispatcher, Settler: settler, Runner: jobs,
 		Paused: h.pauses.Paused, Limits: h.limits, Detach: h.consumer.Detach,
-		Start: func(ctx context.Context, outboxID int64, jobID string, step bool) (bool, error) {
-			return jobctl.Start(ctx, h.pool, outboxID, jobID, step)
-		}, Metrics: h.metrics, Tracer: telemetry.NewTracer(), Logger: h.log,
+		Start: jobctl.NewStarter(h.pool).Start, Metrics: h.metrics, Tracer: telemetry.NewTracer(), Logger: h.log,
 	})
 	if err != nil {
 		return err

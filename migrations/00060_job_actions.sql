@@ -16,7 +16,8 @@
 --     it: settled cancelled; the host that takes the entry asks
 --     usher_job_start, which answers false, and acks it without running.
 -- A host marks a delivery started (usher_job_start, before its handler is
--- called, in the one round trip a workflow step already made). Both take
+-- called; the deliveries it starts at once in one round trip,
+-- usher_jobs_start, which a workflow step's check is part of). Both take
 -- the outbox row's lock, so either the start or the cancel comes first and
 -- the other sees it: a job is never both cancelled and run. A run that
 -- started finishes under its guard; the cancel says so and changes nothing.
@@ -181,12 +182,31 @@ $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
+-- usher_job_start for the deliveries a host is about to run at once (one
+-- round trip for all of them), answered in the order given. The rows are
+-- taken in outbox id order, so two hosts' batches lock them in one order.
+CREATE FUNCTION usher_jobs_start(p_outbox_ids bigint[], p_job_ids text[], p_steps boolean[])
+RETURNS boolean[] LANGUAGE plpgsql AS $$
+DECLARE
+    v_run boolean[] := array_fill(true, ARRAY[coalesce(array_length(p_outbox_ids, 1), 0)]);
+    i     bigint;
+BEGIN
+    FOR i IN SELECT u.n FROM unnest(p_outbox_ids) WITH ORDINALITY AS u(id, n) ORDER BY u.id, u.n LOOP
+        v_run[i] := usher_job_start(p_outbox_ids[i], p_job_ids[i], p_steps[i]);
+    END LOOP;
+    RETURN v_run;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
 DO $$
 DECLARE
     f text;
 BEGIN
     FOREACH f IN ARRAY ARRAY['usher_cancel_job(text, text)', 'usher_run_job_now(text)',
-                             'usher_discard_dead_letter(bigint, text)', 'usher_job_start(bigint, text, boolean)'] LOOP
+                             'usher_discard_dead_letter(bigint, text)', 'usher_job_start(bigint, text, boolean)',
+                             'usher_jobs_start(bigint[], text[], boolean[])'] LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f, current_schema());
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;
@@ -195,6 +215,7 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
+DROP FUNCTION usher_jobs_start(bigint[], text[], boolean[]);
 DROP FUNCTION usher_job_start(bigint, text, boolean);
 DROP FUNCTION usher_discard_dead_letter(bigint, text);
 DROP FUNCTION usher_run_job_now(text);

@@ -180,13 +180,14 @@ func TestJobActionFunctionsArePrivate(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool, _ := hosttest.DB(t)
-	funcs := []string{"usher_cancel_job", "usher_run_job_now", "usher_discard_dead_letter", "usher_job_start"}
+	funcs := []string{"usher_cancel_job", "usher_run_job_now", "usher_discard_dead_letter", "usher_job_start", "usher_jobs_start"}
 	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
 		WHERE p.proname = ANY($1) AND a.grantee = 0`, funcs), "PUBLIC has no EXECUTE")
 	require.EqualValues(t, len(funcs), hosttest.Count(t, pool, `SELECT count(*) FROM pg_proc WHERE proname = ANY($1)`, funcs))
 	plugin := hosttest.RawPool(t, pool, 1)
 	for _, call := range []string{`SELECT usher_cancel_job('1', '')`, `SELECT usher_run_job_now('1')`,
-		`SELECT usher_discard_dead_letter(1, '')`, `SELECT usher_job_start(1, '1', false)`} {
+		`SELECT usher_discard_dead_letter(1, '')`, `SELECT usher_job_start(1, '1', false)`,
+		`SELECT usher_jobs_start('{1}', '{1}', '{false}')`} {
 		_, err := plugin.Exec(ctx, call)
 		require.ErrorContains(t, err, "permission denied for function", call)
 	}

@@ -26,7 +26,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/usherhq/usher/host/deadletter"
-	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pause"
 )
 
@@ -229,17 +228,4 @@ func plain(err error) error {
 		return errors.New(pg.Message)
 	}
 	return err
-}
-
-// Start marks the delivery of outbox row outboxID (job jobID, a workflow
-// step when step) started, before a host runs it, and reports whether it
-// may run: false when the job, or the step, was cancelled before it
-// started (usher_job_start). One round trip, a workflow step's check
-// included. From here on a cancel leaves the run to finish.
-func Start(ctx context.Context, q outbox.Querier, outboxID int64, jobID string, step bool) (bool, error) {
-	var run bool
-	if err := q.QueryRow(ctx, `SELECT usher_job_start($1, $2, $3)`, outboxID, jobID, step).Scan(&run); err != nil {
-		return false, fmt.Errorf("job %s: start: %w", jobID, err)
-	}
-	return run, nil
 }
