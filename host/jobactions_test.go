@@ -15,8 +15,9 @@ import (
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 )
 
-// A cancel through the admin API of a job whose run has started is
-// refused with why, and the run finishes under its guard, applied once;
+// A cancel through the admin API of a job whose run has started (its
+// entry is on the stream) is refused with why, and the run finishes under
+// its guard, applied once;
 // the job actions want the token, refuse bad input with 422 and a clear
 // error, and record who acted.
 func TestJobActionsAdminAPI(t *testing.T) {
@@ -46,7 +47,7 @@ func TestJobActionsAdminAPI(t *testing.T) {
 	b.held(t, "counter.before_apply", jobID)
 	code, body := call("/jobs/cancel?id="+jobID+"&by=ops", true)
 	require.Equal(t, 422, code, body)
-	require.Contains(t, body, "job "+jobID+" started at ")
+	require.Contains(t, body, "job "+jobID+" is on the stream")
 	require.Contains(t, body, "finishes under its guard")
 	b.waitDrained(t, 1)
 	b.requireCounters(t, want)

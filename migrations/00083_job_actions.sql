@@ -6,21 +6,19 @@
 -- calls them and records who acted in operator_actions, in the same
 -- transaction.
 --
--- A job is cancelled wherever it waits:
+-- A job is cancelled where it waits before any host can have it:
 --   * a scheduled run (scheduled_jobs, not yet due or not yet moved):
 --     it is moved to the outbox already settled cancelled, so the
---     scheduler never enqueues it;
+--     scheduler never enqueues it (both take the row FOR UPDATE);
 --   * an outbox row not yet published: settled cancelled and taken out
---     of the relay's queue (published_at is set: no entry is ever added);
---   * an outbox row published, its entry in the stream, no host started
---     it: settled cancelled; the host that takes the entry asks
---     usher_job_start, which answers false, and acks it without running.
--- A host marks a delivery started (usher_job_start, before its handler is
--- called; the deliveries it starts at once in one round trip,
--- usher_jobs_start, which a workflow step's check is part of). Both take
--- the outbox row's lock, so either the start or the cancel comes first and
--- the other sees it: a job is never both cancelled and run. A run that
--- started finishes under its guard; the cancel says so and changes nothing.
+--     of the relay's queue (published_at is set: no entry is ever added;
+--     the relay takes its rows FOR UPDATE SKIP LOCKED, so a cancel waits
+--     for a relay publishing the row and then sees it published).
+-- A job whose entry is on the stream is refused: a host may be starting
+-- it. Telling "not started" from "started" there would cost every job a
+-- write before its handler runs (a start mark under the row's lock),
+-- measured at 20-30 % of the counters' throughput (issue 28's note); a
+-- workflow step pays it (usher_job_start, for steps only), a job does not.
 -- A job cancelled before its first run frees its deduplication key.
 
 ALTER TABLE outbox ADD COLUMN started_at timestamptz;
@@ -34,11 +32,11 @@ CREATE INDEX dead_letters_open ON dead_letters (kind, id) WHERE requeued_at IS N
 
 -- +goose StatementBegin
 -- Cancel job p_job_id (its identity: the first outbox row's id, or a
--- scheduled job's minted id) before it starts. Returns where it waited:
--- 'scheduled', 'pending' (not published) or 'published' (in the stream);
--- 'already' when it was cancelled before (nothing changes). Raises, with
--- the reason, for a job that does not exist, started, ended, is
--- dead-lettered, or is a workflow's (cancel the workflow instead).
+-- scheduled job's minted id) before any host has it. Returns where it
+-- waited: 'scheduled' or 'pending' (not published); 'already' when it was
+-- cancelled before (nothing changes). Raises, with the reason, for a job
+-- that does not exist, is on the stream, ended, is dead-lettered, or is a
+-- workflow's (cancel the workflow instead).
 CREATE FUNCTION usher_cancel_job(p_job_id text, p_reason text DEFAULT '')
 RETURNS text LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
@@ -89,16 +87,16 @@ BEGIN
         RAISE EXCEPTION 'job % has ended (%): there is nothing left to cancel', p_job_id, o.outcome
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    IF o.started_at IS NOT NULL THEN
-        RAISE EXCEPTION 'job % started at % on a host: a run already started finishes under its guard, and is not cancelled', p_job_id, o.started_at
+    IF o.published_at IS NOT NULL THEN
+        RAISE EXCEPTION 'job % is on the stream (published at %): a host may have started it, and a run finishes under its guard; to hold its delivery, pause its kind (host kinds pause %)', p_job_id, o.published_at, o.kind
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    UPDATE outbox SET done_at = now(), outcome = 'cancelled', published_at = coalesce(published_at, now())
+    UPDATE outbox SET done_at = now(), outcome = 'cancelled', published_at = now()
         WHERE id = o.id;
     -- A cancelled job holds no deduplication key: the same key enqueues
     -- again (as River's unique jobs leave cancelled ones out).
     DELETE FROM job_dedup_keys WHERE kind = o.kind AND outbox_id = v_row_id;
-    RETURN CASE WHEN o.published_at IS NULL THEN 'pending' ELSE 'published' END;
+    RETURN 'pending';
 END
 $$;
 -- +goose StatementEnd

@@ -1,5 +1,5 @@
 // Package jobctl is what an operator does to one job or dead letter:
-// cancel a job that has not started, run a scheduled job now, discard a
+// cancel a job no host has yet, run a scheduled job now, discard a
 // dead letter, requeue a chosen set of dead letters. The CLI (`host jobs
 // cancel|run-now`, `host deadletters discard|requeue`), the admin API and
 // the console all call these functions. Each action commits with its row
@@ -7,10 +7,12 @@
 // `host jobs show` and the console's job page list it with the job's
 // deliveries), in one transaction.
 //
-// Cancel is final before a job starts and changes nothing after: the
-// database decides (usher_cancel_job and the host's usher_job_start take
-// the same row lock), so a job is never both cancelled and run, and a run
-// already started finishes under its guard.
+// Cancel is final while a job waits where no host can have it (a
+// scheduled run, an outbox row the relay has not published: the cancel
+// and the scheduler or relay take the same row lock), so a job is never
+// both cancelled and run. A job whose entry is on the stream is refused,
+// with how to hold it instead (pause its kind): a host may be starting it,
+// and telling that apart would cost every job a write before it runs.
 package jobctl
 
 import (
@@ -46,8 +48,6 @@ const (
 	WasScheduled = "scheduled"
 	// WasPending: an outbox row the relay had not published.
 	WasPending = "pending"
-	// WasPublished: its entry was in the stream, not started by any host.
-	WasPublished = "published"
 	// WasCancelled: it was cancelled before; nothing changed.
 	WasCancelled = "already"
 )
@@ -58,9 +58,8 @@ type Beginner = pause.Beginner
 // Cancelled is what Cancel did.
 type Cancelled struct {
 	JobID string `json:"job_id"`
-	// Was is where the job waited (WasScheduled, WasPending,
-	// WasPublished), or WasCancelled when it was cancelled before and
-	// nothing was recorded.
+	// Was is where the job waited (WasScheduled, WasPending), or
+	// WasCancelled when it was cancelled before and nothing was recorded.
 	Was string `json:"was"`
 }
 
@@ -71,16 +70,15 @@ func (c Cancelled) String() string {
 		return fmt.Sprintf("job %s was cancelled before: nothing more recorded", c.JobID)
 	case WasScheduled:
 		return fmt.Sprintf("cancelled job %s: its scheduled run never runs", c.JobID)
-	case WasPending:
-		return fmt.Sprintf("cancelled job %s: it was not published, and never will be", c.JobID)
 	}
-	return fmt.Sprintf("cancelled job %s: its entry waits in the stream, and the host that takes it acks it without running it", c.JobID)
+	return fmt.Sprintf("cancelled job %s: it was not published, and never will be", c.JobID)
 }
 
-// Cancel cancels job id before it starts, on behalf of actor (who, as the
-// tool names them: required), with reason. It fails, with why, for a job
-// that does not exist, already started (it finishes under its guard),
-// ended, is dead-lettered, or belongs to a workflow.
+// Cancel cancels job id before any host has it, on behalf of actor (who,
+// as the tool names them: required), with reason. It fails, with why, for
+// a job that does not exist, is on the stream (a host may be running it;
+// it finishes under its guard), ended, is dead-lettered, or belongs to a
+// workflow.
 func Cancel(ctx context.Context, db Beginner, id, actor, reason string) (Cancelled, error) {
 	c := Cancelled{JobID: id}
 	if err := check(id, actor); err != nil {

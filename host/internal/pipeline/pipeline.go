@@ -119,10 +119,12 @@ type Config struct {
 	// every host (limits.Limiter): an entry held back is parked until a
 	// permit or a token is free. Optional (nil: no limits).
 	Limits Limits
-	// Start is asked before a delivery runs (jobctl.Start), in one round
-	// trip: false when its job (or, for a workflow step, its step) was
-	// cancelled before it started, and then no handler runs; from then
-	// on a cancel leaves it to finish. Optional (nil: every job runs).
+	// Start is asked before a workflow step's delivery runs
+	// (jobctl.Start, the concurrent ones in one round trip): false when
+	// its workflow cancelled the step before it started, and then no
+	// handler runs; from then on a cancel leaves it to finish. A job that
+	// is not a step is never asked: an operator cancels only a job no host
+	// has yet (jobctl.Cancel). Optional (nil: every step runs).
 	Start func(ctx context.Context, outboxID int64, jobID string, step bool) (bool, error)
 	// Detach gives the slot of the running entry named key (its
 	// stream.Entry.Key) back to the consumer (stream.Consumer.Detach).
@@ -299,7 +301,7 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 			p.clearCrashes(ctx, e)
 		}
 	}()
-	if p.cfg.Start != nil && (e.OutboxID > 0 || e.Step) {
+	if p.cfg.Start != nil && e.Step {
 		run, err := p.cfg.Start(ctx, e.OutboxID, e.JobID, e.Step)
 		if err != nil {
 			d.Arrive()
@@ -309,11 +311,7 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 		if !run {
 			// Cancelled before it started: settled, and nothing runs.
 			d.Arrive()
-			why := "an operator cancelled the job before it started"
-			if e.Step {
-				why = "its workflow cancelled the step before it started"
-			}
-			d.Verdict(outcome.Cancelled, why, "")
+			d.Verdict(outcome.Cancelled, "its workflow cancelled the step before it started", "")
 			return step{outcome: outcome.Cancelled, ack: true}
 		}
 	}
