@@ -25,6 +25,7 @@ import (
 	"github.com/usherhq/usher/host/internal/pipeline"
 	"github.com/usherhq/usher/host/internal/settle"
 	"github.com/usherhq/usher/host/internal/telemetry"
+	"github.com/usherhq/usher/host/jobctl"
 	"github.com/usherhq/usher/host/limits"
 	"github.com/usherhq/usher/host/ops"
 	"github.com/usherhq/usher/host/outbox"
@@ -235,7 +236,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		JobTimeout: cfg.JobTimeout, StalledAfter: cfg.StalledAfter, UnknownKindWait: cfg.UnknownKindWait,
 		Routes: h.fleet.Routes(), Fleet: h.fleet, Pending: pending, Redelivery: h.redispatcher, Settler: settler, Runner: jobs,
 		Paused: h.pauses.Paused, Limits: h.limits, Detach: h.consumer.Detach,
-		StepStart: func(ctx context.Context, jobID string) (bool, error) { return workflow.StepStart(ctx, h.pool, jobID) }, Metrics: h.metrics, Tracer: telemetry.NewTracer(), Logger: h.log,
+		Start: jobctl.NewStarter(h.pool).Start, Metrics: h.metrics, Tracer: telemetry.NewTracer(), Logger: h.log,
 	})
 	if err != nil {
 		return err

@@ -55,7 +55,7 @@ func TestPauseTwoHostsLosesNothing(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(body), &resp))
 	require.True(t, resp.Paused && resp.Changed, body)
 	for _, h := range hosts {
-		hosttest.Eventually(t, 5*time.Second, "the pause to reach every host", func() bool { return h.KindPausedForTest(counterKind) })
+		hosttest.Eventually(t, 5*time.Second, "the pause to reach every host", func() bool { return h.Paused(counterKind) })
 	}
 
 	more := b.placeOrders(t, 40, 3)

@@ -65,6 +65,11 @@ func (h *Host) LoadInProcess(ctx context.Context, name string, serve func(usherv
 // Kinds lists the kinds this host serves.
 func (h *Host) Kinds() []string { return h.fleet.Kinds() }
 
+// Paused reports whether this host holds kind paused now (its pause
+// watcher's last read, at most PausePollInterval old): its deliveries
+// wait in the stream.
+func (h *Host) Paused(kind string) bool { return h.pauses.Paused(kind) }
+
 // Plugins reports the loaded plugins.
 func (h *Host) Plugins() []PluginStatus { return h.fleet.Plugins() }
 

@@ -98,7 +98,24 @@ func printJob(out io.Writer, j *history.Job) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	return printHistory(out, "", j.History)
+	if err := printHistory(out, "", j.History); err != nil {
+		return err
+	}
+	return printActions(out, j)
+}
+
+// printActions prints what operators did to j, when they did anything.
+func printActions(out io.Writer, j *history.Job) error {
+	if len(j.Actions) == 0 {
+		return nil
+	}
+	fmt.Fprintln(out, "operator actions")
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "AT\tACTION\tBY\tDB USER\tDETAIL")
+	for _, a := range j.Actions {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", a.At.UTC().Format(time.RFC3339), a.Action, a.Actor, a.DBUser, dash(truncate(a.Detail, 120)))
+	}
+	return w.Flush()
 }
 
 // stateText is a job's state with what explains it.
@@ -108,6 +125,8 @@ func stateText(j *history.Job) string {
 		return fmt.Sprintf("%s (due %s)", j.State, j.RetryAt.UTC().Format(time.RFC3339))
 	case j.State == history.DeadLetteredState:
 		return fmt.Sprintf("%s (dead letter %d: %s)", j.State, j.DeadLetter, truncate(j.DeadLetterReason, 100))
+	case j.State == history.Discarded:
+		return fmt.Sprintf("%s (dead letter %d, kept: %s)", j.State, j.DeadLetter, truncate(j.DeadLetterReason, 100))
 	}
 	return j.State
 }

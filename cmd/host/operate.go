@@ -19,6 +19,7 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/deadletter"
+	"github.com/usherhq/usher/host/jobctl"
 	"github.com/usherhq/usher/host/ops"
 	"github.com/usherhq/usher/host/sandbox"
 )
@@ -195,7 +196,8 @@ func (cl *cli) deadLetterCommands() []*command {
 	return []*command{
 		{name: "list", summary: "the open dead letters, oldest first", flags: cl.deadLettersList},
 		{name: "show", args: "ID", summary: "one dead letter, whole", flags: cl.deadLettersShow},
-		{name: "requeue", args: "ID | --kind KIND", summary: "put a dead letter, or every open one of a kind, back through the outbox, identity kept", flags: cl.deadLettersRequeue},
+		{name: "requeue", args: "ID... | --kind KIND", summary: "put dead letters (one or more IDs, all or none), or every open one of a kind, back through the outbox, identity kept", flags: cl.deadLettersRequeue},
+		{name: "discard", args: "ID", summary: "discard a dead letter: kept in its job's history, no longer open", flags: cl.deadLettersDiscard},
 	}
 }
 
@@ -340,29 +342,33 @@ func (s letterShown) print(out io.Writer, now time.Time) error {
 func (cl *cli) deadLettersRequeue(fs *flag.FlagSet) runner {
 	conn := &connFlags{}
 	conn.registerDB(fs)
-	kind := fs.String("kind", "", "requeue every open letter of this kind (instead of one ID)")
+	kind := fs.String("kind", "", "requeue every open letter of this kind (instead of IDs)")
+	by := fs.String("by", actingOperator(), "who acts, as the operator actions record it")
 	return func(ctx context.Context, pos []string) error {
-		var id int64
+		var ids []int64
 		switch {
 		case *kind != "" && len(pos) > 0:
-			return usageError{fmt.Sprintf("deadletters requeue takes an ID or --kind, not both (got %q and --kind %s)", pos, *kind)}
+			return usageError{fmt.Sprintf("deadletters requeue takes IDs or --kind, not both (got %q and --kind %s)", pos, *kind)}
+		case *kind == "" && len(pos) == 0:
+			return usageError{"deadletters requeue takes one or more dead letter IDs, or --kind KIND"}
 		case *kind == "":
 			var err error
-			if id, err = idArg("requeue", pos); err != nil {
-				return err
+			if ids, err = jobctl.ParseIDs(pos); err != nil {
+				return usageError{err.Error()}
 			}
 		}
 		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
-			var n int
-			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				var err error
-				n, err = deadletter.Requeue(ctx, tx, id, *kind)
-				return err
-			})
+			var jobs []string
+			var err error
+			if len(ids) > 0 {
+				jobs, err = jobctl.Requeue(ctx, pool, ids, *by)
+			} else {
+				jobs, err = jobctl.RequeueKind(ctx, pool, *kind, *by)
+			}
 			if err != nil {
 				return err
 			}
-			_, err = fmt.Fprintf(cl.stdout, "requeued %d dead letter(s) through the outbox, identities kept\n", n)
+			_, err = fmt.Fprintf(cl.stdout, "requeued %d dead letter(s) through the outbox, identities kept\n", len(jobs))
 			return err
 		})
 	}

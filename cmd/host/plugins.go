@@ -259,6 +259,7 @@ func (cl *cli) pluginsRollback(fs *flag.FlagSet) runner {
 	var c adminClient
 	c.register(fs)
 	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait for the host's answer (a rollback drains in-flight jobs first)")
+	by := fs.String("by", actingOperator(), "who acts, as the operator actions record it")
 	return func(ctx context.Context, pos []string) error {
 		if len(pos) != 1 {
 			return usageError{fmt.Sprintf("rollback takes one plugin name, got %q", pos)}
@@ -269,7 +270,7 @@ func (cl *cli) pluginsRollback(fs *flag.FlagSet) runner {
 		if err := c.load(); err != nil {
 			return err
 		}
-		out, err := c.swap(ctx, *timeout, "/plugins/rollback?name="+url.QueryEscape(pos[0]))
+		out, err := c.swap(ctx, *timeout, "/plugins/rollback?name="+url.QueryEscape(pos[0])+"&by="+url.QueryEscape(*by))
 		if err != nil {
 			return err
 		}

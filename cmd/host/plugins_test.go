@@ -193,9 +193,11 @@ func TestPluginsRollbackCommand(t *testing.T) {
 	require.Contains(t, o.ok("plugins", "reload", "counters"), "counters: swapped 1.0.0 -> 2.0.0")
 	require.Contains(t, o.ok("plugins", "list"), "counters: 2.0.0 on probation until ")
 
-	out := o.ok("plugins", "rollback", "counters")
+	out := o.ok("plugins", "rollback", "counters", "--by", "ada")
 	require.Contains(t, out, "counters: rolled back 2.0.0 -> 1.0.0 (previous version up in ")
 	require.Equal(t, "1.0.0", h.Plugins()[0].Version)
+	require.EqualValues(t, 1, hosttest.Count(t, h.Pool(), `SELECT count(*) FROM operator_actions WHERE action = 'rollback_plugin'
+		AND target = 'counters' AND actor LIKE 'ada via the admin API from %' AND detail = '2.0.0 → 1.0.0'`), "recorded, who and what")
 	out = o.ok("plugins", "list")
 	require.Contains(t, out, "counters  1.0.0")
 	require.Contains(t, out, "counters: rolled back 2.0.0 -> 1.0.0 at ")

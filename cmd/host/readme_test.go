@@ -140,7 +140,7 @@ func TestREADMEOperatingCommands(t *testing.T) {
 	pool, dbURL := hosttest.DB(t)
 	_, stream := hosttest.Redis(t)
 	const kind = "update_sales_counter"
-	for i := range 4 {
+	for i := range 6 {
 		_, err := deadletter.Add(ctx, pool, deadletter.Letter{JobID: strconv.Itoa(i), Kind: kind, Payload: []byte(`{}`),
 			Reason: "permanent failure: order " + strconv.Itoa(i), Attempts: 1, StreamID: strconv.Itoa(i) + "-0"})
 		require.NoError(t, err)
@@ -156,12 +156,14 @@ func TestREADMEOperatingCommands(t *testing.T) {
 		}
 		for _, l := range expand(line) {
 			var id string
-			require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(min(id), 0)::text FROM dead_letters WHERE requeued_at IS NULL`).Scan(&id))
+			require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(min(id), 0)::text FROM dead_letters WHERE requeued_at IS NULL AND discarded_at IS NULL`).Scan(&id))
 			l = strings.ReplaceAll(strings.ReplaceAll(l, " ID", " "+id), " K", " "+kind)
 			out := readmeShell(t, dir, env, l)
 			switch {
 			case strings.Contains(l, "requeue"):
 				require.Contains(t, out, "requeued ", l)
+			case strings.Contains(l, "discard"):
+				require.Contains(t, out, "discarded dead letter "+id, l)
 			case strings.Contains(l, "--json"):
 				require.True(t, json.Valid([]byte(out)), "%s: %s", l, out)
 				require.Contains(t, out, kind, l)
@@ -171,8 +173,9 @@ func TestREADMEOperatingCommands(t *testing.T) {
 			ran++
 		}
 	}
-	require.Equal(t, 12, ran, "migrate ×2, inspect ×2, list ×4, show ×2, requeue ×2")
-	require.EqualValues(t, 0, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL`))
+	require.Equal(t, 15, ran, "migrate ×2, inspect ×2, list ×4, show ×2, discard ×2, requeue IDs ×2, requeue --kind")
+	require.EqualValues(t, 0, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL AND discarded_at IS NULL`))
+	require.EqualValues(t, 2, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE discarded_at IS NOT NULL`))
 
 	_, err := deadletter.Add(ctx, pool, deadletter.Letter{JobID: "9", Kind: kind, Payload: []byte(`{}`), Reason: "permanent failure: order 9", Attempts: 1, StreamID: "9-0"})
 	require.NoError(t, err)

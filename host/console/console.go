@@ -34,7 +34,7 @@ type Plugin struct {
 	Parked           int64
 	// InFlight is its jobs running on this host now.
 	InFlight int64
-	Kinds    []string
+	Kinds    []PluginKind
 	// Previous is the version a rollback would go back to;
 	// ProbationUntil, while set, when the running version stops being
 	// judged for an automatic rollback.
@@ -48,6 +48,9 @@ type Plugin struct {
 	// newest first.
 	Swaps []swaps.Swap
 }
+
+// PluginKind is a kind a plugin serves, with its guard.
+type PluginKind struct{ Kind, Guard string }
 
 // ReloadResult is what a reload did to one plugin.
 type ReloadResult struct {
@@ -68,6 +71,9 @@ type Config struct {
 	// /plugins/reload). Required.
 	Plugins func(ctx context.Context) []Plugin
 	Reload  func(ctx context.Context, name string) ([]ReloadResult, error)
+	// Rollback swaps plugin name back to the version its last swap
+	// replaced (the admin API's /plugins/rollback). Required.
+	Rollback func(ctx context.Context, name string) (ReloadResult, error)
 	// ChartWindow is how far back the overview's charts go, and
 	// ChartBucket the width of one point: they count the job history's
 	// records of every host (ops.Throughput). Defaults 1h and 1m.
@@ -88,8 +94,8 @@ func (c *Config) setDefaults() error {
 		return errors.New("console: Stream and Group are required")
 	case c.Token == "":
 		return errors.New("console: Token is required")
-	case c.Plugins == nil || c.Reload == nil:
-		return errors.New("console: Plugins and Reload are required")
+	case c.Plugins == nil || c.Reload == nil || c.Rollback == nil:
+		return errors.New("console: Plugins, Reload and Rollback are required")
 	case c.Logger == nil:
 		return errors.New("console: Logger is required")
 	}

@@ -6,11 +6,15 @@
 // history every host writes, bucketed by ops.Throughput, so every host's
 // console shows the cluster; and the state `host inspect` prints: pending,
 // lag, oldest pending age, relay lag, open dead letters, absorbed
-// duplicates); dead letters (filter by kind, show, requeue one or every one
-// of a kind); plugins (version, checksum, health, restarts, in flight,
-// parked, probation and rollback, the swap history of host/swaps; reload);
-// and jobs (outbox rows searched by id, kind, outcome and request id, and
-// for one job id its state and every delivery's record). Every number
+// duplicates); dead letters (filter by kind, show, requeue one, the ticked
+// ones or every one of a kind, discard one); plugins (version, checksum,
+// health, restarts, in flight, parked, probation and rollback, the swap
+// history of host/swaps; reload, roll back, and pause or resume each
+// kind); and jobs (outbox rows searched by id, kind, outcome and request
+// id, and for one job id its state, every delivery's record and the
+// operator actions on it, with cancel and run now). Every action is the
+// CLI's (host/jobctl, host/pause, the fleet's rollback) and is recorded in
+// operator_actions with actor "console". Every number
 // comes from the functions the CLI uses: host/ops for the state and the
 // charts, host/deadletter for dead letters, host/history for a job's
 // history, the host's PluginReport and Reload for plugins.
@@ -26,7 +30,7 @@
 // kept in memory). A request may instead carry the bearer token, as the API
 // takes it (for scripts).
 //
-// Every POST (login, logout, requeue, reload) must also show it comes from
+// Every POST (login, logout and every action) must also show it comes from
 // the console's own pages: an Origin header naming this listener (the
 // guard has already refused any other origin), or Sec-Fetch-Site:
 // same-origin; a POST with neither is refused unless it carries the bearer

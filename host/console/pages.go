@@ -13,11 +13,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/history"
+	"github.com/usherhq/usher/host/jobctl"
 	"github.com/usherhq/usher/host/ops"
+	"github.com/usherhq/usher/host/pause"
 )
 
 var funcs = template.FuncMap{
@@ -60,6 +60,7 @@ func (c *Console) routes() {
 	m.HandleFunc("POST "+Prefix+"plugins/reload", c.authed(c.reload))
 	m.HandleFunc("GET "+Prefix+"jobs", c.authed(c.jobs))
 	c.workflowRoutes(m)
+	c.actionRoutes(m)
 	c.mux = m
 }
 
@@ -160,31 +161,19 @@ func (c *Console) deadLetter(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "deadletter.html", map[string]any{"L": l, "Forged": deadletter.ForgedKind})
 }
 
-// requeue runs deadletter.Requeue in a transaction, as `host deadletters
-// requeue` does.
-func (c *Console) requeue(ctx context.Context, id int64, kind string) (int, error) {
-	var n int
-	err := pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error {
-		var err error
-		n, err = deadletter.Requeue(ctx, tx, id, kind)
-		return err
-	})
-	return n, err
-}
-
 func (c *Console) requeueOne(w http.ResponseWriter, r *http.Request) {
 	id, err := letterID(r)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
-	n, err := c.requeue(r.Context(), id, "")
+	jobs, err := jobctl.Requeue(r.Context(), c.cfg.Pool, []int64{id}, actor)
 	if err != nil {
 		back(w, r, Prefix+"deadletters/"+strconv.FormatInt(id, 10), "requeue failed: "+err.Error())
 		return
 	}
 	c.log.Info("console: dead letter requeued", "id", id, "remote", r.RemoteAddr)
-	back(w, r, Prefix+"deadletters", fmt.Sprintf("requeued %d dead letter(s) through the outbox, identities kept", n))
+	back(w, r, Prefix+"deadletters", fmt.Sprintf("requeued %d dead letter(s) through the outbox, identities kept", len(jobs)))
 }
 
 func (c *Console) requeueKind(w http.ResponseWriter, r *http.Request) {
@@ -193,7 +182,8 @@ func (c *Console) requeueKind(w http.ResponseWriter, r *http.Request) {
 		back(w, r, Prefix+"deadletters", "requeue by kind needs a kind")
 		return
 	}
-	n, err := c.requeue(r.Context(), 0, kind)
+	jobs, err := jobctl.RequeueKind(r.Context(), c.cfg.Pool, kind, actor)
+	n := len(jobs)
 	if err != nil {
 		back(w, r, Prefix+"deadletters?kind="+url.QueryEscape(kind), "requeue failed: "+err.Error())
 		return
@@ -203,7 +193,16 @@ func (c *Console) requeueKind(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) plugins(w http.ResponseWriter, r *http.Request) {
-	c.render(w, r, "plugins.html", map[string]any{"Plugins": c.cfg.Plugins(r.Context()), "Now": c.cfg.Now()})
+	list, err := pause.List(r.Context(), c.cfg.Pool)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	paused := make(map[string]*pause.Paused, len(list))
+	for i := range list {
+		paused[list[i].Kind] = &list[i]
+	}
+	c.render(w, r, "plugins.html", map[string]any{"Plugins": c.cfg.Plugins(r.Context()), "Now": c.cfg.Now(), "Paused": paused})
 }
 
 func (c *Console) reload(w http.ResponseWriter, r *http.Request) {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,6 +40,10 @@ type Letter struct {
 	History    json.RawMessage
 	CreatedAt  time.Time
 	RequeuedAt *time.Time
+	// DiscardedAt is when an operator discarded it (kept, no longer
+	// open), with DiscardReason.
+	DiscardedAt   *time.Time
+	DiscardReason string
 	// Raw holds the fields of an entry refused before any plugin saw it,
 	// bytes as received, in order (the text columns then hold Text of
 	// them); nil otherwise.
@@ -98,14 +103,14 @@ func Add(ctx context.Context, q outbox.Querier, l Letter) (bool, error) {
 	return tag.RowsAffected() == 1, nil
 }
 
-const columns = `id, job_id, kind, payload, request_id, trace, reason, last_error, attempts, stream_id, history::text, created_at, requeued_at, raw::text`
+const columns = `id, job_id, kind, payload, request_id, trace, reason, last_error, attempts, stream_id, history::text, created_at, requeued_at, discarded_at, discard_reason, raw::text`
 
 func scan(r pgx.CollectableRow) (Letter, error) {
 	var l Letter
 	var hist string
 	var raw *string
 	err := r.Scan(&l.ID, &l.JobID, &l.Kind, &l.Payload, &l.RequestID, &l.Trace, &l.Reason, &l.LastError,
-		&l.Attempts, &l.StreamID, &hist, &l.CreatedAt, &l.RequeuedAt, &raw)
+		&l.Attempts, &l.StreamID, &hist, &l.CreatedAt, &l.RequeuedAt, &l.DiscardedAt, &l.DiscardReason, &raw)
 	l.History = json.RawMessage(hist)
 	if err == nil && raw != nil {
 		if err := json.Unmarshal([]byte(*raw), &l.Raw); err != nil {
@@ -115,10 +120,14 @@ func scan(r pgx.CollectableRow) (Letter, error) {
 	return l, err
 }
 
-// List returns open (not requeued) letters, of one kind when kind is set.
+// Open is the SQL condition of an open letter: neither requeued nor
+// discarded.
+const Open = `requeued_at IS NULL AND discarded_at IS NULL`
+
+// List returns open letters, of one kind when kind is set.
 func List(ctx context.Context, q outbox.Querier, kind string, limit int) ([]Letter, error) {
 	rows, err := q.Query(ctx, `SELECT `+columns+` FROM dead_letters
-		WHERE requeued_at IS NULL AND ($1 = '' OR kind = $1) ORDER BY id LIMIT $2`, kind, limit)
+		WHERE `+Open+` AND ($1 = '' OR kind = $1) ORDER BY id LIMIT $2`, kind, limit)
 	if err != nil {
 		return nil, fmt.Errorf("deadletter: list: %w", err)
 	}
@@ -147,30 +156,86 @@ func Requeue(ctx context.Context, tx pgx.Tx, id int64, kind string) (int, error)
 	if id == 0 && kind == "" {
 		return 0, errors.New("deadletter: requeue needs an id or a kind")
 	}
-	rows, err := tx.Query(ctx, `UPDATE dead_letters SET requeued_at = now()
-		WHERE requeued_at IS NULL AND kind <> $3 AND (($1::bigint <> 0 AND id = $1) OR ($1::bigint = 0 AND kind = $2))
-		RETURNING job_id, kind, convert_from(payload, 'UTF8'), request_id, trace, attempts`, id, kind, ForgedKind)
-	if err != nil {
-		return 0, fmt.Errorf("deadletter: requeue: %w", err)
+	if id != 0 {
+		l, err := RequeueIDs(ctx, tx, []int64{id})
+		return len(l), err
 	}
+	l, err := RequeueKind(ctx, tx, kind)
+	return len(l), err
+}
+
+// RequeueKind requeues every open letter of kind as Requeue does and
+// returns them.
+func RequeueKind(ctx context.Context, tx pgx.Tx, kind string) ([]Requeued, error) {
+	if kind == "" {
+		return nil, errors.New("deadletter: requeue needs a kind")
+	}
+	return requeue(ctx, tx, `kind = $1`, kind)
+}
+
+// Requeued is a letter Requeue put back.
+type Requeued struct {
+	ID    int64
+	JobID string
+}
+
+// RequeueIDs requeues the open letters ids as Requeue does, all or none:
+// an id that is no open letter (or a forged entry's) fails the set, named.
+func RequeueIDs(ctx context.Context, tx pgx.Tx, ids []int64) ([]Requeued, error) {
+	if len(ids) == 0 {
+		return nil, errors.New("deadletter: requeue needs an id")
+	}
+	done, err := requeue(ctx, tx, `id = ANY($1::bigint[])`, ids)
+	if err != nil {
+		return nil, err
+	}
+	if len(done) < len(ids) {
+		got := make(map[int64]bool, len(done))
+		for _, r := range done {
+			got[r.ID] = true
+		}
+		var missing []string
+		for _, id := range ids {
+			if !got[id] {
+				missing = append(missing, strconv.FormatInt(id, 10))
+			}
+		}
+		return nil, fmt.Errorf("deadletter: no open dead letter %s (a requeued or discarded letter is not open; forged entries are never requeued); nothing requeued",
+			strings.Join(missing, ", "))
+	}
+	order := make(map[int64]int, len(ids))
+	for i, id := range ids {
+		order[id] = i
+	}
+	slices.SortFunc(done, func(a, b Requeued) int { return order[a.ID] - order[b.ID] })
+	return done, nil
+}
+
+func requeue(ctx context.Context, tx pgx.Tx, which string, arg any) ([]Requeued, error) {
+	rows, err := tx.Query(ctx, `UPDATE dead_letters SET requeued_at = now()
+		WHERE `+Open+` AND kind <> $2 AND `+which+`
+		RETURNING id, job_id, kind, convert_from(payload, 'UTF8'), request_id, trace, attempts`, arg, ForgedKind)
+	if err != nil {
+		return nil, fmt.Errorf("deadletter: requeue: %w", err)
+	}
+	var done []Requeued
 	msgs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Message, error) {
 		var m outbox.Message
 		var payload string
-		err := r.Scan(&m.JobID, &m.Kind, &payload, &m.RequestID, &m.Trace, &m.Attempt)
+		var id int64
+		err := r.Scan(&id, &m.JobID, &m.Kind, &payload, &m.RequestID, &m.Trace, &m.Attempt)
 		m.Payload = json.RawMessage(payload)
 		if err == nil && !json.Valid(m.Payload) {
-			err = fmt.Errorf("the payload of dead letter for job %s is not JSON and cannot be requeued as it is", m.JobID)
+			err = fmt.Errorf("the payload of dead letter %d for job %s is not JSON and cannot be requeued as it is", id, m.JobID)
 		}
+		done = append(done, Requeued{ID: id, JobID: m.JobID})
 		return m, err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("deadletter: requeue: %w", err)
-	}
-	if id != 0 && len(msgs) == 0 {
-		return 0, fmt.Errorf("deadletter: no open dead letter %d (forged entries are never requeued)", id)
+		return nil, fmt.Errorf("deadletter: requeue: %w", err)
 	}
 	if _, err := outbox.Add(ctx, tx, msgs...); err != nil {
-		return 0, err
+		return nil, err
 	}
-	return len(msgs), nil
+	return done, nil
 }

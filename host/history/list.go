@@ -15,8 +15,7 @@ import (
 // Filter selects the jobs List returns; a zero field selects all.
 type Filter struct {
 	Kind string
-	// State is one of the states (Pending, Running, WaitingToRetry, Done,
-	// DeadLetteredState).
+	// State is one of States.
 	State string
 	// Limit is at most how many to return. Required (positive).
 	Limit int
@@ -36,7 +35,7 @@ type Listed struct {
 }
 
 // States are the states a Filter may name.
-var States = []string{Pending, Running, WaitingToRetry, Done, DeadLetteredState}
+var States = []string{Pending, Running, WaitingToRetry, Done, DeadLetteredState, Cancelled, Discarded}
 
 // List returns the jobs f selects, newest first, at most f.Limit of them,
 // and how many f selects in all. A job is its identity: a retry's and a
@@ -63,11 +62,13 @@ func List(ctx context.Context, q outbox.Querier, f Filter) (jobs []Listed, total
 			FROM scheduled_jobs WHERE enqueued_at IS NULL AND ($1 = '' OR kind = $1) GROUP BY job_id
 		), jobs AS (
 			SELECT l.job, l.kind, l.request_id, l.attempts, l.outcome, l.created_at, w.run_at,
-			       CASE WHEN EXISTS (SELECT 1 FROM dead_letters d WHERE d.job_id = l.job AND d.requeued_at IS NULL) THEN 'dead_lettered'
+			       CASE WHEN EXISTS (SELECT 1 FROM dead_letters d WHERE d.job_id = l.job AND d.requeued_at IS NULL AND d.discarded_at IS NULL) THEN 'dead_lettered'
+			            WHEN l.outcome = 'dead_letter' AND EXISTS (SELECT 1 FROM dead_letters d WHERE d.job_id = l.job AND d.discarded_at IS NOT NULL) THEN 'discarded'
 			            WHEN w.job_id IS NOT NULL THEN 'waiting_to_retry'
 			            WHEN NOT l.published THEN 'pending'
 			            WHEN NOT l.done THEN 'running'
 			            WHEN l.outcome IN ('applied', 'absorbed') THEN 'done'
+			            WHEN l.outcome = 'cancelled' THEN 'cancelled'
 			            ELSE 'running' END AS state
 			FROM latest l LEFT JOIN waiting w ON w.job_id = l.job
 			UNION ALL

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/outcome"
+	"github.com/usherhq/usher/host/pause"
 )
 
 // States a job is in.
@@ -25,6 +28,12 @@ const (
 	Done = "done"
 	// DeadLetteredState: an open dead letter holds it.
 	DeadLetteredState = "dead_lettered"
+	// Cancelled: cancelled before it started (by an operator, or its
+	// workflow); nothing runs it.
+	Cancelled = "cancelled"
+	// Discarded: its dead letter was discarded by an operator (kept, not
+	// open); nothing runs it.
+	Discarded = "discarded"
 	// Unknown: only history is left (its outbox rows were trimmed).
 	Unknown = "unknown"
 )
@@ -49,9 +58,12 @@ type Job struct {
 	Attempts int `json:"attempts"`
 	// RetryAt is when its scheduled run is due (WaitingToRetry).
 	RetryAt *time.Time `json:"retry_at,omitempty"`
-	// DeadLetter is its open dead letter's id and reason.
+	// DeadLetter is its open (or discarded) dead letter's id and reason.
 	DeadLetter       int64  `json:"dead_letter_id,omitempty"`
 	DeadLetterReason string `json:"dead_letter_reason,omitempty"`
+	// Actions are what operators did to it (cancel, run now, discard,
+	// requeue), oldest first; GetJob fills them in.
+	Actions []pause.Action `json:"actions,omitempty"`
 	// Absorbed counts the duplicate deliveries its guard absorbed.
 	Absorbed int      `json:"absorbed"`
 	History  []Record `json:"history"`
@@ -107,7 +119,12 @@ func GetJob(ctx context.Context, q outbox.Querier, id string) (*Job, error) {
 	if len(jobs) == 0 {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
-	return jobs[0], nil
+	j := jobs[0]
+	if j.Actions, err = pause.Actions(ctx, q, j.ID, 100); err != nil {
+		return nil, err
+	}
+	slices.Reverse(j.Actions)
+	return j, nil
 }
 
 // GetWorkflow reads the jobs request requestID started, as a tree.
@@ -186,6 +203,8 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 			j.State = Running
 		case o.outcome == "applied" || o.outcome == "absorbed":
 			j.State = Done
+		case o.outcome == string(outcome.Cancelled):
+			j.State = Cancelled
 		default:
 			// retry_scheduled or dead_letter: settled below from the
 			// scheduled run or the dead letter.
@@ -202,24 +221,29 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 	for i, j := range jobs {
 		all[i] = j.ID
 	}
-	rows, err := q.Query(ctx, `SELECT job_id, min(run_at) FROM scheduled_jobs
+	// A job born in the scheduler has no outbox row until it is due.
+	rows, err := q.Query(ctx, `SELECT job_id, min(run_at), min(kind), min(request_id) FROM scheduled_jobs
 		WHERE job_id = ANY($1) AND enqueued_at IS NULL GROUP BY job_id`, all)
 	if err != nil {
 		return nil, fmt.Errorf("history: scheduled runs: %w", err)
 	}
 	if err := eachRow(rows, func(r pgx.Rows) error {
-		var id string
+		var id, kind, req string
 		var at time.Time
-		if err := r.Scan(&id, &at); err != nil {
+		if err := r.Scan(&id, &at, &kind, &req); err != nil {
 			return err
 		}
 		j := byID[id]
 		j.State, j.RetryAt = WaitingToRetry, &at
+		if j.Kind == "" {
+			j.Kind, j.RequestID = kind, req
+		}
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("history: scheduled runs: %w", err)
 	}
-	rows, err = q.Query(ctx, `SELECT DISTINCT ON (job_id) job_id, id, kind, request_id, reason FROM dead_letters
+	// A job's latest letter not requeued is open, or discarded.
+	rows, err = q.Query(ctx, `SELECT DISTINCT ON (job_id) job_id, id, kind, request_id, reason, discarded_at IS NOT NULL FROM dead_letters
 		WHERE job_id = ANY($1) AND requeued_at IS NULL ORDER BY job_id, id DESC`, all)
 	if err != nil {
 		return nil, fmt.Errorf("history: dead letters: %w", err)
@@ -227,11 +251,15 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 	if err := eachRow(rows, func(r pgx.Rows) error {
 		var id, kind, req, reason string
 		var letter int64
-		if err := r.Scan(&id, &letter, &kind, &req, &reason); err != nil {
+		var discarded bool
+		if err := r.Scan(&id, &letter, &kind, &req, &reason, &discarded); err != nil {
 			return err
 		}
 		j := byID[id]
 		j.State, j.DeadLetter, j.DeadLetterReason = DeadLetteredState, letter, reason
+		if discarded {
+			j.State = Discarded
+		}
 		if j.Kind == "" {
 			j.Kind, j.RequestID = kind, req
 		}

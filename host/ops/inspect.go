@@ -143,7 +143,7 @@ func Inspect(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, b
 		to  *[]KindCount
 	}{
 		{`SELECT kind, count(*) FROM outbox WHERE done_at IS NULL AND kind_waited_at IS NOT NULL GROUP BY kind ORDER BY kind`, &in.WaitingForKind},
-		{`SELECT kind, count(*) FROM dead_letters WHERE requeued_at IS NULL GROUP BY kind ORDER BY kind`, &in.DeadLetters},
+		{`SELECT kind, count(*) FROM dead_letters WHERE requeued_at IS NULL AND discarded_at IS NULL GROUP BY kind ORDER BY kind`, &in.DeadLetters},
 	} {
 		rows, err := q.Query(ctx, k.sql)
 		if err != nil {

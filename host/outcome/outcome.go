@@ -19,9 +19,9 @@ const (
 	RetryScheduled Outcome = "retry_scheduled"
 	// DeadLettered: the job was moved to the dead letters, with why.
 	DeadLettered Outcome = "dead_letter"
-	// Cancelled: the job is a workflow step that was cancelled before it
-	// started (its workflow was asked to cancel, or ended); no handler
-	// ran and none will.
+	// Cancelled: the job was cancelled before it started, by an operator
+	// (host/jobctl) or, for a workflow step, by its workflow (asked to
+	// cancel, or ended); no handler ran and none will.
 	Cancelled Outcome = "cancelled"
 	// Abandoned: the delivery did not finish (its plugin crashed or was
 	// not running, the database was unreachable, its host stopped); the

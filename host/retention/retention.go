@@ -492,7 +492,7 @@ WITH doomed AS (
 	                  WHERE o.id = CASE WHEN p.job_id ~ '^[0-9]{1,18}$' THEN p.job_id::bigint END AND ` + liveRow + `)
 	  AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.job_id = p.job_id AND ` + liveRow + `)
 	  AND NOT EXISTS (SELECT 1 FROM scheduled_jobs s WHERE s.job_id = p.job_id AND (s.enqueued_at IS NULL OR s.enqueued_at >= ` + cutoff + `))
-	  AND NOT EXISTS (SELECT 1 FROM dead_letters l WHERE l.job_id = p.job_id AND l.requeued_at IS NULL)
+	  AND NOT EXISTS (SELECT 1 FROM dead_letters l WHERE l.job_id = p.job_id AND l.requeued_at IS NULL AND l.discarded_at IS NULL)
 	ORDER BY p.processed_at LIMIT $3 FOR UPDATE OF p SKIP LOCKED)
 DELETE FROM processed_jobs p USING doomed d WHERE p.kind = d.kind AND p.job_id = d.job_id`
 )

@@ -34,9 +34,10 @@
 //
 // A cancel asked of a workflow cancels its steps that have not started,
 // and a workflow that ends cancels every one that has not (detached ones
-// too): a host marks a step started (StepStart, before its handler is
-// called) and settles the delivery of a cancelled one as cancelled, running
-// nothing. Both take the step's row lock, so a step is either started or
-// cancelled, never both. The entries of steps carry entry.FieldStep, so
-// no other job pays for the question.
+// too): a host marks a step started (usher_workflow_step_start, asked
+// inside the start every delivery makes, jobctl.Start, before its handler
+// is called) and settles the delivery of a cancelled one as cancelled,
+// running nothing. Both take the step's row lock, so a step is either
+// started or cancelled, never both. The entries of steps carry
+// entry.FieldStep, so only they ask about a step.
 package workflow

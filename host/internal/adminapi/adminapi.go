@@ -26,6 +26,7 @@ import (
 	"github.com/usherhq/usher/host/admin"
 	"github.com/usherhq/usher/host/console"
 	"github.com/usherhq/usher/host/internal/fleet"
+	"github.com/usherhq/usher/host/jobctl"
 	"github.com/usherhq/usher/host/pause"
 	"github.com/usherhq/usher/host/workflow"
 )
@@ -142,13 +143,17 @@ func (s *Server) handler(bound string) (http.Handler, error) {
 	mux.HandleFunc("GET /kinds/paused", s.servePaused)
 	mux.HandleFunc("POST /kinds/pause", s.servePause)
 	mux.HandleFunc("POST /kinds/resume", s.servePause)
+	mux.HandleFunc("POST /jobs/cancel", s.serveJobAction)
+	mux.HandleFunc("POST /jobs/run-now", s.serveJobAction)
+	mux.HandleFunc("POST /deadletters/discard", s.serveJobAction)
+	mux.HandleFunc("POST /deadletters/requeue", s.serveJobAction)
 	if s.cfg.MigrateWorkflows != nil {
 		mux.HandleFunc("POST /workflows/migrate", s.serveMigrate)
 	}
 	c, err := console.New(console.Config{
 		Pool: s.cfg.Pool, Redis: s.cfg.Redis, Stream: s.cfg.Stream, Group: s.cfg.Group,
 		Token: s.cfg.Token, ChartWindow: s.cfg.ChartWindow, ChartBucket: s.cfg.ChartBucket,
-		Plugins: s.consolePlugins, Reload: s.consoleReload, Logger: s.cfg.Logger,
+		Plugins: s.consolePlugins, Reload: s.consoleReload, Rollback: s.consoleRollback, Logger: s.cfg.Logger,
 	})
 	if err != nil {
 		return nil, err
@@ -185,7 +190,11 @@ func (s *Server) serveRollback(w http.ResponseWriter, r *http.Request) {
 	var res fleet.ReloadResult
 	err := errors.New("host: name the plugin to roll back (?name=NAME)")
 	if name := r.URL.Query().Get("name"); name != "" {
-		res, err = s.cfg.Fleet.Rollback(context.WithoutCancel(r.Context()), name)
+		ctx := context.WithoutCancel(r.Context())
+		res, err = s.cfg.Fleet.Rollback(ctx, name)
+		if err == nil {
+			err = jobctl.Record(ctx, s.cfg.Pool, actorOf(r), jobctl.ActionRollback, name, fmt.Sprintf("%s → %s", res.From, res.To))
+		}
 	}
 	if res.Action != "" {
 		resp.Results = []fleet.ReloadResult{res}
@@ -229,14 +238,27 @@ func (s *Server) consolePlugins(ctx context.Context) []console.Plugin {
 	var out []console.Plugin
 	for _, p := range s.cfg.Fleet.PluginReport(ctx) {
 		cp := console.Plugin{Name: p.Name, Version: p.Version, Manifest: p.Manifest, SHA256: p.SHA256, Pid: p.Pid,
-			Healthy: p.Healthy, Restarts: p.Restarts, Parked: p.Parked, InFlight: p.InFlight, Kinds: p.Kinds, Swaps: p.Swaps, Previous: p.Previous,
+			Healthy: p.Healthy, Restarts: p.Restarts, Parked: p.Parked, InFlight: p.InFlight, Swaps: p.Swaps, Previous: p.Previous,
 			ProbationUntil: p.ProbationUntil, Refused: p.Refused, RefusedReason: p.RefusedReason}
+		for _, k := range p.Kinds {
+			// "kind (guard)", as PluginStatus reports it.
+			pk := console.PluginKind{Kind: k}
+			if i := strings.LastIndex(k, " ("); i > 0 && strings.HasSuffix(k, ")") {
+				pk = console.PluginKind{Kind: k[:i], Guard: k[i+2 : len(k)-1]}
+			}
+			cp.Kinds = append(cp.Kinds, pk)
+		}
 		if r := p.LastRollback; r != nil {
 			cp.LastRollback = fmt.Sprintf("%s → %s at %s (%s: %s)", r.From, r.To, r.At.UTC().Format("2006-01-02 15:04:05Z"), r.Cause, r.Reason)
 		}
 		out = append(out, cp)
 	}
 	return out
+}
+
+func (s *Server) consoleRollback(ctx context.Context, name string) (console.ReloadResult, error) {
+	r, err := s.cfg.Fleet.Rollback(ctx, name)
+	return console.ReloadResult{Plugin: r.Plugin, Action: r.Action, From: r.From, To: r.To, Error: r.Error}, err
 }
 
 func (s *Server) consoleReload(ctx context.Context, name string) ([]console.ReloadResult, error) {
@@ -264,11 +286,7 @@ type PauseResponse struct {
 func (s *Server) servePause(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	resp := PauseResponse{Kind: q.Get("kind")}
-	by := strings.TrimSpace(q.Get("by"))
-	if by == "" {
-		by = "admin API"
-	}
-	actor := fmt.Sprintf("%.200s via the admin API from %s", by, r.RemoteAddr)
+	actor := actorOf(r)
 	ctx := context.WithoutCancel(r.Context())
 	var err error
 	if strings.HasSuffix(r.URL.Path, "/pause") {
@@ -298,4 +316,69 @@ func (s *Server) servePaused(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(list)
+}
+
+// actorOf is who acts through the admin API, as operator_actions records
+// it: ?by=WHO (default "admin API") and the caller's address.
+func actorOf(r *http.Request) string {
+	by := strings.TrimSpace(r.URL.Query().Get("by"))
+	if by == "" {
+		by = "admin API"
+	}
+	return fmt.Sprintf("%.200s via the admin API from %s", by, r.RemoteAddr)
+}
+
+// JobActionResponse is the admin API's answer to POST /jobs/cancel,
+// /jobs/run-now, /deadletters/discard and /deadletters/requeue: what was
+// done (Message, as the CLI prints it), or Error with 422.
+type JobActionResponse struct {
+	// Jobs are the jobs acted on.
+	Jobs    []string `json:"jobs,omitempty"`
+	Message string   `json:"message,omitempty"`
+	Error   string   `json:"error,omitempty"`
+}
+
+// serveJobAction is POST /jobs/cancel?id=JOB[&reason=WHY],
+// /jobs/run-now?id=JOB, /deadletters/discard?id=LETTER[&reason=WHY] and
+// /deadletters/requeue?id=LETTER[&id=LETTER...] (all or none), each
+// with [&by=WHO]: host/jobctl's actions, recorded as by via the admin API
+// from the caller's address.
+func (s *Server) serveJobAction(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	ctx := context.WithoutCancel(r.Context())
+	actor := actorOf(r)
+	var resp JobActionResponse
+	var err error
+	switch r.URL.Path {
+	case "/jobs/cancel":
+		var c jobctl.Cancelled
+		c, err = jobctl.Cancel(ctx, s.cfg.Pool, q.Get("id"), actor, q.Get("reason"))
+		resp.Jobs, resp.Message = []string{c.JobID}, c.String()
+	case "/jobs/run-now":
+		var was time.Time
+		was, err = jobctl.RunNow(ctx, s.cfg.Pool, q.Get("id"), actor)
+		resp.Jobs, resp.Message = []string{q.Get("id")}, fmt.Sprintf("job %s is due now (was due %s)", q.Get("id"), was.UTC().Format(time.RFC3339))
+	case "/deadletters/discard":
+		var ids []int64
+		if ids, err = jobctl.ParseIDs(q["id"]); err == nil && len(ids) != 1 {
+			err = errors.New("host: discard takes one dead letter (?id=ID)")
+		}
+		if err == nil {
+			var job string
+			job, err = jobctl.Discard(ctx, s.cfg.Pool, ids[0], actor, q.Get("reason"))
+			resp.Jobs, resp.Message = []string{job}, fmt.Sprintf("discarded dead letter %d of job %s: kept in its history, no longer open", ids[0], job)
+		}
+	default: // /deadletters/requeue
+		var ids []int64
+		if ids, err = jobctl.ParseIDs(q["id"]); err == nil {
+			resp.Jobs, err = jobctl.Requeue(ctx, s.cfg.Pool, ids, actor)
+			resp.Message = fmt.Sprintf("requeued %d dead letter(s) through the outbox, identities kept", len(resp.Jobs))
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		resp = JobActionResponse{Error: err.Error()}
+		w.WriteHeader(http.StatusUnprocessableEntity)
+	}
+	_ = json.NewEncoder(w).Encode(resp)
 }

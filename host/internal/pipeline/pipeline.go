@@ -119,10 +119,13 @@ type Config struct {
 	// every host (limits.Limiter): an entry held back is parked until a
 	// permit or a token is free. Optional (nil: no limits).
 	Limits Limits
-	// StepStart is asked before a workflow step's delivery runs
-	// (workflow.StepStart): false when the step was cancelled before it
-	// started, and then no handler runs. Optional (nil: every step runs).
-	StepStart func(ctx context.Context, jobID string) (bool, error)
+	// Start is asked before a workflow step's delivery runs
+	// (jobctl.Start, the concurrent ones in one round trip): false when
+	// its workflow cancelled the step before it started, and then no
+	// handler runs; from then on a cancel leaves it to finish. A job that
+	// is not a step is never asked: an operator cancels only a job no host
+	// has yet (jobctl.Cancel). Optional (nil: every step runs).
+	Start func(ctx context.Context, outboxID int64, jobID string, step bool) (bool, error)
 	// Detach gives the slot of the running entry named key (its
 	// stream.Entry.Key) back to the consumer (stream.Consumer.Detach).
 	// Optional.
@@ -298,11 +301,11 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 			p.clearCrashes(ctx, e)
 		}
 	}()
-	if e.Step && p.cfg.StepStart != nil {
-		run, err := p.cfg.StepStart(ctx, e.JobID)
+	if p.cfg.Start != nil && e.Step {
+		run, err := p.cfg.Start(ctx, e.OutboxID, e.JobID, e.Step)
 		if err != nil {
 			d.Arrive()
-			p.log.Warn("could not ask whether a workflow step was cancelled; entry left pending", "stream_id", e.StreamID, "job_id", e.JobID, "err", err)
+			p.log.Warn("could not ask whether the job was cancelled; entry left pending", "stream_id", e.StreamID, "job_id", e.JobID, "err", err)
 			return pending
 		}
 		if !run {
