@@ -306,6 +306,27 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Contains(t, text(fmt.Sprintf(`#workflow li[data-job="%s"] .state`, deadJob)), "done")
 	shot("jobs")
 
+	// The overview updates itself while jobs flow: no reload (a mark
+	// set on the page's window survives), its numbers follow the
+	// database's.
+	run("the overview again", chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(chromedp.ID("processed-jobs")))
+	_, err = chromedp.Run(bctx, chromedp.Evaluate[bool](`window.notReloaded = true; true`))
+	require.NoError(t, err)
+	before := text("#processed-jobs")
+	for range 3 {
+		_, err := orders.Place(ctx, pool, orders.Order{EventID: ev, Buyer: "Buyer", Email: "b@example.com", Seats: 1}, orders.Jobs{Counter: true})
+		require.NoError(t, err)
+	}
+	hosttest.Eventually(t, 30*time.Second, "the overview's processed job ids to follow the database's, without a reload", func() bool {
+		want := strconv.FormatInt(hosttest.Count(t, pool, `SELECT count(*) FROM processed_jobs`), 10)
+		return want != before && text("#processed-jobs") == want && text("#pending") == "0"
+	})
+	kept, err := chromedp.Run(bctx, chromedp.Evaluate[bool](`window.notReloaded === true`))
+	require.NoError(t, err)
+	require.True(t, kept, "the page was not reloaded")
+	require.NotEqual(t, "load", text("#live-at"))
+	require.Equal(t, base+"/console/", location())
+
 	checkCSRF(t, base, h.AdminToken)
 }
 
