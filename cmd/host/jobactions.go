@@ -12,14 +12,14 @@ import (
 	"github.com/usherhq/usher/host/jobctl"
 )
 
-const cancelHelp = `A job is cancelled wherever it waits: a scheduled run, an outbox row the
-relay has not published, or an entry in the stream no host has started.
-The database decides against the host's start of the run, so a job
-cancelled never runs; a run already started finishes under its guard and
-the cancel is refused, as it is for a job that ended, is dead-lettered
-(discard its letter) or is a workflow's (cancel the workflow). Recorded
-in operator_actions with --by and the database login; ` + "`host jobs show ID`" + `
-lists it.`
+const cancelHelp = `A job is cancelled where it waits before any host can have it: a scheduled
+run, or an outbox row the relay has not published; the cancel takes the
+row's lock as the scheduler and the relay do, so a job cancelled never
+runs. A job on the stream is refused (a host may be running it; it
+finishes under its guard; pause its kind to hold it), as is a job that
+ended, is dead-lettered (discard its letter) or is a workflow's (cancel
+the workflow). Recorded in operator_actions with --by and the database
+login; ` + "`host jobs show ID`" + ` lists it.`
 
 // oneJob checks a job command's one ID.
 func oneJob(cmd string, pos []string) (string, error) {
