@@ -217,6 +217,25 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Equal(t, "2", text("#dead-open"))
 	require.Equal(t, "2", text(`#dead-by-kind tr[data-kind="update_sales_counter"] td.n`))
 	require.Equal(t, strconv.FormatInt(in.Entries, 10), text("#entries"))
+	// The run time's and queue wait's percentiles, from the same
+	// deliveries as SQL reads them.
+	var p50, p99 float64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at)),
+		percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at))
+		FROM job_history WHERE kind = 'update_sales_counter'`).Scan(&p50, &p99))
+	cell := `#totals tr[data-kind="update_sales_counter"] td.run-p`
+	attr := func(sel, name string) string {
+		t.Helper()
+		v, err := chromedp.Run(bctx, chromedp.Evaluate[string](fmt.Sprintf("document.querySelector(%q).getAttribute(%q)", sel, name)))
+		require.NoError(t, err)
+		return v
+	}
+	require.Equal(t, strconv.FormatInt(time.Duration(p50*float64(time.Second)).Microseconds(), 10), attr(cell, "data-p50"))
+	require.Equal(t, strconv.FormatInt(time.Duration(p99*float64(time.Second)).Microseconds(), 10), attr(cell, "data-p99"))
+	require.Regexp(t, `^\S+ / \S+ / \S+$`, text(cell))
+	require.Equal(t, strconv.FormatInt(hosttest.Count(t, pool, `SELECT count(*) FROM job_history h JOIN outbox o ON o.id = h.outbox_id
+		WHERE h.kind = 'update_sales_counter' AND h.attempt = 0 AND h.deliveries = 1`), 10),
+		attr(`#totals tr[data-kind="update_sales_counter"] td.wait-p`, "data-waits"), "the first deliveries the waits are over")
 	require.Equal(t, 3, count(`figure.throughput[data-kind="update_sales_counter"] polyline`), "applied, absorbed and dead_lettered lines")
 	require.Equal(t, 1, count(`figure.took[data-kind="update_sales_counter"] polyline`), "the mean duration's line")
 	shot("overview")

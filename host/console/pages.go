@@ -23,7 +23,7 @@ import (
 var funcs = template.FuncMap{
 	"svg": func(s string) template.HTML { return template.HTML(s) }, // drawChart escapes its text
 	"ago": func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
-	"dur": func(d time.Duration) string { return d.Round(time.Millisecond).String() },
+	"dur": humanDuration,
 	"utc": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 	"ms":  func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + " ms" },
 	// outcomes are the outcomes the host writes on an outbox row, offered
@@ -119,8 +119,17 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
+	lats, err := ops.Latencies(ctx, c.cfg.Pool, since, until)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	latency := map[string]ops.Latency{}
+	for _, l := range lats {
+		latency[l.Kind] = l
+	}
 	c.render(w, r, "overview.html", map[string]any{"In": in, "Lag": in.Lag, "DeadOpen": in.DeadLettersOpen(),
-		"Charts": buildCharts(buckets, since, until, c.cfg.ChartBucket)})
+		"Charts": buildCharts(buckets, since, until, c.cfg.ChartBucket), "Latency": latency, "LatencySample": ops.LatencySample})
 }
 
 func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {

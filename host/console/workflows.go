@@ -306,10 +306,14 @@ func drawTimeline(t timeline) string {
 	return b.String()
 }
 
-// humanDuration prints d the way a person reads it: 340ms, 2.4s, 3m12s,
-// 5h03m, 2d4h.
+// humanDuration prints d the way a person reads it: 0s, 850µs, 340ms,
+// 2.4s, 3m12s, 5h03m, 2d4h.
 func humanDuration(d time.Duration) string {
 	switch {
+	case d == 0:
+		return "0s"
+	case d < time.Millisecond:
+		return fmt.Sprintf("%dµs", d.Microseconds())
 	case d < time.Second:
 		return fmt.Sprintf("%dms", d.Milliseconds())
 	case d < time.Minute:

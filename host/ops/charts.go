@@ -70,3 +70,57 @@ func BucketStart(t time.Time, width time.Duration) time.Time {
 	}
 	return time.UnixMicro(q * w).UTC()
 }
+
+// LatencySample bounds the deliveries Latencies reads: the newest of the
+// window, so that a console refreshing every few seconds reads a few
+// thousand rows however busy the hour was.
+const LatencySample = 5000
+
+// Latency is one kind's run time (a delivery's start to its outcome) and
+// queue wait (its outbox row's commit to the first delivery's start)
+// over the newest deliveries of a window, on every host.
+type Latency struct {
+	Kind string `json:"kind"`
+	// Deliveries is how many deliveries the run times are over.
+	Deliveries int64 `json:"deliveries"`
+	// Run are the run time's p50, p95 and p99.
+	Run [3]time.Duration `json:"run_ns"`
+	// Waits is how many first deliveries (attempt 0, delivery 1) whose
+	// outbox row is still kept the waits are over; Wait their p50, p95
+	// and p99.
+	Waits int64            `json:"waits"`
+	Wait  [3]time.Duration `json:"wait_ns"`
+}
+
+const latencySQL = `SELECT h.kind, count(*),
+		percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM h.finished_at - h.started_at)),
+		count(o.created_at) FILTER (WHERE h.attempt = 0 AND h.deliveries = 1),
+		percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM h.started_at - o.created_at))
+			FILTER (WHERE h.attempt = 0 AND h.deliveries = 1 AND o.created_at IS NOT NULL)
+	FROM (SELECT kind, started_at, finished_at, attempt, deliveries, outbox_id FROM job_history
+	      WHERE finished_at >= $1 AND finished_at < $2 ORDER BY finished_at DESC LIMIT $3) h
+	LEFT JOIN outbox o ON o.id = h.outbox_id
+	GROUP BY h.kind ORDER BY h.kind`
+
+// Latencies reads, per kind, the run time and queue wait percentiles of
+// the newest LatencySample deliveries that finished in [since, until).
+func Latencies(ctx context.Context, q outbox.Querier, since, until time.Time) ([]Latency, error) {
+	rows, err := q.Query(ctx, latencySQL, since, until, LatencySample)
+	if err != nil {
+		return nil, fmt.Errorf("ops: latencies: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Latency, error) {
+		var l Latency
+		var run, wait []float64
+		if err := r.Scan(&l.Kind, &l.Deliveries, &run, &l.Waits, &wait); err != nil {
+			return l, fmt.Errorf("ops: latencies: %w", err)
+		}
+		for i := range min(len(run), 3) {
+			l.Run[i] = time.Duration(run[i] * float64(time.Second))
+		}
+		for i := range min(len(wait), 3) {
+			l.Wait[i] = time.Duration(wait[i] * float64(time.Second))
+		}
+		return l, nil
+	})
+}
