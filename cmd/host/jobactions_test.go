@@ -90,6 +90,8 @@ func TestJobActionsCLI(t *testing.T) {
 		{[]string{"deadletters", "requeue"}, 2, []string{"takes one or more dead letter IDs, or --kind KIND"}},
 		{[]string{"deadletters", "requeue", "x"}, 2, []string{`"x" is not a dead letter ID`}},
 		{[]string{"deadletters", "requeue", l0, "--kind", "k"}, 2, []string{"IDs or --kind, not both"}},
+		{[]string{"deadletters", "requeue", "--kind", "update_sales_countr"}, 1, []string{`no dead letter was ever of kind "update_sales_countr": is the kind right?`}},
+		{[]string{"deadletters", "requeue", "--kind", "update_sales_counter"}, 0, []string{"requeued 0 dead letter(s)"}},
 		{[]string{"deadletters", "discard"}, 2, []string{"deadletters discard takes one dead letter ID"}},
 	} {
 		r := runHost(t, bin, env, tc.args...)

@@ -154,11 +154,28 @@ func Requeue(ctx context.Context, db Beginner, ids []int64, actor string) (jobID
 
 // RequeueKind puts every open dead letter of kind back as Requeue does,
 // on behalf of actor, and returns their job ids.
+//
+// A kind that no dead letter has ever had is an error (a misspelt kind
+// would otherwise requeue nothing and look done); a kind whose letters
+// are all requeued or discarded requeues none, without error.
 func RequeueKind(ctx context.Context, db Beginner, kind, actor string) (jobIDs []string, err error) {
 	if err := check(kind, actor); err != nil {
 		return nil, err
 	}
-	return requeue(ctx, db, actor, func(tx pgx.Tx) ([]deadletter.Requeued, error) { return deadletter.RequeueKind(ctx, tx, kind) })
+	return requeue(ctx, db, actor, func(tx pgx.Tx) ([]deadletter.Requeued, error) {
+		letters, err := deadletter.RequeueKind(ctx, tx, kind)
+		if err != nil || len(letters) > 0 {
+			return letters, err
+		}
+		var known bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dead_letters WHERE kind = $1)`, kind).Scan(&known); err != nil {
+			return nil, err
+		}
+		if !known {
+			return nil, fmt.Errorf("no dead letter was ever of kind %q: is the kind right? (host deadletters list shows the open ones)", kind)
+		}
+		return nil, nil
+	})
 }
 
 func requeue(ctx context.Context, db Beginner, actor string, put func(pgx.Tx) ([]deadletter.Requeued, error)) (jobIDs []string, err error) {
