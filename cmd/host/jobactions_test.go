@@ -77,6 +77,8 @@ func TestJobActionsCLI(t *testing.T) {
 		{[]string{"jobs", "show", soon}, 0, []string{"run_job_now", "was due "}},
 		{[]string{"jobs", "cancel"}, 2, []string{"jobs cancel takes one job ID, got []"}},
 		{[]string{"jobs", "run-now", "a", "b"}, 2, []string{"jobs run-now takes one job ID"}},
+		{[]string{"deadletters", "list", "--limit", "1"}, 0, []string{"dl-0", "the oldest 1 of 3 open dead letters: --limit 3 shows them all"}},
+		{[]string{"deadletters", "list", "--limit", "3"}, 0, []string{"dl-2"}},
 		{[]string{"deadletters", "requeue", l0, "999999"}, 1, []string{"no open dead letter 999999", "nothing requeued"}},
 		{[]string{"deadletters", "requeue", l0, l1}, 0, []string{"requeued 2 dead letter(s)"}},
 		{[]string{"deadletters", "requeue", l0}, 1, []string{"no open dead letter " + l0}},

@@ -287,7 +287,19 @@ func (cl *cli) deadLettersList(fs *flag.FlagSet) runner {
 				fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\n", l.ID, l.JobID, l.Kind, l.Attempts,
 					cl.now().Sub(l.CreatedAt).Round(time.Second), truncate(l.Reason, 100))
 			}
-			return w.Flush()
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			if len(letters) < *limit {
+				return nil
+			}
+			total, _, err := deadletter.CountOpen(ctx, pool, *kind, 0)
+			if err != nil || total <= int64(len(letters)) {
+				return err
+			}
+			// Cut: say so, and how to see the rest.
+			_, err = fmt.Fprintf(cl.stdout, "the oldest %d of %d open dead letters: --limit %d shows them all\n", len(letters), total, total)
+			return err
 		})
 	}
 }

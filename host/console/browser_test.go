@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/ops"
 	"github.com/usherhq/usher/host/outbox"
@@ -345,6 +346,29 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.True(t, kept, "the page was not reloaded")
 	require.NotEqual(t, "load", text("#live-at"))
 	require.Equal(t, base+"/console/", location())
+
+	// Dead letters page by 200 with an honest total: 450 letters of a
+	// kind of their own, three pages, the CLI saying when it cuts.
+	for i := range 450 {
+		_, err := deadletter.Add(ctx, pool, deadletter.Letter{JobID: fmt.Sprintf("page-%d", i), Kind: "paging_kind", Payload: []byte(`{}`),
+			Reason: "permanent: for the pages", Attempts: 1, StreamID: fmt.Sprintf("%d-7", i+1)})
+		require.NoError(t, err)
+	}
+	run("the first page", chromedp.Navigate(base+"/console/deadletters?kind=paging_kind"), chromedp.WaitVisible(chromedp.ID("letters-page")))
+	require.Equal(t, "1–200", text("#letters-shown"))
+	require.Equal(t, "450", text("#letters-total"))
+	require.Equal(t, 200, count("#letters tbody tr"))
+	require.Zero(t, count("#letters-first"))
+	run("the second page", chromedp.Click(chromedp.ID("letters-next")), chromedp.WaitVisible(chromedp.ID("letters-first")))
+	require.Equal(t, "201–400", text("#letters-shown"))
+	require.Equal(t, "450", text("#letters-total"))
+	run("the last page", chromedp.Click(chromedp.ID("letters-next")), chromedp.WaitVisible(chromedp.ID("letters-first")))
+	require.Equal(t, "401–450", text("#letters-shown"))
+	require.Equal(t, 50, count("#letters tbody tr"))
+	require.Zero(t, count("#letters-next"), "no page after the last")
+	first, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector('#letters tbody tr').dataset.job`))
+	require.NoError(t, err)
+	require.Equal(t, "page-400", first, "oldest first, page after page")
 
 	checkCSRF(t, base, h.AdminToken)
 }

@@ -132,12 +132,42 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		"Charts": buildCharts(buckets, since, until, c.cfg.ChartBucket), "Latency": latency, "LatencySample": ops.LatencySample})
 }
 
+// letterPage is how many dead letters one page of the console lists.
+const letterPage = 200
+
+// letterPageInfo is where a page of dead letters is in the whole list:
+// letters From to To (counted from 1, oldest first) of Total open; After
+// is the id the page starts after (0: the first page), Next the id the
+// next page starts after (0: none).
+type letterPageInfo struct {
+	From, To, Total int64
+	After, Next     int64
+}
+
 func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 	kind := r.URL.Query().Get("kind")
-	letters, err := deadletter.List(r.Context(), c.cfg.Pool, kind, 200)
+	var after int64
+	if v := r.URL.Query().Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			http.Error(w, fmt.Sprintf("after=%q is not a dead letter id", v), http.StatusBadRequest)
+			return
+		}
+		after = n
+	}
+	letters, err := deadletter.ListAfter(r.Context(), c.cfg.Pool, kind, after, letterPage)
 	if err != nil {
 		c.fail(w, r, err)
 		return
+	}
+	total, before, err := deadletter.CountOpen(r.Context(), c.cfg.Pool, kind, after)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	page := letterPageInfo{From: before + 1, To: before + int64(len(letters)), Total: total, After: after}
+	if n := len(letters); n > 0 && before+int64(n) < total {
+		page.Next = letters[n-1].ID
 	}
 	in, err := ops.Inspect(r.Context(), c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group, c.cfg.Now())
 	if err != nil {
@@ -145,7 +175,7 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.render(w, r, "deadletters.html", map[string]any{"Kind": kind, "Letters": letters, "Kinds": in.DeadLetters,
-		"Forged": deadletter.ForgedKind})
+		"Forged": deadletter.ForgedKind, "Paging": page, "PageSize": letterPage})
 }
 
 func letterID(r *http.Request) (int64, error) {

@@ -126,12 +126,31 @@ const Open = `requeued_at IS NULL AND discarded_at IS NULL`
 
 // List returns open letters, of one kind when kind is set.
 func List(ctx context.Context, q outbox.Querier, kind string, limit int) ([]Letter, error) {
+	return ListAfter(ctx, q, kind, 0, limit)
+}
+
+// ListAfter returns up to limit open letters (of one kind when kind is
+// set) with an id above after, oldest first: the page after the one
+// that ended with letter after.
+func ListAfter(ctx context.Context, q outbox.Querier, kind string, after int64, limit int) ([]Letter, error) {
 	rows, err := q.Query(ctx, `SELECT `+columns+` FROM dead_letters
-		WHERE `+Open+` AND ($1 = '' OR kind = $1) ORDER BY id LIMIT $2`, kind, limit)
+		WHERE `+Open+` AND ($1 = '' OR kind = $1) AND id > $3 ORDER BY id LIMIT $2`, kind, limit, after)
 	if err != nil {
 		return nil, fmt.Errorf("deadletter: list: %w", err)
 	}
 	return pgx.CollectRows(rows, scan)
+}
+
+// CountOpen is how many letters are open (of one kind when kind is set),
+// and how many of them have an id up to through: a list's honest total,
+// and where a page of it starts.
+func CountOpen(ctx context.Context, q outbox.Querier, kind string, through int64) (total, before int64, err error) {
+	err = q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE id <= $2) FROM dead_letters
+		WHERE `+Open+` AND ($1 = '' OR kind = $1)`, kind, through).Scan(&total, &before)
+	if err != nil {
+		return 0, 0, fmt.Errorf("deadletter: count: %w", err)
+	}
+	return total, before, nil
 }
 
 // Get returns one letter.
