@@ -260,11 +260,17 @@ type Config struct {
 	// Redis replicas acknowledged its entry (WAIT, 1s timeout; a batch
 	// short of them goes out again). Default 0: not waited for.
 	RelayReplicas int
-	// ReconcileAfter: an outbox row published this long ago whose job has
-	// no outcome is published again (its stream entry was lost). Default
-	// 15 minutes; it must exceed the longest expected backlog.
+	// An outbox row whose job has no outcome and that was published
+	// before every entry still on the stream has lost its entry (Redis
+	// lost it): the reconciler publishes it again once it is
+	// IdleInTransactionTimeout + 5s older than the oldest entry still
+	// pending or undelivered, a window read from the stream at each scan
+	// (outbox.Reconciler). ReconcileAfter is its ceiling: a row published
+	// this long ago is published again even when an older entry is still
+	// pending (a paused kind's), though never while an older one is still
+	// undelivered, so a backlog republishes nothing. Default 15 minutes.
 	ReconcileAfter time.Duration
-	// ReconcileInterval is how often the reconciler scans. Default 1m.
+	// ReconcileInterval is how often the reconciler scans. Default 10s.
 	ReconcileInterval time.Duration
 	// PausePollInterval is how often this host reads the kinds an operator
 	// paused (host/pause) and the kinds' limits (host/limits): a pause,
@@ -461,7 +467,7 @@ func (c *Config) fill() {
 		c.PausePollInterval = time.Second
 	}
 	if c.ReconcileInterval <= 0 {
-		c.ReconcileInterval = time.Minute
+		c.ReconcileInterval = 10 * time.Second
 	}
 	if c.RollbackWindow == 0 {
 		c.RollbackWindow = time.Minute

@@ -15,6 +15,15 @@ func (c Config) ReconcileFloor() time.Duration {
 	return c.ReclaimIdle + c.ReclaimInterval + c.JobTimeout
 }
 
+// reconcileGrace is how much older than the stream's oldest entry a row
+// must have been published to count as lost: longer than a relay
+// transaction can stay open between its BEGIN (the row's published_at)
+// and its XADD, which the server ends after IdleInTransactionTimeout.
+func (c Config) reconcileGrace() time.Duration {
+	c.fill()
+	return c.IdleInTransactionTimeout + 5*time.Second
+}
+
 // reconcileWarning is why ReconcileAfter is dangerous, "" when it is not.
 //
 // Warned, not refused: a row republished early is a second stream entry

@@ -65,8 +65,8 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 		if err != nil {
 			return nil, err
 		}
-		republish, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: h.pool, StaleAfter: cfg.ReconcileAfter,
-			Interval: cfg.ReconcileInterval, Logger: h.log})
+		republish, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: h.pool, Redis: h.rdb, Streams: h.shards, Group: cfg.Group,
+			Grace: cfg.reconcileGrace(), StaleAfter: cfg.ReconcileAfter, Interval: cfg.ReconcileInterval, Logger: h.log})
 		if err != nil {
 			return nil, err
 		}

@@ -132,9 +132,9 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fs.Func("admin-allowed-hosts", "comma-separated names the admin API also answers to in Host/Origin, name or name:port (USHER_ADMIN_ALLOWED_HOSTS)",
 		func(v string) error { cfg.AdminAllowedHosts = splitList(v); return nil })
 	cfg.AdminAllowedHosts = splitList(os.Getenv("USHER_ADMIN_ALLOWED_HOSTS"))
-	fs.DurationVar(&cfg.ReconcileAfter, "reconcile-after", 15*time.Minute, "republish outbox rows published this long ago with no outcome (USHER_RECONCILE_AFTER)")
+	fs.DurationVar(&cfg.ReconcileAfter, "reconcile-after", 15*time.Minute, "republish a row with no outcome published this long ago even while an older entry is still pending; rows older than every entry on the stream go sooner (USHER_RECONCILE_AFTER)")
 	fromEnv(fs, "reconcile-after", "USHER_RECONCILE_AFTER")
-	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", time.Minute, "how often to look for them (USHER_RECONCILE_INTERVAL)")
+	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", 10*time.Second, "how often to look for rows whose stream entries are gone (USHER_RECONCILE_INTERVAL)")
 	fromEnv(fs, "reconcile-interval", "USHER_RECONCILE_INTERVAL")
 	fs.DurationVar(&cfg.HistoryRetention, "history-retention", 7*24*time.Hour, "keep each job's delivery history this long (USHER_HISTORY_RETENTION)")
 	fromEnv(fs, "history-retention", "USHER_HISTORY_RETENTION")

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -211,7 +210,7 @@ func ReadLag(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, b
 			lag.GroupLag += shard
 		}
 		if p, err := rdb.XPending(ctx, key, group).Result(); err == nil && p.Count > 0 {
-			if ms, ok := streamIDTime(p.Lower); ok && now.After(ms) {
+			if ms, ok := stream.IDTime(p.Lower); ok && now.After(ms) {
 				lag.OldestPending = max(lag.OldestPending, now.Sub(ms))
 			}
 		}
@@ -228,17 +227,4 @@ func ReadLag(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, b
 
 func isNoStream(err error) bool {
 	return err != nil && (strings.Contains(err.Error(), "no such key") || errors.Is(err, redis.Nil))
-}
-
-// streamIDTime is the time a stream id ("ms-seq") was added at.
-func streamIDTime(id string) (time.Time, bool) {
-	ms, _, ok := strings.Cut(id, "-")
-	if !ok {
-		return time.Time{}, false
-	}
-	n, err := strconv.ParseInt(ms, 10, 64)
-	if err != nil {
-		return time.Time{}, false
-	}
-	return time.UnixMilli(n), true
 }
