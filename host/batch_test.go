@@ -16,6 +16,7 @@ import (
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
+	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
 
 // Jobs that record their id run in batches: one transaction and one call
@@ -234,4 +235,74 @@ func TestBatchedEnqueues(t *testing.T) {
 	n, _ := strconv.ParseFloat(mm[1], 64)
 	require.Positive(t, n, "no batch of the fanout plugin committed")
 	t.Logf("%.0f batches of the fanout plugin committed", n)
+}
+
+// A job that stalls holds only itself, under a steady flow: the next batch
+// overtakes its batch milliseconds after its pool's recent calls would
+// have answered, and its batch is called off a tenth of a second or so
+// later, not after StalledAfter (5s here), so no other job of its plugin
+// waits anywhere near StalledAfter. Before, every job around it waited for
+// StalledAfter. The p99 from commit to apply of the other jobs, against
+// the same flow's with nothing stalled, is logged, not asserted: the
+// issue's target is twice at most, and a machine shared with other tests
+// moves both by more than that.
+func TestStalledJobHoldsOnlyItself(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	ev, err := orders.CreateEvent(ctx, b.pool, "Flow", "Stagedoor Hall")
+	require.NoError(t, err)
+	cfg := b.config()
+	cfg.AdminAddr = "127.0.0.1:0"
+	cfg.ShutdownGrace = time.Second
+	cfg.StalledAfter = 5 * time.Second
+	h := hosttest.Start(t, cfg)
+	// flow places n orders at rate a second and returns their outbox ids'
+	// range.
+	const rate, n = 300, 900
+	flow := func() (first, last int64) {
+		tick := time.NewTicker(time.Second / rate)
+		defer tick.Stop()
+		for i := range n {
+			<-tick.C
+			placed, err := orders.Place(ctx, b.pool, orders.Order{EventID: ev, Buyer: "Buyer", Email: "b@example.com", Seats: 1}, orders.Jobs{Counter: true})
+			require.NoError(t, err)
+			if i == 0 {
+				first = placed.OutboxIDs[0]
+			}
+			last = placed.OutboxIDs[0]
+		}
+		return first, last
+	}
+	// latency is the p99 and the longest from commit to apply.
+	latency := func(first, last int64, except string) (p99, worst float64) {
+		require.NoError(t, b.pool.QueryRow(ctx, `
+			SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY s), max(s)
+			FROM (SELECT extract(epoch FROM p.processed_at - o.created_at) AS s
+			      FROM processed_jobs p JOIN outbox o ON o.id::text = p.job_id
+			      WHERE o.id BETWEEN $1 AND $2 AND p.job_id <> $3) x`, first, last, except).Scan(&p99, &worst))
+		return p99, worst
+	}
+	applied := func(want int64) {
+		hosttest.Eventually(t, 60*time.Second, fmt.Sprintf("%d jobs applied", want), func() bool {
+			return hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`) == want
+		})
+	}
+	flow() // warm-up: the plugin's pool and the batches' call times
+	first, last := flow()
+	applied(2 * n)
+	clean, _ := latency(first, last, "")
+	t.Logf("batches split with nothing stalled: %s", regexp.MustCompile(`usher_job_batch_size_count\{result="split",role="usher_plugin_counters"\} \d+`).FindString(metricsText(t, h)))
+
+	stalled := strconv.FormatInt(last+n/2, 10) // the middle of the next flow
+	require.NoError(t, faults.Arm(b.faultDir, "counter.before_apply", faults.Spec{Action: "stall", Duration: "1h", JobIDs: []string{stalled}}))
+	first, last = flow()
+	require.Equal(t, stalled, strconv.FormatInt(first+n/2-1, 10), "the stalled job's id was foreseen")
+	applied(3*n - 1)
+	withStall, worst := latency(first, last, stalled)
+	t.Logf("p99 from commit to apply: %.1f ms with nothing stalled, %.1f ms with job %s stalled (%.2fx); longest %.1f ms",
+		clean*1000, withStall*1000, stalled, withStall/clean, worst*1000)
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies WHERE job_id = $1`, stalled), "the stalled job is still held")
+	t.Logf("batches split: %s", regexp.MustCompile(`usher_job_batch_size_count\{result="split",role="usher_plugin_counters"\} \d+`).FindString(metricsText(t, h)))
+	require.Less(t, worst, cfg.StalledAfter.Seconds()/2, "a job waited behind the stalled one for StalledAfter")
 }

@@ -33,18 +33,22 @@ import (
 // those run again alone (Config.Solo) until they apply, so a job that
 // crashes its plugin is found by itself.
 //
-// One batch at a time per pool sends its writes: a batch starts only when
-// the one before it has sent all of its own and waits for nothing but its
-// COMMIT, so the batches of a plugin never wait on each other's row locks
-// in a cycle and do not deadlock, and a commit's round trip and flush
+// One batch at a time per pool sends its writes: a batch starts when the
+// one before it has sent all of its own and waits for nothing but its
+// COMMIT (or has been overtaken, see below, and then takes its turn to
+// write, batcher.writing), so the batches of a plugin never wait on each
+// other's row locks in a cycle and do not deadlock, and a commit's round trip and flush
 // overlap the next batch's record, call and writes. (Starting the next
 // batch earlier still, its record and call overlapping this one's call
 // and writes, was measured: batches halved, and 16 jobs in flight ran 14 %
 // slower.) Another entry of a job already in a batch not over waits in the
-// queue until that batch is over, then meets its record. A batch that runs past
-// StalledAfter is called off: its Invoke is cancelled, its transaction
-// rolled back, and each of its jobs runs again alone, so a handler that
-// hangs holds only its own job, never its batch-mates nor the next batch.
+// queue until that batch is over, then meets its record. A batch that runs
+// past its pool's call-off time (callOffAfter: a few times the slowest of
+// its pool's recent calls, StalledAfter at most) is called off: its Invoke
+// is cancelled, its transaction rolled back, and each of its jobs runs
+// again alone, so a handler that hangs holds only its own job, and its
+// batch-mates and the next batch wait tens of milliseconds for it, not
+// StalledAfter.
 
 // BatchReport is what Config.OnBatch is told of a batch that reached its
 // plugin.
@@ -103,6 +107,67 @@ type batcher struct {
 	lastSize int
 	// queued has a value when a job was queued since gather last looked.
 	queued chan struct{}
+	// calls are how long the plugin took to answer the last committed
+	// batches, newest at calls[next-1]; calledOff counts the batches
+	// called off since the last one committed (callOffAfter).
+	calls     [callOffWindow]time.Duration
+	next      int
+	calledOff int
+	// writing is held by the batch sending its writes: a batch overtaken
+	// by the next one (batchTimes) may answer after it, and the two must
+	// not take row locks at once, nor in a cycle.
+	writing sync.Mutex
+}
+
+// A batch is called off when its call runs past callOffFactor times the
+// slowest of its pool's last callOffWindow committed calls, and never
+// before callOffFloor: a handler that hangs is told from a batch that is
+// merely slow within a tenth of a second or so. Each batch called off in a row
+// doubles the time (a plugin slowed down as a whole, a loaded machine,
+// soon runs its batches whole again), up to StalledAfter. Before that, at
+// overtakeFactor times the slowest call (overtakeFloor at least), the next
+// batch starts without waiting for it, so the jobs that arrive meanwhile
+// wait for nothing but their own batch; the two never send their writes
+// at once (batcher.writing).
+const (
+	callOffWindow  = 32
+	callOffFactor  = 20
+	callOffFloor   = 100 * time.Millisecond
+	overtakeFactor = 2
+	overtakeFloor  = 5 * time.Millisecond
+)
+
+// batchTimes are how long b's next batch may run before the next one
+// overtakes it, and before it is called off.
+func (r *Runner) batchTimes(b *batcher) (overtake, callOff time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	slowest := time.Duration(0)
+	for _, d := range b.calls {
+		slowest = max(slowest, d)
+	}
+	if slowest == 0 {
+		return r.cfg.StalledAfter, r.cfg.StalledAfter // nothing known of this pool yet
+	}
+	backoff := min(b.calledOff, 16)
+	callOff = min(max(callOffFactor*slowest, callOffFloor)<<backoff, r.cfg.StalledAfter)
+	overtake = min(max(overtakeFactor*slowest, overtakeFloor)<<backoff, callOff)
+	return overtake, callOff
+}
+
+// answered records how long a committed batch's call took.
+func (b *batcher) answered(d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls[b.next] = d
+	b.next = (b.next + 1) % callOffWindow
+	b.calledOff = 0
+}
+
+func (b *batcher) calledOffOne() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calledOff++
 }
 
 // jobIDBatched runs job in the next batch of its pool and returns its
@@ -155,9 +220,9 @@ func (r *Runner) drain(b *batcher) {
 		var once sync.Once
 		// The next batch starts when this one has sent its writes (its
 		// commit, a round trip and a flush to disk, overlaps the next
-		// one's record, call and writes), when it is called off as
-		// stalled (its jobs run alone, and one of them hangs), or when it
-		// is over.
+		// one's record, call and writes), when its call has taken so long
+		// that the next one overtakes it (one of its jobs may hang:
+		// batchTimes), or when it is over.
 		free := func() { once.Do(func() { close(next) }) }
 		go func() {
 			defer close(done)
@@ -165,16 +230,25 @@ func (r *Runner) drain(b *batcher) {
 			defer free()
 			defer release()
 			defer stop(nil)
-			r.runBatch(ctx, batch, free)
+			r.runBatch(ctx, b, batch, free)
 		}()
 		go func() {
-			t := time.NewTimer(r.cfg.StalledAfter)
+			overtake, callOff := r.batchTimes(b)
+			start := time.Now()
+			t := time.NewTimer(overtake)
 			defer t.Stop()
 			select {
 			case <-done:
+				return
 			case <-t.C:
-				stop(errBatchStalled)
 				free()
+			}
+			t.Reset(callOff - time.Since(start))
+			select {
+			case <-done:
+			case <-t.C:
+				b.calledOffOne()
+				stop(errBatchStalled)
 			}
 		}()
 		<-next
@@ -345,7 +419,7 @@ func (r *Runner) alone(batch []*batchReq) {
 // database's deadlock detector breaks such a cycle, and the batch's jobs
 // run again alone.)
 // A batch that splits holds its pool until its jobs have run alone.
-func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()) {
+func (r *Runner) runBatch(ctx context.Context, b *batcher, batch []*batchReq, written func()) {
 	if len(batch) == 1 {
 		r.alone(batch)
 		return
@@ -442,7 +516,10 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 		_, ok = r.result(calls[i], res[i])
 		parts[i] = &writePart{h: hs[i], ws: res[i].GetWrites()}
 	}
+	var unlock func()
 	if ok {
+		b.writing.Lock()
+		unlock = b.writing.Unlock
 		done = lap(&phases.Writes)
 		ok = r.cfg.Handles.writeAll(parts)
 		done()
@@ -454,6 +531,9 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 	for i := 0; ok && i < len(run); i++ {
 		_, bad := refused(run[i].job, hs[i])
 		ok = !bad
+	}
+	if unlock != nil {
+		unlock() // before the jobs run alone: they may take long
 	}
 	if !ok {
 		tx.Rollback(context.WithoutCancel(ctx))
@@ -478,6 +558,7 @@ func (r *Runner) runBatch(ctx context.Context, batch []*batchReq, written func()
 		return
 	}
 	done()
+	b.answered(phases.Invoke)
 	r.observe(first.db, len(run), &phases)
 	for _, q := range run {
 		out := applied(q.d)

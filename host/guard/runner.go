@@ -119,8 +119,10 @@ type Config struct {
 	// OnBatch, when set, is told of every batch of two jobs or more that
 	// reached the plugin (BatchReport).
 	OnBatch func(BatchReport)
-	// StalledAfter is how long a batch may run before the next one of its
-	// plugin starts without waiting for it. Default 2s.
+	// StalledAfter is the longest a batch may run before it is called off
+	// (its jobs run again alone) and the next one of its plugin starts
+	// without waiting for it; a pool whose recent batches answered fast
+	// calls a batch off much sooner (callOffAfter). Default 2s.
 	StalledAfter time.Duration
 	// Arriving, when set, reports how many jobs are on their way to the
 	// runner, of any kind (stream.Consumer.Arriving: read from the
