@@ -18,6 +18,7 @@ import (
 	"github.com/usherhq/usher/client"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 // A second enqueue with the same key and kind inside its window returns
@@ -219,11 +220,11 @@ func TestDedupFromSQL(t *testing.T) {
 
 	// The README's statement, as written, twice: one job. Its grant is
 	// the one given here.
-	stmt := readmeBlock(t, "**Deduplication by a business key.**", "sql")
+	stmt := doctest.Block(t, "docs/plugins.md", "**Deduplication by a business key.**", "sql")
 	require.Len(t, stmt, 1)
 	var g, h int64
 	require.NoError(t, app.QueryRow(ctx, stmt[0]).Scan(&g))
 	require.NoError(t, app.QueryRow(ctx, stmt[0]).Scan(&h))
 	require.Equal(t, g, h)
-	require.Contains(t, readme(t), "GRANT EXECUTE ON FUNCTION "+sandbox.AppDedupEnqueueFunction+" TO app;")
+	require.Contains(t, doctest.Read(t, "docs/plugins.md"), "GRANT EXECUTE ON FUNCTION "+sandbox.AppDedupEnqueueFunction+" TO app;")
 }

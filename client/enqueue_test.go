@@ -27,6 +27,7 @@ import (
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/internal/doctest"
 	"github.com/usherhq/usher/internal/entry"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
@@ -124,7 +125,7 @@ func appRole(t *testing.T, b *testBundle) string {
 	EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; -- created by a test running at once
 	END $$`)
 	require.NoError(t, err)
-	grant := readmeBlock(t, "**Who may call it.**", "sql")
+	grant := doctest.Block(t, "docs/plugins.md", "**Who may call it.**", "sql")
 	require.Equal(t, []string{"GRANT EXECUTE ON FUNCTION usher_enqueue_job(text, jsonb, text, text) TO app;"}, grant)
 	// As the runtime's owner, who owns the function.
 	_, err = b.pool.Exec(ctx, strings.Replace(grant[0], " TO app;", " TO usher_test_app", 1))
@@ -151,14 +152,14 @@ func TestEnqueueFromPsqlAndPython(t *testing.T) {
 		return append(os.Environ(), "APP_DATABASE_URL="+appURL, "ORDER_ID="+orderID)
 	}
 
-	psql := exec.Command("sh", "-c", strings.Join(readmeBlock(t, "**psql**", "sh"), "\n")+"\n")
+	psql := exec.Command("sh", "-c", strings.Join(doctest.Block(t, "docs/plugins.md", "**psql**", "sh"), "\n")+"\n")
 	psql.Env = env(order(2))
 	out, err := psql.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "COMMIT")
 
 	dir := t.TempDir()
-	script := strings.Join(readmeBlock(t, "**Python, psycopg2**", "python"), "\n") + "\n"
+	script := strings.Join(doctest.Block(t, "docs/plugins.md", "**Python, psycopg2**", "python"), "\n") + "\n"
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "enqueue.py"), []byte(script), 0o644))
 	py := exec.Command(python(t), "enqueue.py")
 	py.Dir, py.Env = dir, env(order(3))
@@ -238,26 +239,6 @@ func TestEnqueueJobRefuses(t *testing.T) {
 	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM outbox`))
 }
 
-// readmeBlock returns the lines of the first fenced block of lang that
-// follows marker in the README.
-func readmeBlock(t *testing.T, marker, lang string) []string {
-	t.Helper()
-	_, after, ok := strings.Cut(readme(t), marker)
-	require.True(t, ok, "README has no %q", marker)
-	_, after, ok = strings.Cut(after, "```"+lang+"\n")
-	require.True(t, ok, "no %s block after %q", lang, marker)
-	block, _, ok := strings.Cut(after, "```")
-	require.True(t, ok)
-	return strings.Split(strings.TrimSpace(block), "\n")
-}
-
-func readme(t *testing.T) string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "README.md"))
-	require.NoError(t, err)
-	return string(b)
-}
-
 // The README's Go examples are readme_test.go's functions, character for
 // character, so what the tests run is what the README shows.
 func TestREADMEGoExamples(t *testing.T) {
@@ -282,9 +263,7 @@ func TestREADMEGoExamples(t *testing.T) {
 
 func readmeSection(t *testing.T) string {
 	t.Helper()
-	_, after, ok := strings.Cut(readme(t), "## Enqueue from your application")
-	require.True(t, ok)
-	return after
+	return doctest.After(t, "docs/plugins.md", "## Enqueue from your application")
 }
 
 // An application importing the client brings in neither the host nor

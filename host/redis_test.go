@@ -1,7 +1,6 @@
 package host_test
 
 import (
-	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -25,24 +24,17 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/internal/doctest"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 )
 
-// readmeACL returns the ACL SETUSER line the README shows, split into
-// arguments.
+// readmeACL returns the ACL SETUSER line docs/security.md shows, split
+// into arguments.
 func readmeACL(t *testing.T) []string {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "README.md"))
-	require.NoError(t, err)
-	var found []string
-	sc := bufio.NewScanner(strings.NewReader(string(raw)))
-	for sc.Scan() {
-		if line := sc.Text(); strings.HasPrefix(line, "ACL SETUSER ") {
-			found = append(found, line)
-		}
-	}
-	require.Len(t, found, 1, "the README shows one ACL SETUSER line")
-	return strings.Fields(found[0])
+	lines := doctest.Block(t, "docs/security.md", "## Redis ACL and TLS", "")
+	require.Len(t, lines, 1, "docs/security.md shows one ACL SETUSER line")
+	return strings.Fields(lines[0])
 }
 
 // A host whose Redis user has only the README's ACL line (under a name and

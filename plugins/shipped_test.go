@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 const (
@@ -83,7 +84,7 @@ func TestShippedPluginsCarryNoFaultsOrTestWrites(t *testing.T) {
 	}
 }
 
-// The README's "Faults come from outside" command, run as written by sh in
+// docs/plugins.md's "Faults come from outside" command, run as written by sh in
 // the repository: bin/chaos-plugins holds both chaos builds, each with the
 // manifest of the shipped plugin's name and kinds (`host plugins manifest`
 // starts the binary and checks them), built from the chaos packages.
@@ -94,14 +95,7 @@ func TestREADMEChaosPlugins(t *testing.T) {
 	}
 	t.Parallel()
 	root := hosttest.ModuleRoot(t)
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	require.NoError(t, err)
-	_, after, ok := strings.Cut(string(readme), "### Faults come from outside")
-	require.True(t, ok, "README has no Faults come from outside section")
-	_, after, ok = strings.Cut(after, "```sh\n")
-	require.True(t, ok, "no sh block in Faults come from outside")
-	block, _, _ := strings.Cut(after, "```")
-	lines := strings.Split(strings.TrimSpace(block), "\n")
+	lines := doctest.Block(t, "docs/plugins.md", "## Faults come from outside", "sh")
 	require.Len(t, lines, 1)
 	line, _, _ := strings.Cut(lines[0], "  #")
 	require.Equal(t, "make chaos-plugins", strings.TrimSpace(line))

@@ -50,7 +50,7 @@
 // [KeyForTest] outside tests. Two tools catch that: sdk/sdktest runs each
 // handler through every crash point and duplicate the guard allows (a send
 // in the wrong phase shows up as two sends), and the usher-vet analyzer
-// reports effects outside the effect phase statically (see the README,
+// reports effects outside the effect phase statically (see docs/plugins.md,
 // "Vet your plugin").
 //
 // # Middleware

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 func TestFlagsAreStrict(t *testing.T) {
@@ -36,19 +37,11 @@ func TestFlagsAreStrict(t *testing.T) {
 	require.Equal(t, filepath.Join("bench-results", "host.log"), cfg.Log)
 }
 
-// readmeBench returns the README's Benchmarks commands.
+// readmeBench returns docs/benchmarks.md's commands.
 func readmeBench(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "README.md"))
-	require.NoError(t, err)
-	_, after, ok := strings.Cut(string(b), "## Benchmarks")
-	require.True(t, ok, "README has no Benchmarks section")
-	_, after, ok = strings.Cut(after, "```sh\n")
-	require.True(t, ok)
-	block, _, ok := strings.Cut(after, "```")
-	require.True(t, ok)
 	var lines []string
-	for _, l := range strings.Split(strings.TrimSpace(block), "\n") {
+	for _, l := range doctest.Block(t, "docs/benchmarks.md", "## Running them", "sh") {
 		l, _, _ = strings.Cut(l, "  #") // the README's comment
 		lines = append(lines, strings.TrimSpace(l))
 	}
@@ -227,34 +220,32 @@ func TestREADMEMakeBench(t *testing.T) {
 	checkResults(t, results, 4)
 }
 
-// Every bin/bench command line the README quotes in its prose (how a
+// Every bin/bench command line the documents quote in their prose (how a
 // figure was measured) parses as bench's flags: a flag renamed or
 // misspelt there is an error here, never a command a reader cannot run.
 func TestREADMEQuotedCommandsParse(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "README.md"))
-	require.NoError(t, err)
-	// A quoted command may wrap over lines: join them first.
-	text := strings.Join(strings.Fields(string(b)), " ")
 	n := 0
-	for _, part := range strings.Split(text, "`bin/bench ")[1:] {
-		line, _, ok := strings.Cut(part, "`")
-		require.True(t, ok, "an unterminated command: %q", part[:min(len(part), 80)])
-		_, err := parseConfig(strings.Fields(line), io.Discard)
-		require.NoError(t, err, "bin/bench %s", line)
-		n++
+	for _, file := range doctest.Files(t) {
+		// A quoted command may wrap over lines: join them first.
+		text := strings.Join(strings.Fields(doctest.Read(t, file)), " ")
+		for _, part := range strings.Split(text, "`bin/bench ")[1:] {
+			line, _, ok := strings.Cut(part, "`")
+			require.True(t, ok, "%s: an unterminated command: %q", file, part[:min(len(part), 80)])
+			_, err := parseConfig(strings.Fields(line), io.Discard)
+			require.NoError(t, err, "%s: bin/bench %s", file, line)
+			n++
+		}
 	}
-	require.GreaterOrEqual(t, n, 3, "the README quotes its measuring commands")
+	require.GreaterOrEqual(t, n, 3, "docs/benchmarks.md quotes its measuring commands")
 }
 
 // The command docs/scaling.md gives for its table parses as bench's
 // flags (its numbers come from that line, run as written).
 func TestScalingDocCommandParses(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "docs", "scaling.md"))
-	require.NoError(t, err)
 	n := 0
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range doctest.Block(t, "docs/scaling.md", "## The measurement", "sh") {
 		if rest, ok := strings.CutPrefix(line, "bin/bench "); ok {
 			cfg, err := parseConfig(strings.Fields(rest), io.Discard)
 			require.NoError(t, err, line)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/internal/doctest"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
 
@@ -89,7 +90,7 @@ func runHostile(t *testing.T, pluginUser string, cases ...string) *hostileHost {
 	hh.stream = "usher:{jobs-" + hosttest.Suffix() + "}"
 
 	// The README's ACL user, under the README's name.
-	args := strings.Fields(readmeBlock(t, "### Redis ACL and TLS", "")[0])
+	args := strings.Fields(doctest.Block(t, "docs/security.md", "## Redis ACL and TLS", "")[0])
 	require.Equal(t, []string{"ACL", "SETUSER", "usher", "on", ">change-me"}, args[:5])
 	hh.password = hosttest.Suffix()
 	acl := []any{"ACL", "SETUSER", "usher", "on", ">" + hh.password}
@@ -134,13 +135,13 @@ func runHostile(t *testing.T, pluginUser string, cases ...string) *hostileHost {
 			"USHER_STREAM=" + hh.stream, "USHER_ADMIN_ADDR=127.0.0.1:0"}
 		return cmd
 	}
-	key := readmeBlock(t, "\n### Signing key\n", "sh")[0]
+	key := doctest.Block(t, "docs/security.md", "\n## Signing key\n", "sh")[0]
 	out, err := sh(key).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	b, err := os.ReadFile(filepath.Join(dir, "signing.key"))
 	require.NoError(t, err)
 	hh.key = string(b)
-	lines := readmeBlock(t, "### Redis ACL and TLS", "sh")
+	lines := doctest.Block(t, "docs/security.md", "## Redis ACL and TLS", "sh")
 	require.Len(t, lines, 2)
 	require.Contains(t, lines[0], "change-me")
 	out, err = sh(strings.ReplaceAll(lines[0], "change-me", hh.password)).CombinedOutput()

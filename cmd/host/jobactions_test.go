@@ -14,6 +14,7 @@ import (
 	"github.com/usherhq/usher/host/jobctl"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/schedule"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 // host jobs cancel and run-now, host deadletters discard and requeue of a
@@ -158,7 +159,7 @@ func TestREADMEJobActions(t *testing.T) {
 	}
 	dir := binDir(t)
 	env := []string{"DATABASE_URL=" + dbURL, "USER=ada"}
-	lines := readmeBlock(t, "**Act on a job.**", "sh")
+	lines := doctest.Block(t, "docs/operating.md", "**Act on a job.**", "sh")
 	require.Len(t, lines, 5)
 	for i, want := range []string{
 		"cancelled job 1: it was not published, and never will be",

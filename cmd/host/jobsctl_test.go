@@ -11,6 +11,7 @@ import (
 
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/internal/doctest"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
 
@@ -117,7 +118,7 @@ func TestREADMEJobsCommands(t *testing.T) {
 
 	dir := binDir(t)
 	env := []string{"DATABASE_URL=" + dbURL, "USHER_STREAM=" + stream, "REDIS_URL=" + hosttest.RedisURL()}
-	lines := readmeBlock(t, "**Enqueue, list, wait.**", "sh")
+	lines := doctest.Block(t, "docs/operating.md", "**Enqueue, list, wait.**", "sh")
 	require.Len(t, lines, 3)
 	out := readmeShell(t, dir, env, lines[0])
 	var id int64

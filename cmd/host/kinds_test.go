@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 // host kinds pause, resume and paused, as an operator types them: each
@@ -67,7 +68,7 @@ func TestREADMEPauseCommands(t *testing.T) {
 	t.Parallel()
 	pool, dbURL := hosttest.DB(t)
 	dir := binDir(t)
-	lines := readmeBlock(t, "**Pause a kind.**", "sh")
+	lines := doctest.Block(t, "docs/operating.md", "**Pause a kind.**", "sh")
 	require.Len(t, lines, 3)
 	env := []string{"DATABASE_URL=" + dbURL, "USER=ada"}
 	require.Contains(t, readmeShell(t, dir, env, lines[0]), "paused update_sales_counter")

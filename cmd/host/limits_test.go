@@ -8,6 +8,7 @@ import (
 
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/limits"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 // host kinds limit, unlimit and limits, as an operator types them: the
@@ -76,7 +77,7 @@ func TestREADMELimitCommands(t *testing.T) {
 	t.Parallel()
 	pool, dbURL := hosttest.DB(t)
 	dir := binDir(t)
-	lines := readmeBlock(t, "**Limit a kind.**", "sh")
+	lines := doctest.Block(t, "docs/operating.md", "**Limit a kind.**", "sh")
 	require.Len(t, lines, 3)
 	env := []string{"DATABASE_URL=" + dbURL, "USER=ada"}
 	require.Contains(t, readmeShell(t, dir, env, lines[0]), "limited send_tickets to concurrency 4, rate 10/s burst 10")

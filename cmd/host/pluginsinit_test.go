@@ -13,6 +13,7 @@ import (
 
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/pluginhost"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 // `host plugins init` writes a module that builds, vets and passes its own
@@ -175,10 +176,12 @@ func TestPluginsInit(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(mod), "module example.com/shop\n")
 
-	// The README's init line, as written (its next line, go mod tidy and
-	// make test, is what ran above, offline).
-	lines := readmeBlock(t, "### Write a plugin", "sh")
+	// docs/plugins.md's init line, as written (its next line, go mod tidy
+	// and make test, is what ran above, offline); the README's tour shows
+	// the same two lines.
+	lines := doctest.Block(t, "docs/plugins.md", "## Write a plugin", "sh")
 	require.Len(t, lines, 2)
+	require.Equal(t, lines, doctest.Block(t, "README.md", "**Write a plugin.**", "sh"), "the README's tour and docs/plugins.md")
 	work := binDir(t)
 	readmeShell(t, work, nil, lines[0])
 	mod, err = os.ReadFile(filepath.Join(work, "shop", "go.mod"))

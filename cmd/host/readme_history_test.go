@@ -12,6 +12,7 @@ import (
 	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 // The Operating section's history commands, as written, with and without
@@ -30,7 +31,7 @@ func TestREADMEHistoryCommands(t *testing.T) {
 	env := []string{"DATABASE_URL=" + dbURL}
 
 	ran := 0
-	for _, line := range readmeBlock(t, "## Operating", "text") {
+	for _, line := range doctest.Block(t, "docs/operating.md", "## The commands", "text") {
 		if !strings.HasPrefix(line, "bin/host jobs show") && !strings.HasPrefix(line, "bin/host workflows") {
 			continue
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/pluginhost"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 // The README's "Your plugin's schema and grants" lines, run as written by
@@ -30,7 +31,7 @@ func TestREADMEPluginSchema(t *testing.T) {
 	}
 	require.NoError(t, os.CopyFS(filepath.Join(work, "plugins", "tickets", "db"), os.DirFS(filepath.Join(root, "plugins", "tickets", "db"))))
 
-	lines := readmeBlock(t, "### Your plugin's schema and grants", "sh")
+	lines := doctest.Block(t, "docs/plugins.md", "## Your plugin's schema and grants", "sh")
 	require.Len(t, lines, 3)
 	for _, line := range lines {
 		cmd := exec.Command("sh", "-c", line)

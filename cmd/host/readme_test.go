@@ -15,22 +15,8 @@ import (
 
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/internal/doctest"
 )
-
-// readmeBlock returns the lines of the first fenced block of lang that
-// follows marker in the README.
-func readmeBlock(t *testing.T, marker, lang string) []string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "README.md"))
-	require.NoError(t, err)
-	_, after, ok := strings.Cut(string(b), marker)
-	require.True(t, ok, "README has no %q", marker)
-	_, after, ok = strings.Cut(after, "```"+lang+"\n")
-	require.True(t, ok, "no %s block after %q", lang, marker)
-	block, _, ok := strings.Cut(after, "```")
-	require.True(t, ok)
-	return strings.Split(strings.TrimSpace(block), "\n")
-}
 
 // The admin API's commands in the README, run as written by sh, as an
 // operator whose home holds the host's default token file. One change:
@@ -44,7 +30,7 @@ func TestREADMEAdminCommands(t *testing.T) {
 	require.NoError(t, os.MkdirAll(filepath.Join(work, "bin"), 0o755))
 	require.NoError(t, os.Symlink(o.bin, filepath.Join(work, "bin", "host")))
 
-	lines := readmeBlock(t, "**The admin API.**", "sh")
+	lines := doctest.Block(t, "docs/operating.md", "**The admin API.**", "sh")
 	require.Len(t, lines, 5)
 	want := []string{"counters  1.0.0", "counters  1.0.0", "counters: unchanged (1.0.0)", "ok", "usher_"}
 	for i, line := range lines {
@@ -60,7 +46,7 @@ func TestREADMEAdminCommands(t *testing.T) {
 	// The Operating section's plugins list and reload lines, every optional
 	// part left out and put in.
 	ran := 0
-	for _, line := range readmeBlock(t, "## Operating", "text") {
+	for _, line := range doctest.Block(t, "docs/operating.md", "## The commands", "text") {
 		if !strings.HasPrefix(line, "bin/host plugins [list]") && !strings.HasPrefix(line, "bin/host plugins reload") {
 			continue
 		}
@@ -87,7 +73,7 @@ func TestREADMEAdminCommands(t *testing.T) {
 
 	// The Prometheus scrape config authenticates with a credentials file
 	// and scrapes the default address.
-	yaml := strings.Join(readmeBlock(t, "**The admin API.**", "yaml"), "\n")
+	yaml := strings.Join(doctest.Block(t, "docs/operating.md", "**The admin API.**", "yaml"), "\n")
 	require.Contains(t, yaml, "authorization:\n      credentials_file: ")
 	require.Contains(t, yaml, `targets: ["127.0.0.1:9464"]`)
 }
@@ -149,7 +135,7 @@ func TestREADMEOperatingCommands(t *testing.T) {
 	env := []string{"DATABASE_URL=" + dbURL, "USHER_STREAM=" + stream, "REDIS_URL=" + hosttest.RedisURL()}
 
 	ran := 0
-	for _, line := range readmeBlock(t, "## Operating", "text") {
+	for _, line := range doctest.Block(t, "docs/operating.md", "## The commands", "text") {
 		if !strings.HasPrefix(line, "bin/host migrate") && !strings.HasPrefix(line, "bin/host inspect") &&
 			!strings.HasPrefix(line, "bin/host deadletters") {
 			continue
@@ -180,7 +166,7 @@ func TestREADMEOperatingCommands(t *testing.T) {
 	_, err := deadletter.Add(ctx, pool, deadletter.Letter{JobID: "9", Kind: kind, Payload: []byte(`{}`), Reason: "permanent failure: order 9", Attempts: 1, StreamID: "9-0"})
 	require.NoError(t, err)
 	ours := strings.TrimSuffix(dbURL, "?sslmode=disable")
-	lines := readmeBlock(t, "**Flags go anywhere**", "sh")
+	lines := doctest.Block(t, "docs/operating.md", "**Flags go anywhere**", "sh")
 	require.Len(t, lines, 2)
 	var outs []string
 	for _, line := range lines {
@@ -202,7 +188,7 @@ func TestREADMEDemoCommands(t *testing.T) {
 	t.Parallel()
 	demoURL, err := demoDatabaseURL(demoAdminURL, true)
 	require.NoError(t, err)
-	lines := readmeBlock(t, "ends by printing the commands that read them:", "sh")
+	lines := doctest.Block(t, "README.md", "ends by printing the commands that read them:", "sh")
 	require.Equal(t, inspectCommands(demoURL, demoStream), lines)
 
 	ctx := context.Background()
@@ -221,31 +207,4 @@ func TestREADMEDemoCommands(t *testing.T) {
 			require.Contains(t, out, "  pending           0\n", line)
 		}
 	}
-}
-
-// A block marked sh is one to paste: no line of it is a synopsis (an
-// optional part in brackets, "A | B"), which the shell would take as
-// arguments. Synopses go in text blocks (the Operating section's).
-func TestREADMEShellBlocksHaveNoSynopsis(t *testing.T) {
-	t.Parallel()
-	b, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "README.md"))
-	require.NoError(t, err)
-	synopsis := regexp.MustCompile(`\[(--|[A-Z]|[a-z]+\])| \| --`)
-	blocks := 0
-	rest := string(b)
-	for {
-		_, after, ok := strings.Cut(rest, "```sh\n")
-		if !ok {
-			break
-		}
-		block, tail, ok := strings.Cut(after, "```")
-		require.True(t, ok, "an sh block is not closed")
-		rest = tail
-		blocks++
-		for _, line := range strings.Split(block, "\n") {
-			code, _, _ := strings.Cut(line, "  #")
-			require.False(t, synopsis.MatchString(code), "a synopsis in an sh block: %s", line)
-		}
-	}
-	require.Greater(t, blocks, 10)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 // `host run` with a retention window under the redelivery bound refuses to
@@ -21,7 +22,7 @@ func TestRunRefusesRetentionBelowTheBound(t *testing.T) {
 	work := t.TempDir()
 	require.NoError(t, os.MkdirAll(filepath.Join(work, "bin"), 0o755))
 	require.NoError(t, os.Symlink(bin, filepath.Join(work, "bin", "host")))
-	lines := readmeBlock(t, "### Bounded storage", "sh")
+	lines := doctest.Block(t, "docs/operating.md", "## Bounded storage", "sh")
 	require.Len(t, lines, 1)
 	cmdline, _, _ := strings.Cut(lines[0], "  #")
 	cmd := exec.Command("sh", "-c", cmdline)

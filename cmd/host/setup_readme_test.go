@@ -16,6 +16,7 @@ import (
 
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 // The README's set-up commands, as written: only the README's server
@@ -23,7 +24,7 @@ import (
 // directory of the test's.
 func TestReadmeSetup(t *testing.T) {
 	t.Parallel()
-	lines := readmeBlock(t, "**Set up once, as an administrator:**", "sh")
+	lines := doctest.Block(t, "docs/security.md", "**Set up once, as an administrator:**", "sh")
 	require.Len(t, lines, 4)
 	setup, migrate, install, run := lines[0], lines[1], lines[2], lines[3]
 	require.True(t, strings.HasPrefix(setup, "bin/host setup "), setup)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/pluginhost"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 // The README's plugin users commands: setup-users creates a system user
@@ -21,7 +22,7 @@ import (
 func TestREADMEPluginUsers(t *testing.T) {
 	t.Parallel()
 	require.Zero(t, os.Geteuid(), "the tests run as root, to create users")
-	lines := readmeBlock(t, "`host setup-users` creates", "sh")
+	lines := doctest.Block(t, "docs/security.md", "`host setup-users` creates", "sh")
 	require.Len(t, lines, 2)
 	require.Equal(t, "bin/host setup-users --plugin counters --plugin tickets", lines[0])
 	require.Contains(t, lines[1], "--plugin-user '"+pluginhost.DefaultUserPattern+"'", "run names the users setup-users creates")

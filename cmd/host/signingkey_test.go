@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 // The README's signing key commands, run as written: a host started with
@@ -34,7 +35,7 @@ func TestSigningKeyFileFromReadme(t *testing.T) {
 		return cmd
 	}
 
-	lines := readmeBlock(t, "\n### Signing key\n", "sh")
+	lines := doctest.Block(t, "docs/security.md", "\n## Signing key\n", "sh")
 	require.Len(t, lines, 2)
 	out, err := sh(lines[0]).CombinedOutput()
 	require.NoError(t, err, "%s", out)

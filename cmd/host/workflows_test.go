@@ -20,6 +20,7 @@ import (
 	"github.com/usherhq/usher/client"
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/internal/doctest"
 )
 
 // The durable workflows' commands against a host running the flows test
@@ -110,7 +111,7 @@ func TestREADMEWorkflows(t *testing.T) {
 	ctx := context.Background()
 	src, err := os.ReadFile(filepath.Join(hosttest.ModuleRoot(t), "host", "testdata", "flows", "main.go"))
 	require.NoError(t, err)
-	example := strings.Join(readmeBlock(t, "releases on cancel:", "go"), "\n")
+	example := strings.Join(doctest.Block(t, "docs/workflows.md", "releases on cancel:", "go"), "\n")
 	require.Contains(t, string(src), "\n"+example+"\n", "the README's trip is host/testdata/flows's")
 
 	pool, dbURL, rdb, stream := flowsDB(t)
@@ -124,7 +125,7 @@ func TestREADMEWorkflows(t *testing.T) {
 	END $$`)
 	require.NoError(t, err)
 	require.NoError(t, admin.Close(ctx))
-	grants := readmeBlock(t, "grants it; no plugin role has any privilege on the workflow tables:", "sql")
+	grants := doctest.Block(t, "docs/workflows.md", "grants it; no plugin role has any privilege on the workflow tables:", "sql")
 	require.Len(t, grants, 3)
 	for _, g := range grants {
 		_, err := pool.Exec(ctx, strings.Replace(g, " TO app;", " TO usher_test_app", 1))
@@ -156,7 +157,7 @@ func TestREADMEWorkflows(t *testing.T) {
 	require.NoError(t, os.Symlink(hosttest.Build(t, "./cmd/host"), filepath.Join(work, "bin", "host")))
 	want := []string{`trip workflow t1 started (`, `trip workflow t1 exists (`, `signal paid (pay-1) to trip workflow t1: received`,
 		`counted once`, "trip:t1\n", "workflow  trip t1", "trip workflow t2 started (", "trip workflow t2: cancel requested"}
-	lines := readmeBlock(t, "with\na host running the flows test plugin:", "sh")
+	lines := doctest.Block(t, "docs/workflows.md", "with\na host running the flows test plugin:", "sh")
 	require.Len(t, lines, len(want))
 	for i, line := range lines {
 		cmdline, _, _ := strings.Cut(line, "  #")
@@ -211,7 +212,7 @@ func TestREADMEWorkflowsMigrate(t *testing.T) {
 	require.NoError(t, os.Symlink(bin, filepath.Join(work, "bin", "host")))
 	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "USHER_ADMIN_ADDR=" + h.AdminAddr()}
 	want := []string{"2 of 2 migrated to flows 2.0.0, 0 refused", "1 of 1 migrated to flows 2.0.0, 0 refused"}
-	lines := readmeBlock(t, "`migrated` event in its history:", "sh")
+	lines := doctest.Block(t, "docs/workflows.md", "`migrated` event in its history:", "sh")
 	require.Len(t, lines, len(want))
 	for i, line := range lines {
 		cmdline, _, _ := strings.Cut(line, "  #")
@@ -264,7 +265,7 @@ func TestREADMESchedules(t *testing.T) {
 	started := func() int64 {
 		return hosttest.Count(t, pool, `SELECT count(*) FROM workflows WHERE type = 'trip' AND workflow_id LIKE 'nightly-trip@%'`)
 	}
-	block := readmeBlock(t, "paused schedule skips its ticks; resumed, its next tick is the first after\nnow. With a host running the flows test plugin:", "sh")
+	block := doctest.Block(t, "docs/workflows.md", "paused schedule skips its ticks; resumed, its next tick is the first after\nnow. With a host running the flows test plugin:", "sh")
 	require.Len(t, block, 5)
 	run(block[0], "schedule nightly-trip added: starts workflow trip every 2s (catch-up one), next tick ")
 	hosttest.Eventually(t, 30*time.Second, "two ticks started trips", func() bool { return started() >= 2 })

@@ -4,13 +4,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/internal/doctest"
 )
 
-// The README's "Vet your plugin" lines, run as written by sh: in the
+// docs/plugins.md's "Vet your plugin" lines, run as written by sh: in the
 // shipped plugins they pass, in the testdata plugin that commits each
 // mistake they fail and name it. go install writes to a GOBIN of the
 // test's own, first on PATH, so which finds that build.
@@ -18,15 +19,7 @@ func TestREADMEVetYourPlugin(t *testing.T) {
 	t.Parallel()
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	require.NoError(t, err)
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	require.NoError(t, err)
-	_, after, ok := strings.Cut(string(readme), "### Vet your plugin")
-	require.True(t, ok, "README has no Vet your plugin section")
-	_, after, ok = strings.Cut(after, "```sh\n")
-	require.True(t, ok, "no sh block in Vet your plugin")
-	block, _, ok := strings.Cut(after, "```")
-	require.True(t, ok)
-	lines := strings.Split(strings.TrimSpace(block), "\n")
+	lines := doctest.Block(t, "docs/plugins.md", "## Vet your plugin", "sh")
 	require.Len(t, lines, 2)
 
 	gobin := t.TempDir()
