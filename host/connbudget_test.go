@@ -89,6 +89,6 @@ func TestNoConnectionSlot(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "host: postgres refused the connection: no connection slot left (too many connections for role")
 	require.Contains(t, err.Error(), "SQLSTATE 53300")
-	require.Contains(t, err.Error(), `README, "Connection budget"`)
+	require.Contains(t, err.Error(), `docs/operating.md, "Connection budget"`)
 	require.NotContains(t, err.Error(), "unreachable")
 }

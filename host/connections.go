@@ -16,7 +16,7 @@ const DefaultPluginPoolSize = 4
 // own pool's hostPool, and pluginPool for each of plugins plugins. N hosts
 // hold N times that; the server's max_connections, less its
 // superuser_reserved_connections and whatever else connects to it (the
-// applications), must cover them (README, "Connection budget").
+// applications), must cover them (docs/operating.md, "Connection budget").
 func ConnectionBudget(hostPool, plugins, pluginPool int) int { return hostPool + plugins*pluginPool }
 
 // newHostPool opens the host's own pool on DatabaseURL, its sessions
@@ -36,7 +36,7 @@ func newHostPool(ctx context.Context, c Config) (*pgxpool.Pool, error) {
 // not answer.
 func postgresError(err error) error {
 	if msg, full := sandbox.TooManyConnections(err); full {
-		return wrapped{fmt.Sprintf("host: postgres refused the connection: no connection slot left (%s, SQLSTATE 53300): the hosts, their plugins' pools and the applications hold the server's max_connections; see README, \"Connection budget\" for what each host holds (host pool + each plugin's pool, logged at start as max_connections)", msg), err}
+		return wrapped{fmt.Sprintf("host: postgres refused the connection: no connection slot left (%s, SQLSTATE 53300): the hosts, their plugins' pools and the applications hold the server's max_connections; see docs/operating.md, \"Connection budget\" for what each host holds (host pool + each plugin's pool, logged at start as max_connections)", msg), err}
 	}
 	return fmt.Errorf("host: cannot connect to postgres: %w", err)
 }

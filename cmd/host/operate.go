@@ -210,7 +210,7 @@ func withPool(ctx context.Context, conn *connFlags, f func(*pgxpool.Pool) error)
 	defer pool.Close()
 	if err := pool.Ping(ctx); err != nil {
 		if msg, full := sandbox.TooManyConnections(err); full {
-			return fmt.Errorf("postgres refused the connection: no connection slot left (%s, SQLSTATE 53300); see README, \"Connection budget\"", msg)
+			return fmt.Errorf("postgres refused the connection: no connection slot left (%s, SQLSTATE 53300); see docs/operating.md, \"Connection budget\"", msg)
 		}
 		return fmt.Errorf("cannot connect to postgres: %w", err)
 	}

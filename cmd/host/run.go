@@ -78,7 +78,7 @@ func warnPasswordless(ctx context.Context, log *slog.Logger, h *host.Host) {
 		}
 		if open {
 			log.Warn("postgres lets this plugin's role log in from this machine without a password (trust authentication): the plugin can open sessions of its own, outside the host's transactions, deadlines and pools; "+
-				"require scram-sha-256 for the plugin roles in pg_hba.conf (README, \"Security\")", "plugin", p.Name, "role", p.DBRole)
+				"require scram-sha-256 for the plugin roles in pg_hba.conf (docs/security.md)", "plugin", p.Name, "role", p.DBRole)
 		}
 	}
 }

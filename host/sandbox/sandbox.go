@@ -140,7 +140,7 @@ func CheckHostLogin(ctx context.Context, pool *pgxpool.Pool, allowSuperuser bool
 	}
 	if super && !allowSuperuser {
 		return "", "", fmt.Errorf("the host's database login %s is a superuser: plugins run untrusted code, and a superuser host turns one escape into the whole cluster (COPY ... TO PROGRAM runs shell commands). "+
-			"Log in as the runtime's owner role (create it with `host setup`; see README, \"Database roles\"), or pass --allow-superuser (host.Config.AllowSuperuser) to accept the risk", user)
+			"Log in as the runtime's owner role (create it with `host setup`; see docs/security.md, \"The plugin boundary: database roles\"), or pass --allow-superuser (host.Config.AllowSuperuser) to accept the risk", user)
 	}
 	return user, schema, nil
 }
@@ -164,7 +164,7 @@ func CheckPluginRole(ctx context.Context, pool *pgxpool.Pool, plugin, role strin
 		FROM pg_roles r WHERE r.rolname = $1`, role).
 		Scan(&login, &super, &createRole, &createDB, &repl, &bypass, &memberOf, &hostUser)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("plugin %s has no Postgres role %s: an administrator creates it once with `host setup --admin-url URL --plugin %s` (see README, \"Database roles\")", plugin, role, plugin)
+		return fmt.Errorf("plugin %s has no Postgres role %s: an administrator creates it once with `host setup --admin-url URL --plugin %s` (see docs/security.md, \"The plugin boundary: database roles\")", plugin, role, plugin)
 	}
 	if err != nil {
 		return fmt.Errorf("look up role %s: %w", role, err)
@@ -402,9 +402,9 @@ func OpenPluginPool(ctx context.Context, c PoolConfig) (*pgxpool.Pool, error) {
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		if _, full := TooManyConnections(err); full {
-			return nil, fmt.Errorf("sandbox: log in as %s: the server has no connection slot for it: the role's CONNECTION LIMIT (`host setup --plugin-connection-limit`) or the server's max_connections is spent; see README, \"Connection budget\": %w", c.Role, err)
+			return nil, fmt.Errorf("sandbox: log in as %s: the server has no connection slot for it: the role's CONNECTION LIMIT (`host setup --plugin-connection-limit`) or the server's max_connections is spent; see docs/operating.md, \"Connection budget\": %w", c.Role, err)
 		}
-		return nil, fmt.Errorf("sandbox: log in as %s: %w (give the host the role's password in its passfile, PGPASSFILE; see README, \"Database roles\")", c.Role, err)
+		return nil, fmt.Errorf("sandbox: log in as %s: %w (give the host the role's password in its passfile, PGPASSFILE; see docs/security.md, \"The plugin boundary: database roles\")", c.Role, err)
 	}
 	return pool, nil
 }
