@@ -259,7 +259,7 @@ func TestStalledJobHoldsOnlyItself(t *testing.T) {
 	h := hosttest.Start(t, cfg)
 	// flow places n orders at rate a second and returns their outbox ids'
 	// range.
-	const rate, n = 300, 900
+	const rate, n = 300, 600
 	flow := func() (first, last int64) {
 		tick := time.NewTicker(time.Second / rate)
 		defer tick.Stop()

@@ -19,9 +19,9 @@ import (
 func TestRetentionBelowTheBoundIsRefusedAtStart(t *testing.T) {
 	t.Parallel()
 	cfg := host.Config{DatabaseURL: "postgres://nowhere.invalid/x", RedisURL: "redis://nowhere.invalid:6379", ProcessedJobsRetention: 30 * time.Minute}
-	require.Equal(t, 37*time.Minute+45*time.Second, cfg.RetentionBound(), "the defaults' bound")
+	require.Equal(t, 36*time.Minute+55*time.Second, cfg.RetentionBound(), "the defaults' bound")
 	_, err := host.New(context.Background(), cfg)
-	require.ErrorContains(t, err, "host: ProcessedJobsRetention 30m0s is shorter than the redelivery bound 37m45s = MaxDeliveries 10 × (ReclaimIdle 1m0s")
+	require.ErrorContains(t, err, "host: ProcessedJobsRetention 30m0s is shorter than the redelivery bound 36m55s = MaxDeliveries 10 × (ReclaimIdle 1m0s")
 
 	cfg = host.Config{DatabaseURL: "postgres://nowhere.invalid/x", RedisURL: "redis://nowhere.invalid:6379",
 		ReclaimIdle: 10 * time.Second, MaxDeliveries: 3, OutboxRetention: 10 * time.Minute}

@@ -29,7 +29,7 @@ func TestRunRefusesRetentionBelowTheBound(t *testing.T) {
 	cmd.Dir = work
 	out, err := cmd.CombinedOutput()
 	require.Error(t, err)
-	require.Contains(t, string(out), "ProcessedJobsRetention 10m0s is shorter than the redelivery bound 37m45s")
+	require.Contains(t, string(out), "ProcessedJobsRetention 10m0s is shorter than the redelivery bound 36m55s")
 
 	cmd = exec.Command(bin, "run", "--reclaim-idle", "5s", "--admin-addr", "")
 	cmd.Env = append(cmd.Environ(), "USHER_OUTBOX_RETENTION=1m")
