@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/usherhq/usher/host/pluginhost"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/usherhq/usher/host/pluginhost"
 
 	"github.com/jackc/pgx/v5"
 
@@ -521,7 +525,7 @@ func (r *Runner) runBatch(ctx context.Context, b *batcher, batch []*batchReq, wr
 		b.writing.Lock()
 		unlock = b.writing.Unlock
 		done = lap(&phases.Writes)
-		ok = r.cfg.Handles.writeAll(parts)
+		ok = r.cfg.Handles.writeAll(inLockOrder(parts))
 		done()
 	}
 	for i := 0; ok && i < len(run); i++ {
@@ -565,6 +569,55 @@ func (r *Runner) runBatch(ctx context.Context, b *batcher, batch []*batchReq, wr
 		out.Version = q.d.Version
 		finish(q, out)
 	}
+}
+
+// inLockOrder is parts in the order their writes are sent: by their first
+// write's SQL and arguments, the same order on every host. The jobs of a
+// batch are independent, so their order is free, and two batches (of two
+// hosts, or a batch and the one that overtook it) whose jobs each write
+// one row named by their first write's arguments lock shared rows in the
+// same order, never in a cycle. A write that names its row another way
+// (the counter's names the order, whose event it increments) gains
+// nothing: three hosts over 100 events still deadlock a few times in
+// 2,400 jobs, each time a batch rolled back after the server's
+// deadlock_timeout and its jobs run again alone.
+func inLockOrder(parts []*writePart) []*writePart {
+	keys := make(map[*writePart]string, len(parts))
+	for _, p := range parts {
+		keys[p] = lockKey(p)
+	}
+	sorted := slices.Clone(parts)
+	slices.SortStableFunc(sorted, func(a, b *writePart) int { return strings.Compare(keys[a], keys[b]) })
+	return sorted
+}
+
+// lockKey is a part's first write, its SQL and its arguments' values.
+func lockKey(p *writePart) string {
+	if len(p.ws) == 0 {
+		return ""
+	}
+	var k strings.Builder
+	k.WriteString(p.ws[0].GetSql())
+	for _, a := range p.ws[0].GetArgs() {
+		k.WriteByte(0)
+		// Not a.String(): protobuf's text output varies from one
+		// process to the next on purpose.
+		switch v := a.GetKind().(type) {
+		case *usherv1.Value_Int:
+			k.WriteString(strconv.FormatInt(v.Int, 10))
+		case *usherv1.Value_Text:
+			k.WriteString(v.Text)
+		case *usherv1.Value_Float:
+			k.WriteString(strconv.FormatFloat(v.Float, 'g', -1, 64))
+		case *usherv1.Value_Bytes:
+			k.Write(v.Bytes)
+		case *usherv1.Value_Bool:
+			k.WriteString(strconv.FormatBool(v.Bool))
+		case *usherv1.Value_TimeUnixNanos:
+			k.WriteString(strconv.FormatInt(v.TimeUnixNanos, 10))
+		}
+	}
+	return k.String()
 }
 
 // recordJobs records the ids of batch's jobs in its transaction, in one

@@ -1,0 +1,28 @@
+package guard
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+)
+
+// Two batches whose jobs write the same rows send them in one order,
+// whatever order their jobs came in: by the first write's SQL and
+// arguments, with each job's writes kept together and in their order.
+func TestWritesInLockOrder(t *testing.T) {
+	counter := func(event int64, more ...*usherv1.Statement) *writePart {
+		ws := []*usherv1.Statement{{Mode: usherv1.Mode_MODE_EXEC, Sql: "UPDATE events SET seats_sold = seats_sold + 1 WHERE id = $1",
+			Args: []*usherv1.Value{{Kind: &usherv1.Value_Int{Int: event}}}}}
+		return &writePart{ws: append(ws, more...)}
+	}
+	note := &usherv1.Statement{Mode: usherv1.Mode_MODE_EXEC, Sql: "INSERT INTO notes VALUES ($1)", Args: []*usherv1.Value{{Kind: &usherv1.Value_Text{Text: "x"}}}}
+	e5, e3, e4 := counter(5, note), counter(3), counter(4)
+	none := &writePart{}
+	one := inLockOrder([]*writePart{e5, e3, none, e4})
+	other := inLockOrder([]*writePart{e4, none, e5, e3})
+	require.Equal(t, one, other)
+	require.Equal(t, []*writePart{none, e3, e4, e5}, one)
+	require.Same(t, note, one[3].ws[1], "a job's writes stay together, in its order")
+}
