@@ -32,6 +32,7 @@ import (
 	"github.com/usherhq/usher/host/plugindb"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/host/sandbox"
+	"github.com/usherhq/usher/internal/doctest"
 	"github.com/usherhq/usher/internal/entry"
 	"github.com/usherhq/usher/migrations"
 	"github.com/usherhq/usher/plugins/checkout/checkout"
@@ -325,20 +326,7 @@ var (
 // ModuleRoot finds the directory holding go.mod.
 func ModuleRoot(tb testing.TB) string {
 	tb.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			tb.Fatal("hosttest: no go.mod above the test")
-		}
-		dir = parent
-	}
+	return doctest.Root(tb)
 }
 
 func fileExists(path string) bool {
