@@ -24,9 +24,14 @@ type SendTickets struct {
 func (SendTickets) Kind() string { return "send_tickets" }
 
 // UpdateSalesCounter asks for "order N's seats are counted in its event's
-// sales counter".
+// sales counter". EventID, when set, is the order's event: the counter's
+// write then names the row it increments, and batches of several hosts
+// lock the events they share in one order (see host/guard, inLockOrder).
+// Without it (an enqueue that knows only the order) the write finds the
+// event through the order, as it always did.
 type UpdateSalesCounter struct {
 	OrderID int64 `json:"order_id"`
+	EventID int64 `json:"event_id,omitempty"`
 }
 
 // Kind implements sdk.Args.

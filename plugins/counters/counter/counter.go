@@ -24,10 +24,21 @@ var _ sdk.RecordJobID[stagedoor.UpdateSalesCounter] = Handler{}
 // host runs it in the job's transaction, with no round trip back to it,
 // and a missing order fails the job.
 func (h Handler) Apply(ctx context.Context, job sdk.Job[stagedoor.UpdateSalesCounter], tx *sdk.Tx) error {
-	tx.Queue(sdk.Statement{SQL: `
+	st := sdk.Statement{SQL: `
 		UPDATE events e SET seats_sold = e.seats_sold + o.seats
 		FROM orders o WHERE o.id = $1 AND e.id = o.event_id`, Args: []any{job.Args.OrderID},
-		MinRows: 1, Missing: fmt.Sprintf("update_sales_counter: order %d does not exist", job.Args.OrderID)})
+		MinRows: 1, Missing: fmt.Sprintf("update_sales_counter: order %d does not exist", job.Args.OrderID)}
+	if job.Args.EventID != 0 {
+		// The event first: the host sends a batch's writes in the order
+		// of their first arguments, so the batches that share events lock
+		// them in one order.
+		st.SQL = `
+		UPDATE events e SET seats_sold = e.seats_sold + o.seats
+		FROM orders o WHERE e.id = $1 AND o.id = $2 AND o.event_id = e.id`
+		st.Args = []any{job.Args.EventID, job.Args.OrderID}
+		st.Missing = fmt.Sprintf("update_sales_counter: order %d of event %d does not exist", job.Args.OrderID, job.Args.EventID)
+	}
+	tx.Queue(st)
 	job.Log.Debug("seats counted", "order_id", job.Args.OrderID, "plugin_version", h.Version)
 	return nil
 }

@@ -15,8 +15,19 @@ import (
 	"github.com/usherhq/usher/sdk/sdktest"
 )
 
+// Both forms of the job: the order alone, and the order with its event
+// (the write names the event it increments).
 func TestUpdateSalesCounterIsIdempotent(t *testing.T) {
 	t.Parallel()
+	for _, named := range []bool{false, true} {
+		t.Run(map[bool]string{false: "order", true: "order and event"}[named], func(t *testing.T) {
+			t.Parallel()
+			testUpdateSalesCounter(t, named)
+		})
+	}
+}
+
+func testUpdateSalesCounter(t *testing.T, named bool) {
 	grants, err := pluginhost.ReadGrants("../db/grants.json")
 	require.NoError(t, err)
 	sdktest.Run(t, sdktest.Case[stagedoor.UpdateSalesCounter]{
@@ -32,8 +43,12 @@ func TestUpdateSalesCounterIsIdempotent(t *testing.T) {
 			require.NoError(tb, err)
 			p := sdk.New("counters", "test")
 			sdk.HandleRecordJobID(p, counter.Handler{})
+			args, race := stagedoor.UpdateSalesCounter{OrderID: o.ID}, stagedoor.UpdateSalesCounter{OrderID: other.ID}
+			if named {
+				args.EventID, race.EventID = ev, ev
+			}
 			return sdktest.Setup[stagedoor.UpdateSalesCounter]{
-				Plugin: p, Args: stagedoor.UpdateSalesCounter{OrderID: o.ID},
+				Plugin: p, Args: args,
 				// The counter is the effect: 4 seats once, never 8, never 0.
 				Effects: func(ctx context.Context) (any, error) {
 					var seats int64
@@ -42,7 +57,7 @@ func TestUpdateSalesCounterIsIdempotent(t *testing.T) {
 				},
 				Want: 4,
 				// Both orders counted, however their jobs interleave: 7.
-				Race: &sdktest.Race[stagedoor.UpdateSalesCounter]{Args: stagedoor.UpdateSalesCounter{OrderID: other.ID}, Want: 7},
+				Race: &sdktest.Race[stagedoor.UpdateSalesCounter]{Args: race, Want: 7},
 			}
 		},
 	})

@@ -86,7 +86,7 @@ func PlaceTx(ctx context.Context, tx pgx.Tx, o Order, jobs Jobs) (Placed, error)
 		msgs = append(msgs, outbox.Message{Kind: kind, Payload: b, RequestID: p.RequestID, Trace: trace})
 	}
 	if jobs.Counter {
-		add(stagedoor.UpdateSalesCounter{}.Kind(), stagedoor.UpdateSalesCounter{OrderID: p.ID})
+		add(stagedoor.UpdateSalesCounter{}.Kind(), stagedoor.UpdateSalesCounter{OrderID: p.ID, EventID: o.EventID})
 	}
 	if jobs.Tickets {
 		add(stagedoor.RenderTickets{}.Kind(), stagedoor.RenderTickets{OrderID: p.ID})
