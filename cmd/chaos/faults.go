@@ -646,10 +646,10 @@ func (in *injector) redisFailover(ctx context.Context, rng *rand.Rand) (string, 
 	// Whatever happened, the old node comes back: without a promotion it
 	// serves its shards again itself.
 	restartErr := cl.Restart(f.primary)
-	if restartErr == nil {
-		if err := cl.WaitHealthy(failoverBound); err != nil {
-			restartErr = err
-		}
+	if restartErr == nil && f.promoted == 0 {
+		restartErr = cl.WaitHealthy(failoverBound)
+	} else if restartErr == nil {
+		restartErr = cl.WaitReplica(f.primary, failoverBound)
 	}
 	f.rejoined = time.Since(killed)
 	in.count(faultRedisFailover, fmt.Sprintf("primary of %d shard(s) killed", len(f.shards)))

@@ -291,6 +291,34 @@ func (c *Cluster) WaitHealthy(within time.Duration) error {
 	}
 }
 
+// WaitReplica waits until the node at addr is a replica in sync with its
+// primary (a primary restarted after its failover turns into one once the
+// others tell it its slots moved) and the cluster is Healthy, at most
+// within. Healthy alone can pass before: the restarted node first comes
+// back as the primary its nodes.conf says it was.
+func (c *Cluster) WaitReplica(addr string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		cl := client(addr)
+		repl, err := cl.Info(context.Background(), "replication").Result()
+		_ = cl.Close()
+		why := fmt.Sprintf("%s: %v", addr, err)
+		if err == nil {
+			why = addr + " is not a replica in sync with its primary"
+			if strings.Contains(repl, "role:slave") && strings.Contains(repl, "master_link_status:up") {
+				var ok bool
+				if ok, why = c.Healthy(); ok {
+					return nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("localcluster: after %s: %s", within, why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // PrimaryFor is the address of the primary serving key's slot, as every
 // live node sees it: an error when one cannot say or two disagree (a
 // failover under way).
@@ -316,19 +344,26 @@ func (c *Cluster) PrimaryFor(ctx context.Context, key string) (string, error) {
 }
 
 // primaryFor asks one node who serves key's slot (CLUSTER KEYSLOT, CLUSTER
-// SLOTS: the first node of a range is its primary).
+// SHARDS).
 func primaryFor(ctx context.Context, cl *redis.Client, key string) (string, error) {
 	slot, err := cl.ClusterKeySlot(ctx, key).Result()
 	if err != nil {
 		return "", err
 	}
-	slots, err := cl.ClusterSlots(ctx).Result()
+	shards, err := cl.ClusterShards(ctx).Result()
 	if err != nil {
 		return "", err
 	}
-	for _, r := range slots {
-		if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
-			return r.Nodes[0].Addr, nil
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
+			if r.Start > slot || slot > r.End {
+				continue
+			}
+			for _, n := range sh.Nodes {
+				if n.Role == "master" {
+					return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10)), nil
+				}
+			}
 		}
 	}
 	return "", fmt.Errorf("localcluster: slot %d of %q is not served", slot, key)
