@@ -493,9 +493,9 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 	if len(in.failovers) > 0 {
 		fmt.Fprintln(c.out)
 		fmt.Fprintln(c.out, "== failovers (times from the kill) ==")
-		fmt.Fprintln(w, "#	primary killed	shards	replica promoted	promoted after	pause (shards took writes again)	rejoined as a replica	")
+		fmt.Fprintln(w, "#\tprimary killed\tshards\treplica promoted\tpromoted after\tpause (shards took writes again)\trejoined as a replica\t")
 		for i, f := range in.failovers {
-			fmt.Fprintf(w, "%d	%s	%s	%s	%s	%s	%s	\n", i+1, f.primary, strings.Join(f.shards, " "), f.replica, dur(f.promoted), dur(f.pause), dur(f.rejoined))
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", i+1, f.primary, strings.Join(f.shards, " "), f.replica, dur(f.promoted), dur(f.pause), dur(f.rejoined))
 		}
 		w.Flush()
 	}

@@ -43,9 +43,10 @@ type config struct {
 	// streamShards is the hosts' --stream-shards, 1 to stream.MaxShards;
 	// default 6 with redisCluster (two per primary), else 1.
 	streamShards int
-	workDir      string // where logs and data go; default a new directory under $TMPDIR
-	keep         bool   // keep the data (Postgres, Redis, blobs) after a successful run
-	short        bool   // the CI mode
+
+	workDir string // where logs and data go; default a new directory under $TMPDIR
+	keep    bool   // keep the data (Postgres, Redis, blobs) after a successful run
+	short   bool   // the CI mode
 }
 
 func parseConfig(args []string, usageOut io.Writer) (config, error) {
