@@ -577,7 +577,12 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 	fmt.Fprintf(w, "faults\t%d\t\n", faultsTotal)
 	if c.cluster != nil {
 		fmt.Fprintf(w, "redis\tcluster of 3 primaries and 3 replicas, %d stream shards\t\n", len(c.shards))
-		fmt.Fprintf(w, "failovers\t%s\t\n", failoverSummary(in.failovers))
+		// One row each: a long row would push every value of this
+		// right-aligned table off the screen.
+		fmt.Fprintf(w, "failovers\t%d\t\n", len(in.failovers))
+		for i, f := range in.failovers {
+			fmt.Fprintf(w, "  #%d %s (%d shard(s))\tpromoted %s, pause %s\t\n", i+1, f.primary, len(f.shards), dur(f.promoted), dur(f.pause))
+		}
 	}
 	fmt.Fprintf(w, "load + faults\t%s\t\n", c.cfg.duration)
 	fmt.Fprintf(w, "drain\t%s\t\n", drained.Round(100*time.Millisecond))
@@ -595,20 +600,6 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 	fmt.Fprintf(c.out, "OK: %d orders, %d faults, nothing lost, nothing doubled (seed %d, %s in all)\n",
 		n, faultsTotal, c.cfg.seed, time.Since(loadStart).Round(time.Second))
 	return true, nil
-}
-
-// failoverSummary is the failovers' count, and each one's promotion time
-// and pause.
-func failoverSummary(fs []failover) string {
-	out := strconv.Itoa(len(fs))
-	for i, f := range fs {
-		sep := ", "
-		if i == 0 {
-			sep = ": "
-		}
-		out += fmt.Sprintf("%spromoted %s, pause %s", sep, dur(f.promoted), dur(f.pause))
-	}
-	return out
 }
 
 func (c *chaos) listUnaccounted(ctx context.Context) {
