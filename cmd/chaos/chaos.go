@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,11 +22,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/usherhq/usher/host"
+	"github.com/usherhq/usher/host/stream"
+	"github.com/usherhq/usher/internal/localcluster"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/tickets/mail"
 )
 
-// The hosts' defaults: chaos reads and writes the same stream and group.
+// The hosts' defaults: chaos reads and writes the same stream and group
+// (its shards: stream.ShardKeys of streamKey).
 const (
 	streamKey = "usher:{jobs}"
 	groupName = "usher"
@@ -47,8 +53,11 @@ type chaos struct {
 	start time.Time
 	work  string
 
-	pg      *postgres
+	pg *postgres
+	// redis is the single node, cluster the cluster of --redis-cluster:
+	// one of them is nil.
 	redis   *redisServer
+	cluster *localcluster.Cluster
 	mail    *proc
 	mailURL string
 	mailer  *mail.Client
@@ -57,7 +66,11 @@ type chaos struct {
 	adminToken        string // every host's admin API token (USHER_ADMIN_TOKEN)
 	blobDir, faultDir string
 	pool              *pgxpool.Pool
-	rdb               *redis.Client
+	// rdb is a client of the Redis the hosts use, the one they build
+	// from the same URL: every read of the stream goes through it, a shard
+	// at a time (shards), so the same code serves the node and the cluster.
+	rdb    redis.UniversalClient
+	shards []string
 
 	hosts     []*hostSlot
 	hostsWG   sync.WaitGroup
@@ -86,13 +99,16 @@ func (c *chaos) replayCommand() string {
 	if cfg.short {
 		args = append(args, "--short")
 	}
+	if cfg.redisCluster {
+		args = append(args, "--redis-cluster")
+	}
 	var kinds []string
 	for _, k := range cfg.faults {
 		kinds = append(kinds, k.String())
 	}
 	args = append(args, "--hosts", fmt.Sprint(cfg.hosts), "--orders", fmt.Sprint(cfg.orders),
 		"--duration", cfg.duration.String(), "--rounds", fmt.Sprint(cfg.rounds),
-		"--faults", strings.Join(kinds, ","), "--seed", fmt.Sprint(cfg.seed))
+		"--stream-shards", fmt.Sprint(cfg.streamShards), "--faults", strings.Join(kinds, ","), "--seed", fmt.Sprint(cfg.seed))
 	if !cfg.redisAOF {
 		args = append(args, "--redis-aof=false")
 	}
@@ -105,6 +121,7 @@ func runChaos(ctx context.Context, cfg config, out io.Writer) (err error) {
 	if err := faults.RequireChaosBuilds(cfg.pluginDir, "counters", "tickets", "checkout"); err != nil {
 		return err
 	}
+	redis.SetLogger(quietRedisLog{})
 	c := &chaos{cfg: cfg, out: out, start: time.Now()}
 	if err := c.setupWorkDir(); err != nil {
 		return err
@@ -125,9 +142,13 @@ func runChaos(ctx context.Context, cfg config, out io.Writer) (err error) {
 	if c.pool, err = pgxpool.New(ctx, c.dbURL); err != nil {
 		return err
 	}
-	redis.SetLogger(quietRedisLog{})
-	ropt, _ := redis.ParseURL(c.redisURL)
-	c.rdb = redis.NewClient(ropt)
+	if c.rdb, err = host.NewRedisClient(c.redisURL, ""); err != nil {
+		return err
+	}
+	c.shards = stream.ShardKeys(streamKey, cfg.streamShards)
+	if c.cluster != nil {
+		c.sayShardOwners(ctx)
+	}
 	if c.load, err = c.newLoader(ctx); err != nil {
 		return err
 	}
@@ -275,6 +296,15 @@ func (c *chaos) startStores(ctx context.Context) error {
 	c.adminToken = hex.EncodeToString(tok)
 	c.say("postgres (pid %d, %s) at 127.0.0.1:%d, data in %s", c.pg.p.pid(), c.pg.binDir, c.pg.port, c.pg.root)
 
+	if c.cfg.redisCluster {
+		if c.cluster, err = localcluster.Start(c.path("redis")); err != nil {
+			return err
+		}
+		c.redisURL = c.cluster.URL()
+		c.say("redis cluster of 3 primaries with a replica each at %s, no persistence (a failed primary's replica holds the stream; the relay waits for one, --relay-replicas 1); each node logs to %s",
+			strings.Join(c.cluster.Addrs(), ", "), filepath.Join(c.path("redis"), "<port>", "redis.log"))
+		return nil
+	}
 	if c.redis, err = newRedis(c.path("redis"), c.path("redis.log"), c.cfg.redisAOF); err != nil {
 		return err
 	}
@@ -415,6 +445,9 @@ func (c *chaos) cleanup(runErr error) {
 	if c.redis != nil {
 		c.redis.close()
 	}
+	if c.cluster != nil {
+		c.cluster.Stop()
+	}
 	// A failed run keeps its data for a post-mortem; an interrupted one
 	// does not.
 	keep := c.cfg.keep || runErr != nil && !errors.Is(runErr, context.Canceled)
@@ -513,9 +546,14 @@ func (c *chaos) explainStuck(ctx context.Context) {
 			return nil
 		})
 	}
-	if pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: streamKey, Group: groupName, Start: "-", End: "+", Count: 20}).Result(); err == nil {
+	for _, key := range c.shards {
+		pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: key, Group: groupName, Start: "-", End: "+", Count: 20}).Result()
+		if err != nil {
+			c.say("  %s: XPENDING: %v", key, err)
+			continue
+		}
 		for _, x := range pend {
-			c.say("  pending entry %s: consumer %s, idle %s, delivered %d times", x.ID, x.Consumer, x.Idle.Round(time.Millisecond), x.RetryCount)
+			c.say("  pending entry %s %s: consumer %s, idle %s, delivered %d times", key, x.ID, x.Consumer, x.Idle.Round(time.Millisecond), x.RetryCount)
 		}
 	}
 }
@@ -545,4 +583,31 @@ func (c *chaos) probeOrder(ctx context.Context, host string, timeout time.Durati
 		}
 		sleepCtx(ctx, 200*time.Millisecond)
 	}
+}
+
+// sayShardOwners prints which primary serves which shard.
+func (c *chaos) sayShardOwners(ctx context.Context) {
+	owners, err := c.shardOwners(ctx)
+	if err != nil {
+		c.say("redis cluster: who serves the shards: %v", err)
+		return
+	}
+	var parts []string
+	for _, a := range slices.Sorted(maps.Keys(owners)) {
+		parts = append(parts, fmt.Sprintf("%s serves %s", a, strings.Join(owners[a], ", ")))
+	}
+	c.say("%d stream shards: %s", len(c.shards), strings.Join(parts, "; "))
+}
+
+// shardOwners maps each primary serving a shard to its shards' keys.
+func (c *chaos) shardOwners(ctx context.Context) (map[string][]string, error) {
+	owners := map[string][]string{}
+	for _, key := range c.shards {
+		p, err := c.cluster.PrimaryFor(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		owners[p] = append(owners[p], key)
+	}
+	return owners, nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/usherhq/usher/plugins/tickets/blob"
 	"github.com/usherhq/usher/plugins/tickets/handlers"
@@ -79,20 +80,33 @@ func (c *chaos) progress(ctx context.Context) (progress, error) {
 	return p, nil
 }
 
-// streamState reads the group's pending count and how many entries it has
-// not been delivered yet.
+// streamState reads, over every shard, the group's pending count, how many
+// entries it has not been delivered yet, and the stream's length. Each
+// read names one shard's key, so on a cluster it goes to that shard's
+// primary.
 func (c *chaos) streamState(ctx context.Context) (pending, undelivered, length int64, err error) {
-	x, err := c.rdb.XPending(ctx, streamKey, groupName).Result()
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("XPENDING: %w", err)
+	for _, key := range c.shards {
+		p, u, n, err := shardState(ctx, c.rdb, key)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		pending, undelivered, length = pending+p, undelivered+u, length+n
 	}
-	st, err := c.rdb.XInfoStream(ctx, streamKey).Result()
+	return pending, undelivered, length, nil
+}
+
+func shardState(ctx context.Context, rdb redis.UniversalClient, key string) (pending, undelivered, length int64, err error) {
+	x, err := rdb.XPending(ctx, key, groupName).Result()
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("XINFO STREAM: %w", err)
+		return 0, 0, 0, fmt.Errorf("XPENDING %s: %w", key, err)
 	}
-	groups, err := c.rdb.XInfoGroups(ctx, streamKey).Result()
+	st, err := rdb.XInfoStream(ctx, key).Result()
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("XINFO GROUPS: %w", err)
+		return 0, 0, 0, fmt.Errorf("XINFO STREAM %s: %w", key, err)
+	}
+	groups, err := rdb.XInfoGroups(ctx, key).Result()
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("XINFO GROUPS %s: %w", key, err)
 	}
 	undelivered = -1
 	for _, g := range groups {
@@ -109,7 +123,7 @@ func (c *chaos) streamState(ctx context.Context) (pending, undelivered, length i
 		}
 	}
 	if undelivered < 0 {
-		return 0, 0, 0, fmt.Errorf("the stream has no group %q", groupName)
+		return 0, 0, 0, fmt.Errorf("%s has no group %q", key, groupName)
 	}
 	return x.Count, undelivered, st.Length, nil
 }
@@ -476,6 +490,15 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 		fmt.Fprintf(w, "  mail-error: sends the provider failed on purpose\t%d\t\n", stats.FailedInjected)
 	}
 	w.Flush()
+	if len(in.failovers) > 0 {
+		fmt.Fprintln(c.out)
+		fmt.Fprintln(c.out, "== failovers (times from the kill) ==")
+		fmt.Fprintln(w, "#\tprimary killed\tshards\treplica promoted\tpromoted after\tpause (shards took writes again)\trejoined as a replica\t")
+		for i, f := range in.failovers {
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", i+1, f.primary, strings.Join(f.shards, " "), f.replica, dur(f.promoted), dur(f.pause), dur(f.rejoined))
+		}
+		w.Flush()
+	}
 	for _, m := range in.missed {
 		fmt.Fprintf(c.out, "not injected: %s\n", m)
 	}
@@ -552,6 +575,15 @@ func (c *chaos) check(ctx context.Context, loadStart time.Time, drained time.Dur
 		faultsTotal += in.counts[k]
 	}
 	fmt.Fprintf(w, "faults\t%d\t\n", faultsTotal)
+	if c.cluster != nil {
+		fmt.Fprintf(w, "redis\tcluster of 3 primaries and 3 replicas, %d stream shards\t\n", len(c.shards))
+		// One row each: a long row would push every value of this
+		// right-aligned table off the screen.
+		fmt.Fprintf(w, "failovers\t%d\t\n", len(in.failovers))
+		for i, f := range in.failovers {
+			fmt.Fprintf(w, "  #%d %s (%d shard(s))\tpromoted %s, pause %s\t\n", i+1, f.primary, len(f.shards), dur(f.promoted), dur(f.pause))
+		}
+	}
 	fmt.Fprintf(w, "load + faults\t%s\t\n", c.cfg.duration)
 	fmt.Fprintf(w, "drain\t%s\t\n", drained.Round(100*time.Millisecond))
 	fmt.Fprintf(w, "lost\t%d\t\n", v.lost)

@@ -5,8 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
 	"time"
+
+	"github.com/usherhq/usher/host/stream"
 )
 
 // config is what the command line sets. parseConfig fills the defaults, and
@@ -34,10 +35,18 @@ type config struct {
 	jobTimeout   time.Duration // the hosts' handler deadline; default 20s
 	drainTimeout time.Duration // bound of the wait for the system to drain; default 5m (2m with --short)
 
-	redisAOF bool   // run Redis with appendonly yes, appendfsync always; default true
-	workDir  string // where logs and data go; default a new directory under $TMPDIR
-	keep     bool   // keep the data (Postgres, Redis, blobs) after a successful run
-	short    bool   // the CI mode
+	redisAOF bool // run the single Redis with appendonly yes, appendfsync always; default true
+	// redisCluster runs Redis as a local cluster of 3 primaries with a
+	// replica each instead of one node; the hosts get its URL,
+	// --relay-replicas 1, and streamShards shards. Default false.
+	redisCluster bool
+	// streamShards is the hosts' --stream-shards, 1 to stream.MaxShards;
+	// default 6 with redisCluster (two per primary), else 1.
+	streamShards int
+
+	workDir string // where logs and data go; default a new directory under $TMPDIR
+	keep    bool   // keep the data (Postgres, Redis, blobs) after a successful run
+	short   bool   // the CI mode
 }
 
 func parseConfig(args []string, usageOut io.Writer) (config, error) {
@@ -54,13 +63,15 @@ func parseConfig(args []string, usageOut io.Writer) (config, error) {
 	fs.DurationVar(&c.hold, "checkout-hold", 3*time.Second, "how long a checkout holds its seats waiting for the payment (15m in production)")
 	fs.DurationVar(&c.duration, "duration", 10*time.Minute, "how long orders are placed and faults injected")
 	fs.IntVar(&c.rounds, "rounds", 12, "rounds of faults; each round injects every fault type once, in a random order")
-	faults := fs.String("faults", "all", "comma-separated fault types to inject: "+strings.Join(faultNames(), ", "))
+	faults := fs.String("faults", "all", "comma-separated fault types to inject, or all (every type of the Redis mode): "+faultHelp())
 	fs.Uint64Var(&c.seed, "seed", uint64(time.Now().UnixNano()%1_000_000_000), "seed of the order mix and the fault schedule (printed; pass it to replay)")
 	fs.DurationVar(&c.reclaimIdle, "reclaim-idle", 3*time.Second, "the hosts' reclaim threshold (60s in production)")
 	fs.DurationVar(&c.lease, "lease", 4*time.Second, "send_tickets' claim lease (2m in production)")
 	fs.DurationVar(&c.jobTimeout, "job-timeout", 20*time.Second, "the hosts' deadline for one handler run")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 5*time.Minute, "how long to wait for the system to drain after the faults")
-	fs.BoolVar(&c.redisAOF, "redis-aof", true, "run Redis with appendonly yes and appendfsync always; false loses the stream on a Redis crash")
+	fs.BoolVar(&c.redisAOF, "redis-aof", true, "run the single Redis with appendonly yes and appendfsync always; false loses the stream on a Redis crash (not with --redis-cluster)")
+	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "run Redis as a local cluster of 3 primaries with a replica each (redis-failover replaces redis-restart); the hosts relay with --relay-replicas 1")
+	fs.IntVar(&c.streamShards, "stream-shards", 1, fmt.Sprintf("the hosts' --stream-shards, 1-%d (default 6 with --redis-cluster, else 1)", stream.MaxShards))
 	fs.StringVar(&c.workDir, "workdir", "", "directory for logs and data (default: a new one under $TMPDIR)")
 	fs.BoolVar(&c.keep, "keep", false, "keep the data directories after a successful run")
 	fs.BoolVar(&c.short, "short", false, "CI mode: 50s of load and faults, 300 orders, every fault type 3 times")
@@ -75,8 +86,14 @@ func parseConfig(args []string, usageOut io.Writer) (config, error) {
 	if c.short {
 		c.shorten(set)
 	}
+	if c.redisCluster && !set["stream-shards"] {
+		c.streamShards = 6
+	}
+	if c.redisCluster && set["redis-aof"] {
+		return c, errors.New("--redis-aof is the single Redis node's: the cluster's nodes keep no files, a failed primary's replica holds the stream")
+	}
 	var err error
-	if c.faults, err = parseFaults(*faults); err != nil {
+	if c.faults, err = parseFaults(*faults, c.redisCluster); err != nil {
 		return c, err
 	}
 	return c, c.validate()
@@ -117,6 +134,8 @@ func (c *config) validate() error {
 		return errors.New("--reclaim-idle must be at least 500ms")
 	case c.lease <= 0 || c.jobTimeout <= 0 || c.drainTimeout <= 0:
 		return errors.New("--lease, --job-timeout and --drain-timeout must be positive")
+	case c.streamShards < 1 || c.streamShards > stream.MaxShards:
+		return fmt.Errorf("--stream-shards %d is outside 1-%d: a stream has at least one shard, and every host reads every shard in turn", c.streamShards, stream.MaxShards)
 	}
 	return nil
 }

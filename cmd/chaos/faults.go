@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/usherhq/usher/internal/localcluster"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 	"github.com/usherhq/usher/plugins/tickets/mail"
@@ -31,6 +33,7 @@ const (
 	faultHostKill
 	faultHostStop
 	faultRedisRestart
+	faultRedisFailover
 	faultPostgresRestart
 	faultRelayDuplicate
 	faultMailError
@@ -38,18 +41,42 @@ const (
 	numFaultKinds
 )
 
-var faultInfo = [numFaultKinds]struct{ name, what string }{
-	faultPluginKill:      {"plugin-kill", "kill -9 of a plugin process (its host restarts it)"},
-	faultHostKill:        {"host-kill", "kill -9 of a host process (restarted with the same consumer name)"},
-	faultHostStop:        {"host-stop", "SIGSTOP of a host past the reclaim threshold, then SIGCONT"},
-	faultRedisRestart:    {"redis-restart", "kill -9 of Redis, restarted on the same port and data"},
-	faultPostgresRestart: {"postgres-restart", "Postgres restart -m fast / -m immediate"},
-	faultRelayDuplicate:  {"relay-dup", "stream entries published twice (XADD of a copy)"},
-	faultMailError:       {"mail-error", "mail provider errors (before the send, or after it)"},
-	faultMailSlow:        {"mail-slow", "mail provider slow answers (some past the client's timeout)"},
+// redisMode is the Redis a fault applies to.
+type redisMode int
+
+const (
+	anyRedis     redisMode = iota // either
+	singleRedis                   // the single node (no --redis-cluster)
+	clusterRedis                  // the cluster (--redis-cluster)
+)
+
+var faultInfo = [numFaultKinds]struct {
+	name, what string
+	mode       redisMode
+}{
+	faultPluginKill:      {"plugin-kill", "kill -9 of a plugin process (its host restarts it)", anyRedis},
+	faultHostKill:        {"host-kill", "kill -9 of a host process (restarted with the same consumer name)", anyRedis},
+	faultHostStop:        {"host-stop", "SIGSTOP of a host past the reclaim threshold, then SIGCONT", anyRedis},
+	faultRedisRestart:    {"redis-restart", "kill -9 of Redis, restarted on the same port and data", singleRedis},
+	faultRedisFailover:   {"redis-failover", "kill -9 of a primary serving a shard, its replica promoted, the old one back as a replica", clusterRedis},
+	faultPostgresRestart: {"postgres-restart", "Postgres restart -m fast / -m immediate", anyRedis},
+	faultRelayDuplicate:  {"relay-dup", "stream entries published twice (XADD of a copy)", anyRedis},
+	faultMailError:       {"mail-error", "mail provider errors (before the send, or after it)", anyRedis},
+	faultMailSlow:        {"mail-slow", "mail provider slow answers (some past the client's timeout)", anyRedis},
 }
 
 func (k faultKind) String() string { return faultInfo[k].name }
+
+// appliesTo says whether k can be injected on the Redis of cluster mode.
+func (k faultKind) appliesTo(cluster bool) bool {
+	switch faultInfo[k].mode {
+	case singleRedis:
+		return !cluster
+	case clusterRedis:
+		return cluster
+	}
+	return true
+}
 
 func faultNames() []string {
 	var out []string
@@ -59,11 +86,31 @@ func faultNames() []string {
 	return out
 }
 
-func parseFaults(s string) ([]faultKind, error) {
+// faultHelp lists the fault types, naming those of one Redis mode only.
+func faultHelp() string {
+	var out []string
+	for k := range numFaultKinds {
+		switch faultInfo[k].mode {
+		case singleRedis:
+			out = append(out, k.String()+" (single node only)")
+		case clusterRedis:
+			out = append(out, k.String()+" (--redis-cluster only)")
+		default:
+			out = append(out, k.String())
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+// parseFaults reads --faults for the Redis mode: "all" is every type that
+// applies to it; a named type that does not is an error.
+func parseFaults(s string, cluster bool) ([]faultKind, error) {
 	if s == "" || s == "all" {
 		var all []faultKind
 		for k := range numFaultKinds {
-			all = append(all, k)
+			if k.appliesTo(cluster) {
+				all = append(all, k)
+			}
 		}
 		return all, nil
 	}
@@ -72,10 +119,17 @@ func parseFaults(s string) ([]faultKind, error) {
 		name = strings.TrimSpace(name)
 		i := slices.Index(faultNames(), name)
 		if i < 0 {
-			return nil, fmt.Errorf("unknown fault type %q (known: %s)", name, strings.Join(faultNames(), ", "))
+			return nil, fmt.Errorf("unknown fault type %q (known: %s)", name, faultHelp())
 		}
-		if !slices.Contains(out, faultKind(i)) {
-			out = append(out, faultKind(i))
+		k := faultKind(i)
+		switch {
+		case !k.appliesTo(cluster) && cluster:
+			return nil, fmt.Errorf("fault %s applies to the single Redis node, not to --redis-cluster (its primaries fail over: redis-failover)", k)
+		case !k.appliesTo(cluster):
+			return nil, fmt.Errorf("fault %s needs --redis-cluster: the single Redis node has no replica to promote (it restarts: redis-restart)", k)
+		}
+		if !slices.Contains(out, k) {
+			out = append(out, k)
 		}
 	}
 	return out, nil
@@ -116,11 +170,12 @@ type injector struct {
 	c    *chaos
 	plan []injection
 
-	mu       sync.Mutex
-	counts   [numFaultKinds]int
-	variants map[string]int
-	missed   []string
-	findings []string
+	mu        sync.Mutex
+	counts    [numFaultKinds]int
+	variants  map[string]int
+	missed    []string
+	findings  []string
+	failovers []failover
 	// pluginKills records recent kills per host and plugin, so the
 	// injector does not push a plugin into its supervisor's crash-loop
 	// state (5 crashes in a minute), which is a different test.
@@ -208,6 +263,8 @@ func (in *injector) try(ctx context.Context, inj injection, rng *rand.Rand) (str
 		return in.hostStop(ctx, inj, rng)
 	case faultRedisRestart:
 		return in.redisRestart(ctx, rng)
+	case faultRedisFailover:
+		return in.redisFailover(ctx, rng)
 	case faultPostgresRestart:
 		return in.postgresRestart(ctx, inj, rng)
 	case faultRelayDuplicate:
@@ -532,6 +589,126 @@ func (in *injector) redisRestart(ctx context.Context, rng *rand.Rand) (string, e
 	return fmt.Sprintf("kill -9 of Redis (pid %d), down %s, restarted (%s)", pid, down.Round(100*time.Millisecond), mode), nil
 }
 
+// failoverBound bounds each wait of a failover: the replica's promotion,
+// the shards taking writes again, the old primary's rejoining.
+const failoverBound = 60 * time.Second
+
+// failover is one redis-failover, its times counted from the kill.
+type failover struct {
+	primary, replica string   // the killed primary, the replica promoted in its place
+	shards           []string // the shards the primary served
+	// promoted: until every live node names the replica the primary of
+	// each shard; pause: until a write to each shard's slot through a
+	// client like the hosts' succeeded again; rejoined: until the old
+	// primary was back as the replica, in sync.
+	promoted, pause, rejoined time.Duration
+}
+
+// redisFailover kills (-9) a primary that serves at least one shard,
+// chosen from the seed among the current primaries, waits for its replica
+// to be promoted and for its shards to take writes again, then starts the
+// old node on its port and files, to rejoin as the new primary's replica.
+// It starts only on a healthy cluster (the last failover's node rejoined
+// and in sync), so a replica that can be promoted is always there.
+func (in *injector) redisFailover(ctx context.Context, rng *rand.Rand) (string, error) {
+	in.redisMu.Lock()
+	defer in.redisMu.Unlock()
+	cl := in.c.cluster
+	if ok, why := cl.Healthy(); !ok || len(cl.LiveAddrs()) < localcluster.Nodes {
+		return "", fmt.Errorf("%w: the cluster is not whole and healthy: %s", errNoTarget, why)
+	}
+	owners, err := in.c.shardOwners(ctx)
+	if err != nil {
+		return "", err
+	}
+	primaries := slices.Sorted(maps.Keys(owners))
+	f := failover{primary: primaries[rng.IntN(len(primaries))]}
+	f.shards = owners[f.primary]
+	pid := cl.Node(f.primary).Cmd.Process.Pid
+	killed := time.Now()
+	if err := cl.Kill(f.primary); err != nil {
+		return "", err
+	}
+	for f.promoted == 0 || f.pause == 0 {
+		if f.promoted == 0 {
+			if r, ok := in.promoted(ctx, f); ok {
+				f.replica, f.promoted = r, time.Since(killed)
+			}
+		}
+		if f.pause == 0 && in.writable(ctx, f.shards) {
+			f.pause = time.Since(killed)
+		}
+		if time.Since(killed) > failoverBound || ctx.Err() != nil {
+			break
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
+	// Whatever happened, the old node comes back: without a promotion it
+	// serves its shards again itself.
+	restartErr := cl.Restart(f.primary)
+	if restartErr == nil && f.promoted == 0 {
+		restartErr = cl.WaitHealthy(failoverBound)
+	} else if restartErr == nil {
+		restartErr = cl.WaitReplica(f.primary, failoverBound)
+	}
+	f.rejoined = time.Since(killed)
+	in.count(faultRedisFailover, fmt.Sprintf("primary of %d shard(s) killed", len(f.shards)))
+	in.mu.Lock()
+	in.failovers = append(in.failovers, f)
+	in.mu.Unlock()
+	msg := fmt.Sprintf("kill -9 of primary %s (pid %d) serving %s", f.primary, pid, strings.Join(f.shards, ", "))
+	switch {
+	case f.promoted == 0:
+		in.finding("redis-failover: no replica of %s promoted within %s (see %s)", f.primary, failoverBound, cl.Dir(f.primary))
+	case f.pause == 0:
+		in.finding("redis-failover: %s promoted after %s, but %s took no write within %s", f.replica, dur(f.promoted), strings.Join(f.shards, ", "), failoverBound)
+	default:
+		msg += fmt.Sprintf("; replica %s promoted after %s, the shards took writes again after %s", f.replica, dur(f.promoted), dur(f.pause))
+	}
+	if restartErr != nil {
+		in.finding("redis-failover: %s did not rejoin: %v", f.primary, restartErr)
+		return msg, nil
+	}
+	return msg + fmt.Sprintf("; the old primary rejoined as a replica, cluster healthy after %s", dur(f.rejoined)), nil
+}
+
+// promoted reports the replica that now serves every shard f's primary
+// served, once every live node agrees it does.
+func (in *injector) promoted(ctx context.Context, f failover) (string, bool) {
+	var replica string
+	for _, key := range f.shards {
+		p, err := in.c.cluster.PrimaryFor(ctx, key)
+		if err != nil || p == f.primary || replica != "" && p != replica {
+			return "", false
+		}
+		replica = p
+	}
+	return replica, true
+}
+
+// writable reports whether a write to each shard's slot (a key of chaos'
+// own beside the stream, in its hash tag) succeeds through chaos' client,
+// which finds a new primary as the hosts' clients do.
+func (in *injector) writable(ctx context.Context, shards []string) bool {
+	for _, key := range shards {
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := in.c.rdb.Set(wctx, key+":chaos-failover-probe", time.Now().UnixMilli(), time.Minute).Err()
+		cancel()
+		if err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// dur is a failover's time from the kill; 0 is one that never came.
+func dur(d time.Duration) string {
+	if d == 0 {
+		return "never"
+	}
+	return d.Round(10 * time.Millisecond).String()
+}
+
 func (in *injector) postgresRestart(ctx context.Context, inj injection, rng *rand.Rand) (string, error) {
 	in.pgMu.Lock()
 	defer in.pgMu.Unlock()
@@ -550,36 +727,38 @@ func (in *injector) postgresRestart(ctx context.Context, inj injection, rng *ran
 
 // relayDuplicate publishes copies of existing entries: what a relay that
 // crashed between XADD and marking its rows published does. By turns the
-// newest entries (likely still in flight) or a random stretch.
+// newest entries (likely still in flight) or a random stretch, of a shard
+// chosen at random; the copies go to the shard they came from.
 func (in *injector) relayDuplicate(ctx context.Context, inj injection, rng *rand.Rand) (string, error) {
 	rdb := in.c.rdb
+	key := in.c.shards[rng.IntN(len(in.c.shards))]
 	n := int64(5 + rng.IntN(36))
 	var msgs []redis.XMessage
 	var err error
 	where := "newest"
 	if inj.nth%2 == 0 {
-		msgs, err = rdb.XRevRangeN(ctx, streamKey, "+", "-", n).Result()
+		msgs, err = rdb.XRevRangeN(ctx, key, "+", "-", n).Result()
 	} else {
 		where = "random"
 		var first, last []redis.XMessage
-		if first, err = rdb.XRangeN(ctx, streamKey, "-", "+", 1).Result(); err == nil {
-			last, err = rdb.XRevRangeN(ctx, streamKey, "+", "-", 1).Result()
+		if first, err = rdb.XRangeN(ctx, key, "-", "+", 1).Result(); err == nil {
+			last, err = rdb.XRevRangeN(ctx, key, "+", "-", 1).Result()
 		}
 		if err == nil && len(first) == 1 && len(last) == 1 {
 			lo, hi := streamMillis(first[0].ID), streamMillis(last[0].ID)
 			from := lo + rng.Int64N(max(hi-lo, 0)+1)
-			msgs, err = rdb.XRangeN(ctx, streamKey, strconv.FormatInt(from, 10), "+", n).Result()
+			msgs, err = rdb.XRangeN(ctx, key, strconv.FormatInt(from, 10), "+", n).Result()
 		}
 	}
 	if err != nil {
 		return "", err
 	}
 	if len(msgs) == 0 {
-		return "", fmt.Errorf("%w: the stream is empty", errNoTarget)
+		return "", fmt.Errorf("%w: %s is empty", errNoTarget, key)
 	}
 	pipe := rdb.Pipeline()
 	for _, m := range msgs {
-		pipe.XAdd(ctx, &redis.XAddArgs{Stream: streamKey, Values: m.Values})
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: m.Values})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return "", err
@@ -588,7 +767,7 @@ func (in *injector) relayDuplicate(ctx context.Context, inj injection, rng *rand
 	in.mu.Lock()
 	in.variants["relay-dup: entries published twice"] += len(msgs)
 	in.mu.Unlock()
-	return fmt.Sprintf("published %d %s entries a second time (%s .. %s)", len(msgs), where, msgs[0].ID, msgs[len(msgs)-1].ID), nil
+	return fmt.Sprintf("published %d %s entries of %s a second time (%s .. %s)", len(msgs), where, key, msgs[0].ID, msgs[len(msgs)-1].ID), nil
 }
 
 func streamMillis(id string) int64 {

@@ -97,7 +97,7 @@ func (h *hostSlot) spawn() (*proc, string, error) {
 	}
 	admin := "127.0.0.1:" + strconv.Itoa(port)
 	c := h.c
-	cmd := exec.Command(c.cfg.hostBin, "run",
+	args := []string{"run",
 		"--consumer", h.name,
 		"--plugin-dir", c.cfg.pluginDir,
 		"--reclaim-idle", c.cfg.reclaimIdle.String(),
@@ -105,7 +105,14 @@ func (h *hostSlot) spawn() (*proc, string, error) {
 		"--admin-addr", admin,
 		// Nothing else of the host's environment reaches its plugins.
 		"--plugin-env", "USHER_BLOB_DIR", "--plugin-env", "MAILPROVIDER_URL",
-		"--plugin-env", "TICKETS_CLAIM_LEASE", "--plugin-env", "USHER_FAULT_DIR")
+		"--plugin-env", "TICKETS_CLAIM_LEASE", "--plugin-env", "USHER_FAULT_DIR",
+		"--stream-shards", strconv.Itoa(c.cfg.streamShards)}
+	if c.cluster != nil {
+		// A batch is marked published only once a replica holds it, so
+		// a failover loses no entry the outbox no longer has.
+		args = append(args, "--relay-replicas", "1")
+	}
+	cmd := exec.Command(c.cfg.hostBin, args...)
 	cmd.Env = append(os.Environ(),
 		"DATABASE_URL="+c.dbURL,
 		"REDIS_URL="+c.redisURL,

@@ -14,7 +14,14 @@
 // checks every invariant against the database, the stream and the provider,
 // prints a table, and exits non-zero when one does not hold.
 //
-//	chaos --host-bin bin/host --plugin-dir bin/chaos-plugins --mailprovider bin/mailprovider [--short] [--seed N]
+// With --redis-cluster its Redis is a local cluster of 3 primaries with a
+// replica each (internal/localcluster), the hosts run on it with
+// --stream-shards 6 and --relay-replicas 1, and the Redis crash becomes a
+// failover (redis-failover): kill -9 of a primary serving a shard, its
+// replica promoted, the old node back as a replica. Every check reads each
+// shard through a client like the hosts'.
+//
+//	chaos --host-bin bin/host --plugin-dir bin/chaos-plugins --mailprovider bin/mailprovider [--short] [--redis-cluster] [--seed N]
 //
 // The plugins are their chaos builds (plugins/counters/chaos,
 // plugins/tickets/chaos, plugins/checkout/chaos): the shipped handlers wrapped in faults.Middleware,

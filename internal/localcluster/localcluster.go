@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -79,7 +80,9 @@ func StartNode(dir string, port int) (*Node, error) {
 		"--cluster-node-timeout", strconv.FormatInt(NodeTimeout.Milliseconds(), 10),
 		"--dir", dir, "--save", "", "--repl-diskless-sync-delay", "0", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no",
 		"--logfile", filepath.Join(dir, "redis.log"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Its own process group: a Ctrl-C at the terminal reaches only the
+	// program that started it, which stops the nodes in its own order.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("localcluster: redis-server on %d: %w", port, err)
 	}
@@ -152,9 +155,13 @@ func client(addr string) *redis.Client {
 	return redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
 }
 
-// Cluster is a running cluster of Nodes nodes.
+// Cluster is a running cluster of Nodes nodes. Its methods are safe for
+// concurrent use.
 type Cluster struct {
-	nodes []*Node
+	dir   string
+	mu    sync.Mutex
+	ports []int
+	nodes map[int]*Node // by port
 }
 
 // Start runs a cluster with its files under dir and waits until it is
@@ -167,38 +174,48 @@ func Start(dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{}
+	c := &Cluster{dir: dir, ports: ports, nodes: map[int]*Node{}}
 	for _, p := range ports {
 		n, err := StartNode(dir, p)
 		if err != nil {
 			c.Stop()
 			return nil, err
 		}
-		c.nodes = append(c.nodes, n)
+		c.nodes[p] = n
 	}
 	if err := Create(ports); err != nil {
 		c.Stop()
 		return nil, err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ok, why := Healthy(c.Addrs())
-		if ok {
-			return c, nil
-		}
-		if time.Now().After(deadline) {
-			c.Stop()
-			return nil, fmt.Errorf("localcluster: not healthy after 30s: %s", why)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := c.WaitHealthy(30 * time.Second); err != nil {
+		c.Stop()
+		return nil, err
 	}
+	return c, nil
 }
 
-// Addrs are the nodes' addresses, host:port.
+// Addrs are the nodes' addresses, host:port, running or not.
 func (c *Cluster) Addrs() []string {
-	out := make([]string, len(c.nodes))
-	for i, n := range c.nodes {
-		out[i] = fmt.Sprintf("127.0.0.1:%d", n.Port)
+	out := make([]string, len(c.ports))
+	for i, p := range c.ports {
+		out[i] = addr(p)
+	}
+	return out
+}
+
+func addr(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }
+
+// LiveAddrs are the addresses of the nodes whose process runs.
+func (c *Cluster) LiveAddrs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, p := range c.ports {
+		select {
+		case <-c.nodes[p].Done:
+		default:
+			out = append(out, addr(p))
+		}
 	}
 	return out
 }
@@ -206,8 +223,156 @@ func (c *Cluster) Addrs() []string {
 // URL is the redis-cluster:// URL of every node.
 func (c *Cluster) URL() string { return "redis-cluster://" + strings.Join(c.Addrs(), ",") }
 
+// Dir is the directory of node addr's files (its redis.log among them).
+func (c *Cluster) Dir(addr string) string {
+	_, port, _ := net.SplitHostPort(addr)
+	return filepath.Join(c.dir, port)
+}
+
+// Node is the running process of the node at addr (nil when there is no
+// such node).
+func (c *Cluster) Node(addr string) *Node {
+	_, ps, _ := net.SplitHostPort(addr)
+	p, _ := strconv.Atoi(ps)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[p]
+}
+
+// Kill sends SIGKILL to the node at addr and waits for it to exit.
+func (c *Cluster) Kill(addr string) error {
+	n := c.Node(addr)
+	if n == nil {
+		return fmt.Errorf("localcluster: no node %s", addr)
+	}
+	_ = n.Cmd.Process.Signal(syscall.SIGKILL)
+	<-n.Done
+	return nil
+}
+
+// Restart starts the node at addr again after Kill, on its port and with
+// its files: it rejoins with its nodes.conf, as a replica when it was
+// failed over meanwhile.
+func (c *Cluster) Restart(addr string) error {
+	old := c.Node(addr)
+	if old == nil {
+		return fmt.Errorf("localcluster: no node %s", addr)
+	}
+	select {
+	case <-old.Done:
+	default:
+		return fmt.Errorf("localcluster: node %s is still running", addr)
+	}
+	n, err := StartNode(c.dir, old.Port)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.nodes[old.Port] = n
+	c.mu.Unlock()
+	return nil
+}
+
+// Healthy is Healthy of the live nodes.
+func (c *Cluster) Healthy() (bool, string) { return Healthy(c.LiveAddrs()) }
+
+// WaitHealthy waits until Healthy, at most within.
+func (c *Cluster) WaitHealthy(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		ok, why := c.Healthy()
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("localcluster: not healthy after %s: %s", within, why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// WaitReplica waits until the node at addr is a replica in sync with its
+// primary (a primary restarted after its failover turns into one once the
+// others tell it its slots moved) and the cluster is Healthy, at most
+// within. Healthy alone can pass before: the restarted node first comes
+// back as the primary its nodes.conf says it was.
+func (c *Cluster) WaitReplica(addr string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		cl := client(addr)
+		repl, err := cl.Info(context.Background(), "replication").Result()
+		_ = cl.Close()
+		why := fmt.Sprintf("%s: %v", addr, err)
+		if err == nil {
+			why = addr + " is not a replica in sync with its primary"
+			if strings.Contains(repl, "role:slave") && strings.Contains(repl, "master_link_status:up") {
+				var ok bool
+				if ok, why = c.Healthy(); ok {
+					return nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("localcluster: after %s: %s", within, why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// PrimaryFor is the address of the primary serving key's slot, as every
+// live node sees it: an error when one cannot say or two disagree (a
+// failover under way).
+func (c *Cluster) PrimaryFor(ctx context.Context, key string) (string, error) {
+	live := c.LiveAddrs()
+	if len(live) == 0 {
+		return "", errors.New("localcluster: no live node")
+	}
+	var primary string
+	for _, a := range live {
+		cl := client(a)
+		p, err := primaryFor(ctx, cl, key)
+		_ = cl.Close()
+		switch {
+		case err != nil:
+			return "", fmt.Errorf("%s: %w", a, err)
+		case primary != "" && p != primary:
+			return "", fmt.Errorf("localcluster: %s says %s serves %q, another node %s", a, p, key, primary)
+		}
+		primary = p
+	}
+	return primary, nil
+}
+
+// primaryFor asks one node who serves key's slot (CLUSTER KEYSLOT, CLUSTER
+// SHARDS).
+func primaryFor(ctx context.Context, cl *redis.Client, key string) (string, error) {
+	slot, err := cl.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		return "", err
+	}
+	shards, err := cl.ClusterShards(ctx).Result()
+	if err != nil {
+		return "", err
+	}
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
+			if r.Start > slot || slot > r.End {
+				continue
+			}
+			for _, n := range sh.Nodes {
+				if n.Role == "master" {
+					return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10)), nil
+				}
+			}
+		}
+	}
+	return "", fmt.Errorf("localcluster: slot %d of %q is not served", slot, key)
+}
+
 // Stop kills every node and waits for it to exit.
 func (c *Cluster) Stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, n := range c.nodes {
 		_ = n.Cmd.Process.Kill()
 		<-n.Done
