@@ -126,36 +126,38 @@ type batcher struct {
 // A batch is called off when its call runs past callOffFactor times the
 // slowest of its pool's last callOffWindow committed calls, and never
 // before callOffFloor: a handler that hangs is told from a batch that is
-// merely slow within a tenth of a second or so. Each batch called off in a row
-// doubles the time (a plugin slowed down as a whole, a loaded machine,
-// soon runs its batches whole again), up to StalledAfter. Before that, at
-// overtakeFactor times the slowest call (overtakeFloor at least), the next
-// batch starts without waiting for it, so the jobs that arrive meanwhile
-// wait for nothing but their own batch; the two never send their writes
-// at once (batcher.writing).
+// merely slow within a tenth of a second or so. Each batch called off in a
+// row doubles the time (a plugin slowed down as a whole, a loaded machine,
+// soon runs its batches whole again), up to StalledAfter. Much sooner, at
+// overtakeFactor times the median of those calls (overtakeFloor at
+// least), the next batch starts without waiting for it, so the jobs that
+// arrive meanwhile wait for nothing but their own batch; the two never
+// send their writes at once (batcher.writing). Overtaking costs nothing
+// but a second batch in the plugin at once, so it goes by the usual call,
+// not the slowest.
 const (
 	callOffWindow  = 32
 	callOffFactor  = 20
 	callOffFloor   = 100 * time.Millisecond
-	overtakeFactor = 2
-	overtakeFloor  = 5 * time.Millisecond
+	overtakeFactor = 4
+	overtakeFloor  = 2 * time.Millisecond
 )
 
 // batchTimes are how long b's next batch may run before the next one
 // overtakes it, and before it is called off.
 func (r *Runner) batchTimes(b *batcher) (overtake, callOff time.Duration) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	slowest := time.Duration(0)
-	for _, d := range b.calls {
-		slowest = max(slowest, d)
-	}
-	if slowest == 0 {
+	calls, calledOff := b.calls, b.calledOff
+	b.mu.Unlock()
+	known := slices.DeleteFunc(calls[:], func(d time.Duration) bool { return d == 0 })
+	if len(known) == 0 {
 		return r.cfg.StalledAfter, r.cfg.StalledAfter // nothing known of this pool yet
 	}
-	backoff := min(b.calledOff, 16)
+	slices.Sort(known)
+	median, slowest := known[len(known)/2], known[len(known)-1]
+	backoff := min(calledOff, 16)
 	callOff = min(max(callOffFactor*slowest, callOffFloor)<<backoff, r.cfg.StalledAfter)
-	overtake = min(max(overtakeFactor*slowest, overtakeFloor)<<backoff, callOff)
+	overtake = min(max(overtakeFactor*median, overtakeFloor)<<backoff, callOff)
 	return overtake, callOff
 }
 
@@ -228,34 +230,60 @@ func (r *Runner) drain(b *batcher) {
 		// that the next one overtakes it (one of its jobs may hang:
 		// batchTimes), or when it is over.
 		free := func() { once.Do(func() { close(next) }) }
+		answered := make(chan struct{})
 		go func() {
 			defer close(done)
 			defer r.over(b, batch)
 			defer free()
 			defer release()
 			defer stop(nil)
-			r.runBatch(ctx, b, batch, free)
+			r.runBatch(ctx, b, batch, free, sync.OnceFunc(func() { close(answered) }))
 		}()
-		go func() {
-			overtake, callOff := r.batchTimes(b)
-			start := time.Now()
-			t := time.NewTimer(overtake)
-			defer t.Stop()
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				free()
-			}
-			t.Reset(callOff - time.Since(start))
-			select {
-			case <-done:
-			case <-t.C:
-				b.calledOffOne()
-				stop(errBatchStalled)
-			}
-		}()
+		go r.watch(b, len(batch) == 1, done, answered, free, stop)
 		<-next
+	}
+}
+
+// watch lets the next batch overtake this one, and calls this one off,
+// when its plugin takes long to answer (batchTimes); a batch of one job is
+// overtaken, never called off (it has no batch-mates to free). Once the
+// plugin has answered, the batch is called off only after StalledAfter:
+// its writes wait on row locks or its commit on the disk, not on the
+// plugin, and a call-off then would cancel a commit in flight.
+func (r *Runner) watch(b *batcher, lone bool, done, answered <-chan struct{}, free func(), stop context.CancelCauseFunc) {
+	overtake, callOff := r.batchTimes(b)
+	start := time.Now()
+	t := time.NewTimer(overtake)
+	defer t.Stop()
+	stalled := func() {
+		t.Reset(r.cfg.StalledAfter - time.Since(start))
+		select {
+		case <-done:
+		case <-t.C:
+			stop(errBatchStalled)
+			free()
+		}
+	}
+	select {
+	case <-done:
+		return
+	case <-answered:
+		stalled()
+		return
+	case <-t.C:
+		free()
+	}
+	if lone {
+		return
+	}
+	t.Reset(callOff - time.Since(start))
+	select {
+	case <-done:
+	case <-answered:
+		stalled()
+	case <-t.C:
+		b.calledOffOne()
+		stop(errBatchStalled)
 	}
 }
 
@@ -423,7 +451,9 @@ func (r *Runner) alone(batch []*batchReq) {
 // database's deadlock detector breaks such a cycle, and the batch's jobs
 // run again alone.)
 // A batch that splits holds its pool until its jobs have run alone.
-func (r *Runner) runBatch(ctx context.Context, b *batcher, batch []*batchReq, written func()) {
+//
+// answered is called when the plugin has answered the batch's call.
+func (r *Runner) runBatch(ctx context.Context, b *batcher, batch []*batchReq, written, answered func()) {
 	if len(batch) == 1 {
 		r.alone(batch)
 		return
@@ -461,6 +491,7 @@ func (r *Runner) runBatch(ctx context.Context, b *batcher, batch []*batchReq, wr
 	done := lap(&phases.Invoke)
 	actx := pluginhost.WithAnswered(ctx)
 	answers, err := first.inv.Invoke(actx, allCalls)
+	answered()
 	version := pluginhost.AnsweredVersion(actx)
 	done()
 	<-open.done
