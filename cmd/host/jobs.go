@@ -95,6 +95,13 @@ func printJob(out io.Writer, j *history.Job) error {
 	fmt.Fprintf(w, "parent job\t%s\n", parent)
 	fmt.Fprintf(w, "attempts\t%d\n", j.Attempts)
 	fmt.Fprintf(w, "absorbed\t%d\n", j.Absorbed)
+	if p := j.Payload; p != nil {
+		if p.Gone != "" {
+			fmt.Fprintf(w, "payload\t%s\n", p.Gone)
+		} else {
+			fmt.Fprintf(w, "payload\t%d bytes, from %s (--json prints it)\n", p.Bytes, p.From)
+		}
+	}
 	if err := w.Flush(); err != nil {
 		return err
 	}

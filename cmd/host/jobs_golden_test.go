@@ -52,6 +52,9 @@ func TestGoldenHistory(t *testing.T) {
 		{"2", "render_tickets", "req-7", 2, 0, 2, "3-0", "host-b", "tickets", "state_first", "applied", "", "", 6, 420},
 		{"4", "send_tickets", "req-7", 4, 0, 1, "7-0", "host-b", "tickets", "claim", "retry_scheduled", "effect: mail provider unavailable; runs again in 1h0m0s", "effect: mail provider unavailable", 7, 31},
 		{"5", "update_sales_counter", "req-8", 5, 0, 1, "5-0", "host-a", "counters", "job_id", "dead_letter", "permanent: order 8 does not exist", "order 8 does not exist", 8, 5},
+		// Job 9's outbox row is gone (retention): only its history is left,
+		// and its payload with the row.
+		{"9", "update_sales_counter", "req-9", 9, 0, 1, "9-0", "host-a", "counters", "job_id", "applied", "", "", 9, 4},
 	} {
 		_, err := pool.Exec(ctx, `INSERT INTO job_history (job_id, kind, outbox_id, request_id, attempt, deliveries, stream_id, consumer,
 			plugin, plugin_version, guard, verdict, reason, error, started_at, finished_at)
@@ -66,6 +69,7 @@ func TestGoldenHistory(t *testing.T) {
 		"jobs-show":           append([]string{"jobs", "show", "1"}, db...),
 		"jobs-show.json":      append([]string{"jobs", "--json", "show", "1"}, db...),
 		"jobs-show-dead":      append([]string{"jobs", "show", "5"}, db...),
+		"jobs-show-gone.json": append([]string{"jobs", "--json", "show", "9"}, db...),
 		"workflows-show":      append([]string{"workflows", "show", "req-7"}, db...),
 		"workflows-show.json": append([]string{"workflows", "show", "req-7", "--json"}, db...),
 		"help-jobs":           {"jobs", "-h"},

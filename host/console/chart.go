@@ -109,3 +109,7 @@ func millis(v float64) string {
 	}
 	return strconv.FormatFloat(v, 'g', 3, 64) + " ms"
 }
+
+func eventCount(v float64) string {
+	return strconv.FormatFloat(v, 'g', 3, 64)
+}

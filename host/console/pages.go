@@ -30,6 +30,7 @@ var funcs = template.FuncMap{
 	// by the jobs search.
 	"outcomes": func() []string { return []string{"applied", "absorbed", "retry_scheduled", "dead_letter", "cancelled"} },
 	"human":    humanDuration,
+	"cap":      func() string { return strconv.Itoa(payloadCap) },
 	"since":    func(from, to time.Time) time.Duration { return to.Sub(from) },
 	"wfpath":   workflowPath,
 	// wfnode carries a workflow's job and the prefix into the recursive
@@ -59,6 +60,7 @@ func (c *Console) routes() {
 	m.HandleFunc("GET "+Prefix+"plugins", c.authed(c.plugins))
 	m.HandleFunc("POST "+Prefix+"plugins/reload", c.authed(c.reload))
 	m.HandleFunc("GET "+Prefix+"jobs", c.authed(c.jobs))
+	m.HandleFunc("GET "+Prefix+"jobs/{id}/payload", c.authed(c.payload))
 	c.workflowRoutes(m)
 	c.actionRoutes(m)
 	c.mux = m
@@ -104,6 +106,11 @@ func back(w http.ResponseWriter, r *http.Request, to, msg string) {
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	rng, err := c.chosenRange(r.URL.Query().Get("range"))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
 	now := c.cfg.Now()
 	in, err := ops.Inspect(ctx, c.cfg.Pool, c.cfg.Redis, c.cfg.Stream, c.cfg.Group, now)
 	if err != nil {
@@ -112,12 +119,23 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	// The window ends with the bucket now is in: its point grows until
 	// the bucket is over.
-	until := ops.BucketStart(now, c.cfg.ChartBucket).Add(c.cfg.ChartBucket)
-	since := until.Add(-c.cfg.ChartWindow)
-	buckets, err := ops.Throughput(ctx, c.cfg.Pool, since, until, c.cfg.ChartBucket)
+	until := ops.BucketStart(now, rng.Bucket).Add(rng.Bucket)
+	since := until.Add(-rng.Window)
+	buckets, err := ops.Throughput(ctx, c.cfg.Pool, since, until, rng.Bucket)
 	if err != nil {
 		c.fail(w, r, err)
 		return
+	}
+	republished, err := ops.Republishes(ctx, c.cfg.Pool, since, until, rng.Bucket)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	var served []string
+	for _, p := range c.cfg.Plugins(ctx) {
+		for _, k := range p.Kinds {
+			served = append(served, k.Kind)
+		}
 	}
 	lats, err := ops.Latencies(ctx, c.cfg.Pool, since, until)
 	if err != nil {
@@ -129,7 +147,8 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		latency[l.Kind] = l
 	}
 	c.render(w, r, "overview.html", map[string]any{"In": in, "Lag": in.Lag, "DeadOpen": in.DeadLettersOpen(),
-		"Charts": buildCharts(buckets, since, until, c.cfg.ChartBucket), "Latency": latency, "LatencySample": ops.LatencySample})
+		"Charts": buildCharts(buckets, republished, served, since, until, rng.Bucket), "Latency": latency, "LatencySample": ops.LatencySample,
+		"Range": rng, "Ranges": c.ranges()})
 }
 
 // letterPage is how many dead letters one page of the console lists.
@@ -270,15 +289,95 @@ func (c *Console) reload(w http.ResponseWriter, r *http.Request) {
 	back(w, r, Prefix+"plugins", msg)
 }
 
+// jobPage is how many outbox rows one page of the jobs search lists.
+const jobPage = 200
+
+// jobPageInfo is where a page of the jobs search is in all the rows it
+// matches: rows From to To (counted from 1, newest first) of Total; Next
+// and First are the links to the next page and the first ("" for none).
+type jobPageInfo struct {
+	From, To, Total int64
+	Next, First     string
+}
+
+// jobFilter reads the jobs search's form. from and to are UTC times, as
+// RFC 3339 or as a datetime-local field sends them; a bad one, or from
+// after to, is an error that says so.
+func jobFilter(q url.Values) (ops.JobFilter, error) {
+	f := ops.JobFilter{ID: strings.TrimSpace(q.Get("id")), Kind: strings.TrimSpace(q.Get("kind")), Outcome: q.Get("outcome"),
+		RequestID: strings.TrimSpace(q.Get("request")), Error: strings.TrimSpace(q.Get("error")), Limit: jobPage}
+	var err error
+	if f.From, err = formTime("from", q.Get("from")); err != nil {
+		return f, err
+	}
+	if f.To, err = formTime("to", q.Get("to")); err != nil {
+		return f, err
+	}
+	if v := q.Get("before"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return f, fmt.Errorf("before=%q is not an outbox row id", v)
+		}
+		f.Before = n
+	}
+	return f, f.Check()
+}
+
+// formLayouts are the time forms the jobs search takes, read as UTC when
+// they carry no zone.
+var formLayouts = []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02 15:04:05", "2006-01-02 15:04", "2006-01-02"}
+
+func formTime(name, v string) (time.Time, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	for _, l := range formLayouts {
+		if t, err := time.ParseInLocation(l, v, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%s=%q is not a time: give one as 2026-03-01T12:00 (UTC) or RFC 3339 (2026-03-01T12:00:00Z)", name, v)
+}
+
 func (c *Console) jobs(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := ops.JobFilter{ID: q.Get("id"), Kind: q.Get("kind"), Outcome: q.Get("outcome"), RequestID: q.Get("request"), Limit: 200}
+	f, err := jobFilter(q)
+	if err != nil {
+		http.Error(w, "jobs search: "+err.Error(), http.StatusBadRequest)
+		return
+	}
 	jobs, err := ops.FindJobs(r.Context(), c.cfg.Pool, f)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	data := map[string]any{"F": f, "Jobs": jobs}
+	total, before, err := ops.CountJobs(r.Context(), c.cfg.Pool, f)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	page := jobPageInfo{From: before + 1, To: before + int64(len(jobs)), Total: total}
+	link := func(before int64) string {
+		v := url.Values{}
+		for k, vs := range q {
+			if k != "before" && k != "msg" && len(vs) > 0 && vs[0] != "" {
+				v.Set(k, vs[0])
+			}
+		}
+		if before > 0 {
+			v.Set("before", strconv.FormatInt(before, 10))
+		}
+		return Prefix + "jobs?" + v.Encode()
+	}
+	if n := len(jobs); n > 0 && before+int64(n) < total {
+		page.Next = link(jobs[n-1].Row)
+	}
+	if f.Before > 0 {
+		page.First = link(0)
+	}
+	data := map[string]any{"F": f, "Jobs": jobs, "Paging": page, "PageSize": jobPage,
+		"FromText": q.Get("from"), "ToText": q.Get("to")}
 	// One job searched by id: its state and every delivery's record, as
 	// `host jobs show ID` prints them.
 	if f.ID != "" {
@@ -290,6 +389,7 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request) {
 			return
 		default:
 			data["Job"] = job
+			data["Payload"] = viewPayload(job.ID, job.Payload)
 		}
 	}
 	// A request searched: the jobs it started, as a tree (`host workflows

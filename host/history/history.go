@@ -82,3 +82,16 @@ func Trim(ctx context.Context, q outbox.Querier, before time.Time, batch int) (i
 	}
 	return tag.RowsAffected(), nil
 }
+
+// TrimRepublishes deletes the records of republishes (job_republishes,
+// written by the outbox's reconciler) made before before, at most batch of
+// them, and returns how many it deleted. They are kept as long as the
+// records of deliveries.
+func TrimRepublishes(ctx context.Context, q outbox.Querier, before time.Time, batch int) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM job_republishes WHERE id IN (
+		SELECT id FROM job_republishes WHERE republished_at < $1 ORDER BY republished_at LIMIT $2)`, before, batch)
+	if err != nil {
+		return 0, fmt.Errorf("history: trim republishes: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

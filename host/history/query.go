@@ -68,6 +68,8 @@ type Job struct {
 	Absorbed int      `json:"absorbed"`
 	History  []Record `json:"history"`
 	Children []*Job   `json:"children,omitempty"`
+	// Payload is its payload where still kept (GetJob fills it in).
+	Payload *Payload `json:"payload,omitempty"`
 }
 
 // Workflow is the jobs one request started, as a tree: the application's
@@ -124,6 +126,11 @@ func GetJob(ctx context.Context, q outbox.Querier, id string) (*Job, error) {
 		return nil, err
 	}
 	slices.Reverse(j.Actions)
+	p, err := GetPayload(ctx, q, j.ID)
+	if err != nil {
+		return nil, err
+	}
+	j.Payload = &p
 	return j, nil
 }
 

@@ -27,12 +27,16 @@ type Bucket struct {
 	// TookMS is the deliveries' total run time (started to finished), in
 	// milliseconds.
 	TookMS float64 `json:"took_ms"`
+	// Reclaimed counts those of the deliveries that were reclaims: an
+	// entry delivered again (its delivery count above 1) after its
+	// consumer held it past the reclaim threshold.
+	Reclaimed int64 `json:"reclaimed"`
 }
 
 // throughputSQL buckets job_history by time ($3 seconds wide), kind,
 // verdict and guard over [$1, $2).
 const throughputSQL = `SELECT to_timestamp(floor(extract(epoch FROM finished_at) / $3) * $3) AS b, kind, verdict, guard,
-		count(*), coalesce(sum(extract(epoch FROM finished_at - started_at)), 0) * 1000
+		count(*), coalesce(sum(extract(epoch FROM finished_at - started_at)), 0) * 1000, count(*) FILTER (WHERE deliveries > 1)
 	FROM job_history WHERE finished_at >= $1 AND finished_at < $2
 	GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4`
 
@@ -52,10 +56,50 @@ func Throughput(ctx context.Context, q outbox.Querier, since, until time.Time, w
 		return nil, fmt.Errorf("ops: throughput: %w", err)
 	}
 	for i := range out {
-		// Postgres computed the start in floating point: back on the grid.
-		w := width.Microseconds()
-		us := out[i].Start.UnixMicro()
-		out[i].Start = time.UnixMicro((us + w/2) / w * w).UTC()
+		out[i].Start = onGrid(out[i].Start, width)
+	}
+	return out, nil
+}
+
+// onGrid puts a bucket start Postgres computed in floating point back on
+// the grid of width.
+func onGrid(t time.Time, width time.Duration) time.Time {
+	w, us := width.Microseconds(), t.UnixMicro()
+	return time.UnixMicro((us + w/2) / w * w).UTC()
+}
+
+// Republished is how many of one kind's outbox rows the reconciler handed
+// back to the relay in one time bucket (their stream entries were lost, or
+// their jobs ran past ReconcileAfter), on every host.
+type Republished struct {
+	Start time.Time `json:"start"`
+	Kind  string    `json:"kind"`
+	Count int64     `json:"count"`
+}
+
+// republishedSQL buckets job_republishes as throughputSQL buckets
+// job_history.
+const republishedSQL = `SELECT to_timestamp(floor(extract(epoch FROM republished_at) / $3) * $3) AS b, kind, count(*)
+	FROM job_republishes WHERE republished_at >= $1 AND republished_at < $2
+	GROUP BY 1, 2 ORDER BY 1, 2`
+
+// Republishes reads the republishes recorded in [since, until), counted
+// by bucket of width and kind, oldest first. They are records kept with
+// the job history (job_republishes), so they outlive the outbox rows.
+func Republishes(ctx context.Context, q outbox.Querier, since, until time.Time, width time.Duration) ([]Republished, error) {
+	if width < time.Millisecond {
+		return nil, fmt.Errorf("ops: republishes: a bucket of %s is too narrow", width)
+	}
+	rows, err := q.Query(ctx, republishedSQL, since, until, width.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("ops: republishes: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Republished])
+	if err != nil {
+		return nil, fmt.Errorf("ops: republishes: %w", err)
+	}
+	for i := range out {
+		out[i].Start = onGrid(out[i].Start, width)
 	}
 	return out, nil
 }

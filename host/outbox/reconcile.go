@@ -122,15 +122,19 @@ func (r *Reconciler) Reconcile(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("outbox: reconcile: %w", err)
 	}
 	window := r.Window(oldest)
+	// Each republish is recorded in job_republishes (the history the
+	// console charts it from) in the same statement.
 	tag, err := r.cfg.Pool.Exec(ctx, `
-		UPDATE outbox SET published_at = NULL, republished = republished + 1
+		WITH handed AS (UPDATE outbox SET published_at = NULL, republished = republished + 1
 		WHERE done_at IS NULL AND published_at < now() - make_interval(secs => $1)
 		  -- A host saw its entry lately, waiting for a host that serves its kind.
 		  AND (kind_waited_at IS NULL OR kind_waited_at < now() - make_interval(secs => $2))
 		  -- Its kind is paused (host/pause), or was resumed lately: its
 		  -- entry waits in the stream, or drains now.
 		  AND NOT EXISTS (SELECT 1 FROM kind_pauses p WHERE p.kind = outbox.kind
-		      AND (p.resumed_at IS NULL OR p.resumed_at > now() - make_interval(secs => $2)))`,
+		      AND (p.resumed_at IS NULL OR p.resumed_at > now() - make_interval(secs => $2)))
+		RETURNING id, coalesce(job_id, id::text) AS job_id, kind)
+		INSERT INTO job_republishes (outbox_id, job_id, kind) SELECT id, job_id, kind FROM handed`,
 		window.Seconds(), r.cfg.StaleAfter.Seconds())
 	if err != nil {
 		return 0, fmt.Errorf("outbox: reconcile: %w", err)

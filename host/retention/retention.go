@@ -76,7 +76,7 @@ type Config struct {
 	// Redelivery gives the bound the windows are checked against.
 	Redelivery Redelivery
 	// History and Swaps are the windows of the job history (job_history,
-	// by finished_at) and the plugins' swap history (plugin_swaps, by
+	// by finished_at, and job_republishes, by republished_at) and the plugins' swap history (plugin_swaps, by
 	// at): records of what happened, never read to decide a job, so not
 	// held to Redelivery's bound. 0: kept for ever.
 	History, Swaps time.Duration
@@ -196,6 +196,7 @@ func (r *Retainer) trimRecords(ctx context.Context) error {
 		trim   func(ctx context.Context, q outbox.Querier, before time.Time, batch int) (int64, error)
 	}{
 		{"job_history", r.cfg.History, history.Trim},
+		{"job_republishes", r.cfg.History, history.TrimRepublishes},
 		{"workflows", r.cfg.Workflows, workflow.Trim},
 	}
 	for _, t := range batched {
