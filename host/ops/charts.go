@@ -27,9 +27,11 @@ type Bucket struct {
 	// TookMS is the deliveries' total run time (started to finished), in
 	// milliseconds.
 	TookMS float64 `json:"took_ms"`
-	// Reclaimed counts those of the deliveries that were reclaims: an
-	// entry delivered again (its delivery count above 1) after its
-	// consumer held it past the reclaim threshold.
+	// Reclaimed counts those of the deliveries that were redeliveries:
+	// their entry's delivery count was above 1 (taken over with
+	// XAUTOCLAIM from a consumer that held it past the reclaim threshold,
+	// or run again after its plugin crashed under it, which the stream
+	// counts as a delivery too; the history does not tell them apart).
 	Reclaimed int64 `json:"reclaimed"`
 }
 
