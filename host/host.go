@@ -246,7 +246,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		h.admin, err = adminapi.New(adminapi.Config{
 			Addr: cfg.AdminAddr, Token: h.adminToken, TokenFile: cfg.AdminTokenFile, AllowedHosts: cfg.AdminAllowedHosts,
 			Registry: h.metrics.Reg, Fleet: h.fleet, Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Group: cfg.Group, Shards: h.shards,
-			ChartWindow: cfg.ConsoleChartWindow, ChartBucket: cfg.ConsoleChartBucket, MigrateWorkflows: h.MigrateWorkflows,
+			ChartWindow: cfg.ConsoleChartWindow, ChartBucket: cfg.ConsoleChartBucket, HistoryRetention: cfg.HistoryRetention, MigrateWorkflows: h.MigrateWorkflows,
 			Logger: h.log,
 		})
 		if err != nil {

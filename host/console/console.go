@@ -78,6 +78,10 @@ type Config struct {
 	// ChartBucket the width of one point: they count the job history's
 	// records of every host (ops.Throughput). Defaults 1h and 1m.
 	ChartWindow, ChartBucket time.Duration
+	// HistoryRetention is how long the job history is kept: the overview
+	// says so when a range goes back further (its oldest buckets are
+	// empty). 0: not said.
+	HistoryRetention time.Duration
 	// SessionTTL is how long a login lasts. Default 12h.
 	SessionTTL time.Duration
 	// Logger logs logins and actions. Required.

@@ -37,7 +37,7 @@ func setupCurrent(t *testing.T) *currentBundle {
 	dir := t.TempDir()
 	install(t, dir, hosttest.Build(t, "./plugins/counters/chaos"), "1.0.0")
 	h := hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream, PluginDir: dir, DisablePluginWatch: true,
-		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond, AdminAddr: "127.0.0.1:0"})
+		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond, AdminAddr: "127.0.0.1:0", HistoryRetention: 6 * 24 * time.Hour})
 	hosttest.Eventually(t, 10*time.Second, "the admin listener", func() bool { return h.AdminAddr() != "" })
 	return &currentBundle{pool: pool, base: "http://" + h.AdminAddr(), token: h.AdminToken}
 }
@@ -135,6 +135,12 @@ func TestConsoleStaysCurrent(t *testing.T) {
 			require.Equal(t, strconv.FormatInt(want, 10), cell(t, page, "range_kind", "total"), c.rng)
 			points := strings.Count(regexp.MustCompile(`data-series="applied" data-values="([^"]*)"`).FindStringSubmatch(page)[1], " ") + 1
 			require.InDelta(t, 60, points, 1, "about 60 buckets in %s", c.rng)
+			// The history is kept 6 days: a week's range says so.
+			if c.rng == "7d" {
+				require.Contains(t, page, `id="beyond-retention">The job history is kept 6d0h: this range goes back further`)
+			} else {
+				require.NotContains(t, page, `id="beyond-retention"`)
+			}
 		}
 		require.Contains(t, b.page(t, "/console/"), `data-range="1h" aria-current="true"`, "the configured window by default (1h)")
 		for _, bad := range []string{"5h", "forever", "-1h"} {
@@ -157,9 +163,7 @@ func TestConsoleStaysCurrent(t *testing.T) {
 		}
 		// Two rows whose entries were lost: published an hour ago, never
 		// finished; the reconciler hands them back to the relay.
-		ids, err := outbox.Add(ctx, b.pool, outbox.Message{Kind: kind, Payload: []byte(`{}`)}, outbox.Message{Kind: kind, Payload: []byte(`{}`)})
-		require.NoError(t, err)
-		_, err = b.pool.Exec(ctx, `UPDATE outbox SET published_at = now() - interval '1 hour' WHERE id = ANY($1)`, ids)
+		_, err := b.pool.Exec(ctx, `INSERT INTO outbox (kind, payload, published_at) VALUES ($1, '{}', now() - interval '1 hour'), ($1, '{}', now() - interval '1 hour')`, kind)
 		require.NoError(t, err)
 		rec, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: b.pool, StaleAfter: time.Minute})
 		require.NoError(t, err)

@@ -58,6 +58,9 @@ type Config struct {
 	Shards []string
 	// ChartWindow and ChartBucket: see host.Config. Optional.
 	ChartWindow, ChartBucket time.Duration
+	// HistoryRetention is the host's (the console says when a chart's
+	// range goes back further). Optional.
+	HistoryRetention time.Duration
 	// MigrateWorkflows moves running workflows to the version serving
 	// their type (host.Host.MigrateWorkflows). Optional: without it
 	// POST /workflows/migrate answers 404.
@@ -153,7 +156,8 @@ func (s *Server) handler(bound string) (http.Handler, error) {
 	c, err := console.New(console.Config{
 		Pool: s.cfg.Pool, Redis: s.cfg.Redis, Stream: s.cfg.Stream, Group: s.cfg.Group,
 		Token: s.cfg.Token, ChartWindow: s.cfg.ChartWindow, ChartBucket: s.cfg.ChartBucket,
-		Plugins: s.consolePlugins, Reload: s.consoleReload, Rollback: s.consoleRollback, Logger: s.cfg.Logger,
+		HistoryRetention: s.cfg.HistoryRetention,
+		Plugins:          s.consolePlugins, Reload: s.consoleReload, Rollback: s.consoleRollback, Logger: s.cfg.Logger,
 	})
 	if err != nil {
 		return nil, err
