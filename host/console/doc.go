@@ -1,18 +1,24 @@
 // Package console is the host's web console: server-rendered pages on the
 // admin listener, under /console/, for an operator's browser.
 //
-// Pages: an overview (job throughput and mean run duration per kind over
-// time, and duplicates absorbed per guard, drawn as SVG from the job
-// history every host writes, bucketed by ops.Throughput, so every host's
-// console shows the cluster; and the state `host inspect` prints: pending,
-// lag, oldest pending age, relay lag, open dead letters, absorbed
-// duplicates); dead letters (filter by kind, show, requeue one, the ticked
+// Pages: an overview (job throughput, mean run duration, and retries,
+// reclaims and republishes per kind over time, and duplicates absorbed per
+// guard, drawn as SVG from the job history every host writes, bucketed by
+// ops.Throughput and ops.Republishes, so every host's console shows the
+// cluster and the charts outlive outbox retention; over a range chosen
+// with ?range= (the configured window, 1h, 6h, 24h, 7d) in about 60
+// buckets; kinds busiest first, the idle ones this host serves last; and
+// the state `host inspect` prints: pending, lag, oldest pending age, relay
+// lag, open dead letters, absorbed duplicates); dead letters (filter by kind, show, requeue one, the ticked
 // ones or every one of a kind, discard one); plugins (version, checksum,
 // health, restarts, in flight, parked, probation and rollback, the swap
 // history of host/swaps; reload, roll back, and pause or resume each
-// kind); and jobs (outbox rows searched by id, kind, outcome and request
-// id, and for one job id its state, every delivery's record and the
-// operator actions on it, with cancel and run now). Every action is the
+// kind); and jobs (outbox rows searched by id, kind, outcome, request id,
+// creation time and the last error's text, 200 a page with the total, and
+// for one job id its state, its payload (the first 4 KiB pretty-printed,
+// the whole a download; said gone once retention deleted it), every
+// delivery's record and the operator actions on it, with cancel and run
+// now). Every action is the
 // CLI's (host/jobctl, host/pause, the fleet's rollback) and is recorded in
 // operator_actions with actor "console". Every number
 // comes from the functions the CLI uses: host/ops for the state and the

@@ -48,6 +48,8 @@ func TestPluginRoleCannotWriteHistory(t *testing.T) {
 	denied(`UPDATE job_history SET verdict = 'applied'`)
 	denied(`DELETE FROM job_history`)
 	denied(`TRUNCATE job_history`)
+	denied(`SELECT count(*) FROM job_republishes`)
+	denied(`INSERT INTO job_republishes (outbox_id, job_id, kind) VALUES (1, '1', 'update_sales_counter')`)
 	const logged = `SELECT usher_applied_logged($1, $2, $3, 0, 1, '', '', '', '', '', '', now())`
 	// Another plugin's kind, and a job id that is not the row's.
 	denied(logged, ids[1], "render_tickets", "2")

@@ -342,6 +342,9 @@ func TestCleanupTrimsTheHistories(t *testing.T) {
 		require.NoError(t, swaps.Record(ctx, b.pool, swaps.Swap{Host: "h", Plugin: "p", Action: swaps.Swapped, From: "1", To: strconv.Itoa(i), Cause: swaps.CauseReload}))
 		_, err = b.pool.Exec(ctx, `UPDATE plugin_swaps SET at = $1 WHERE to_version = $2`, now.Add(-age), strconv.Itoa(i))
 		require.NoError(t, err)
+		// The reconciler's record of a republish goes with the history.
+		_, err = b.pool.Exec(ctx, `INSERT INTO job_republishes (outbox_id, job_id, kind, republished_at) VALUES ($1, 'j', 'k', $2)`, i+1, now.Add(-age))
+		require.NoError(t, err)
 	}
 	deleted := map[string]int64{}
 	r, err := retention.New(retention.Config{Redis: b.rdb, Pool: b.pool, Streams: []string{b.stream}, Group: "usher", Self: "self",
@@ -349,7 +352,8 @@ func TestCleanupTrimsTheHistories(t *testing.T) {
 		OnDeleted: func(table string, n int64) { deleted[table] += n }})
 	require.NoError(t, err)
 	require.NoError(t, r.Cleanup(ctx))
-	require.Equal(t, map[string]int64{"job_history": 3, "plugin_swaps": 3}, deleted)
+	require.Equal(t, map[string]int64{"job_history": 3, "job_republishes": 3, "plugin_swaps": 3}, deleted)
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_republishes`))
 	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history`))
 	require.EqualValues(t, 0, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE finished_at < $1`, now.Add(-48*time.Hour)))
 	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM plugin_swaps`))
