@@ -39,7 +39,8 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	install(t, dir, hosttest.Build(t, "./plugins/counters/chaos"), "1.0.0")
 	h := hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream, PluginDir: dir, DisablePluginWatch: true,
 		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond, AdminAddr: "127.0.0.1:0",
-		RetryBackoff: 200 * time.Millisecond, PluginEnv: []string{faults.DirEnv + "=" + faultDir}})
+		// Each job its own call, so a fault armed for a job fires for it.
+		BatchMax: 1, RetryBackoff: 200 * time.Millisecond, PluginEnv: []string{faults.DirEnv + "=" + faultDir}})
 	hosttest.Eventually(t, 10*time.Second, "the admin listener", func() bool { return h.AdminAddr() != "" })
 	base := "http://" + h.AdminAddr()
 	ev, err := orders.CreateEvent(ctx, pool, "Current Night", "Stagedoor Hall")
@@ -51,26 +52,40 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 		return p.ID
 	}
 
-	// Retries: jobs fail once with a transient error (the fault's once
-	// marker lets a few through it before the rest see it).
-	require.NoError(t, faults.Arm(faultDir, "counter.before_apply", faults.Spec{Action: "error", Once: true}))
+	// Retries: the jobs fail once with a transient error (their ids are
+	// known before they commit, to arm the fault for them).
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("history: %d records, %d retries; %d applied", hosttest.Count(t, pool, `SELECT count(*) FROM job_history`),
+				hosttest.Count(t, pool, `SELECT count(*) FROM job_history WHERE verdict = 'retry_scheduled'`),
+				hosttest.Count(t, pool, `SELECT count(*) FROM counter_applies`))
+		}
+	})
 	const n = 8
-	var jobs []string
+	var msgs []outbox.Message
 	for range n {
-		ids, err := outbox.Add(ctx, pool, outbox.Message{Kind: "update_sales_counter", Payload: json.RawMessage(fmt.Sprintf(`{"order_id":%d}`, order()))})
-		require.NoError(t, err)
-		jobs = append(jobs, strconv.FormatInt(ids[0], 10))
+		msgs = append(msgs, outbox.Message{Kind: "update_sales_counter", Payload: json.RawMessage(fmt.Sprintf(`{"order_id":%d}`, order()))})
 	}
-	hosttest.Eventually(t, 60*time.Second, "every job applied, some after a retry", func() bool {
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	ids, err := outbox.Add(ctx, tx, msgs...)
+	require.NoError(t, err)
+	var jobs []string
+	for _, id := range ids {
+		jobs = append(jobs, strconv.FormatInt(id, 10))
+	}
+	require.NoError(t, faults.Arm(faultDir, "counter.before_apply", faults.Spec{Action: "error", JobIDs: jobs, Once: true}))
+	require.NoError(t, tx.Commit(ctx))
+	hosttest.Eventually(t, 60*time.Second, "every job applied after a retry", func() bool {
 		return hosttest.Count(t, pool, `SELECT count(*) FROM counter_applies`) == n &&
-			hosttest.Count(t, pool, `SELECT count(*) FROM job_history WHERE verdict = 'retry_scheduled'`) > 0
+			hosttest.Count(t, pool, `SELECT count(*) FROM job_history WHERE verdict = 'retry_scheduled'`) == n
 	})
 	// A redelivery: a job whose plugin crashes under it is delivered
 	// again (the stream counts the delivery) once the plugin is back (its
 	// id is known before it commits, to arm the crash for it alone).
-	tx, err := pool.Begin(ctx)
+	tx, err = pool.Begin(ctx)
 	require.NoError(t, err)
-	ids, err := outbox.Add(ctx, tx, outbox.Message{Kind: "update_sales_counter", Payload: json.RawMessage(fmt.Sprintf(`{"order_id":%d}`, order()))})
+	ids, err = outbox.Add(ctx, tx, outbox.Message{Kind: "update_sales_counter", Payload: json.RawMessage(fmt.Sprintf(`{"order_id":%d}`, order()))})
 	require.NoError(t, err)
 	crashed := strconv.FormatInt(ids[0], 10)
 	require.NoError(t, faults.Arm(faultDir, "counter.before_apply", faults.Spec{Action: "crash", JobIDs: []string{crashed}, Once: true}))
@@ -156,7 +171,8 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	_, err = chromedp.Run(bctx, chromedp.Evaluate[bool](`window.notReloaded = true; true`))
 	require.NoError(t, err)
 	before := text("#live-at")
-	hosttest.Eventually(t, 20*time.Second, "a live refresh", func() bool { return text("#live-at") != before })
+	require.Equal(t, "12", eval(`document.getElementById('overview').dataset.live`), "6h refreshes every 12 s")
+	hosttest.Eventually(t, 30*time.Second, "a live refresh", func() bool { return text("#live-at") != before })
 	require.Equal(t, "6h", eval(`document.getElementById('chart-window').dataset.range`), "the refresh keeps the range")
 	require.Equal(t, "true", eval(`String(window.notReloaded === true)`))
 
@@ -205,7 +221,8 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	// The jobs search: pages of 200 with the total, from its form.
 	run("jobs", chromedp.Navigate(base+"/console/jobs"), chromedp.WaitVisible(chromedp.ID("job-search")),
 		chromedp.SendKeys(chromedp.CSS(`#job-search input[name="kind"]`), "archived_kind"), chromedp.Submit(chromedp.ID("job-search")),
-		chromedp.WaitVisible(chromedp.ID("jobs-page")))
+		// The results' page: its form says what was searched.
+		chromedp.WaitVisible(chromedp.CSS(`#job-search input[name="kind"][value="archived_kind"]`)), chromedp.WaitVisible(chromedp.ID("jobs-page")))
 	archived := count(`SELECT count(*) FROM outbox WHERE kind = 'archived_kind'`)
 	require.Equal(t, "1–200", text("#jobs-shown"))
 	require.Equal(t, archived, text("#jobs-total"))
@@ -217,7 +234,8 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	run("by error", chromedp.Navigate(base+"/console/jobs"), chromedp.WaitVisible(chromedp.ID("job-search")),
 		chromedp.SendKeys(chromedp.ID("job-error"), "INJECTED Transient"),
 		chromedp.SendKeys(chromedp.ID("job-from"), time.Now().UTC().Add(-time.Hour).Format("2006-01-02T15:04")),
-		chromedp.Submit(chromedp.ID("job-search")), chromedp.WaitVisible(chromedp.ID("jobs-page")))
+		chromedp.Submit(chromedp.ID("job-search")), chromedp.WaitVisible(chromedp.CSS(`#job-error[value="INJECTED Transient"]`)),
+		chromedp.WaitVisible(chromedp.ID("jobs-page")))
 	failed := count(`SELECT count(*) FROM outbox o WHERE o.created_at >= now() - interval '1 hour' AND (SELECT h.error FROM job_history h
 		WHERE h.job_id = coalesce(o.job_id, o.id::text) AND h.error <> '' ORDER BY h.finished_at DESC, h.id DESC LIMIT 1) ILIKE '%injected transient%'`)
 	require.NotEqual(t, "0", failed)

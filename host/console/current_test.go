@@ -122,8 +122,10 @@ func TestConsoleStaysCurrent(t *testing.T) {
 		for _, c := range []struct {
 			rng    string
 			window time.Duration
-		}{{"1h", time.Hour}, {"6h", 6 * time.Hour}, {"24h", 24 * time.Hour}, {"7d", 7 * 24 * time.Hour}} {
+			live   string
+		}{{"1h", time.Hour, "2"}, {"6h", 6 * time.Hour, "12"}, {"24h", 24 * time.Hour, "48"}, {"7d", 7 * 24 * time.Hour, "336"}} {
 			page := b.page(t, "/console/?range="+c.rng)
+			require.Contains(t, page, `<div id="overview" data-live="`+c.live+`">`, "a longer range refreshes less often")
 			bucket := c.window / 60
 			require.Contains(t, page, fmt.Sprintf(`id="chart-window" data-range="%s" data-bucket-seconds="%s"`, c.rng, strconv.FormatFloat(bucket.Seconds(), 'g', -1, 64)))
 			require.Contains(t, page, `data-range="`+c.rng+`" aria-current="true"`, "the choice shown chosen")

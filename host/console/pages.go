@@ -148,7 +148,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	c.render(w, r, "overview.html", map[string]any{"In": in, "Lag": in.Lag, "DeadOpen": in.DeadLettersOpen(),
 		"Charts": buildCharts(buckets, republished, served, since, until, rng.Bucket), "Latency": latency, "LatencySample": ops.LatencySample,
-		"Range": rng, "Ranges": c.ranges(), "Retention": c.cfg.HistoryRetention,
+		"Range": rng, "Ranges": c.ranges(), "Live": liveSeconds(rng.Window), "Retention": c.cfg.HistoryRetention,
 		"BeyondRetention": c.cfg.HistoryRetention > 0 && rng.Window > c.cfg.HistoryRetention})
 }
 

@@ -59,6 +59,14 @@ func (c *Console) chosenRange(v string) (chartRange, error) {
 	return chartRange{}, fmt.Errorf("range=%q is not a range the overview charts: one of %s", v, strings.Join(labels, ", "))
 }
 
+// liveSeconds is how often the overview of a range refreshes itself: every
+// 2 s for an hour, less often for longer ranges (a week every few
+// minutes), since each refresh reads the range's history again and a
+// bucket of a long range changes slowly.
+func liveSeconds(window time.Duration) int {
+	return max(2, int(window/(30*time.Minute)))
+}
+
 // rangeLabel names a window the way ?range= takes it: whole days above a
 // day ("7d"), else whole hours ("24h"), minutes or seconds, else Go's
 // duration text.
