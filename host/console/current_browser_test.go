@@ -105,7 +105,7 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	})
 	_, err = pool.Exec(ctx, `UPDATE outbox SET published_at = now() - interval '1 hour', done_at = NULL, outcome = NULL WHERE id = $1`, ids[0])
 	require.NoError(t, err)
-	rec, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: pool, StaleAfter: time.Minute})
+	rec, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: pool, Redis: rdb, Streams: []string{stream}, Group: "usher", StaleAfter: time.Minute})
 	require.NoError(t, err)
 	republished, err := rec.Reconcile(ctx)
 	require.NoError(t, err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host"
@@ -25,9 +26,11 @@ import (
 // listener, read over HTTP with the admin token (the console takes it as a
 // bearer token, as the API does).
 type currentBundle struct {
-	pool  *pgxpool.Pool
-	base  string
-	token string
+	pool   *pgxpool.Pool
+	rdb    *redis.Client
+	stream string
+	base   string
+	token  string
 }
 
 func setupCurrent(t *testing.T) *currentBundle {
@@ -39,7 +42,7 @@ func setupCurrent(t *testing.T) *currentBundle {
 	h := hosttest.Start(t, host.Config{DatabaseURL: dbURL, Redis: rdb, Stream: stream, PluginDir: dir, DisablePluginWatch: true,
 		ReclaimIdle: time.Second, RelayPollInterval: 100 * time.Millisecond, AdminAddr: "127.0.0.1:0", HistoryRetention: 6 * 24 * time.Hour})
 	hosttest.Eventually(t, 10*time.Second, "the admin listener", func() bool { return h.AdminAddr() != "" })
-	return &currentBundle{pool: pool, base: "http://" + h.AdminAddr(), token: h.AdminToken}
+	return &currentBundle{pool: pool, rdb: rdb, stream: stream, base: "http://" + h.AdminAddr(), token: h.AdminToken}
 }
 
 // get fetches a console path with the admin token, without following
@@ -167,7 +170,7 @@ func TestConsoleStaysCurrent(t *testing.T) {
 		// finished; the reconciler hands them back to the relay.
 		_, err := b.pool.Exec(ctx, `INSERT INTO outbox (kind, payload, published_at) VALUES ($1, '{}', now() - interval '1 hour'), ($1, '{}', now() - interval '1 hour')`, kind)
 		require.NoError(t, err)
-		rec, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: b.pool, StaleAfter: time.Minute})
+		rec, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: b.pool, Redis: b.rdb, Streams: []string{b.stream}, Group: "usher", StaleAfter: time.Minute})
 		require.NoError(t, err)
 		n, err := rec.Reconcile(ctx)
 		require.NoError(t, err)

@@ -70,6 +70,7 @@ func TestThroughputCountsTheHistory(t *testing.T) {
 func TestReclaimsAndRepublishesCounted(t *testing.T) {
 	t.Parallel()
 	pool, _ := hosttest.DB(t)
+	rdb, stream := hosttest.Redis(t)
 	ctx := context.Background()
 	t0 := time.Now().UTC().Truncate(time.Minute).Add(-10 * time.Minute)
 	for _, d := range []int{1, 2, 3} {
@@ -86,7 +87,7 @@ func TestReclaimsAndRepublishesCounted(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE outbox SET published_at = now() - interval '1 hour' WHERE id = $1`, ids[0])
 	require.NoError(t, err)
-	rec, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: pool, StaleAfter: time.Minute})
+	rec, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: pool, Redis: rdb, Streams: []string{stream}, Group: "usher", StaleAfter: time.Minute})
 	require.NoError(t, err)
 	n, err := rec.Reconcile(ctx)
 	require.NoError(t, err)
