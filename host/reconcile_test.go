@@ -40,6 +40,10 @@ func TestLostStreamIsRepublished(t *testing.T) {
 	require.EqualValues(t, 50, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`))
 	require.EqualValues(t, 0, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE done_at IS NULL`), "every row has an outcome")
 	require.EqualValues(t, 50, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE republished > 0`))
+	// Each republish is on record with the history (the console's chart),
+	// one per time a row was handed back.
+	require.Equal(t, hosttest.Count(t, b.pool, `SELECT sum(republished) FROM outbox`),
+		hosttest.Count(t, b.pool, `SELECT count(*) FROM job_republishes r JOIN outbox o ON o.id = r.outbox_id AND o.kind = r.kind`))
 }
 
 // Every outbox row records its job's outcome once the entry is acked.
