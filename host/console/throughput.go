@@ -65,8 +65,8 @@ var troubleSeries = []string{"retries", "reclaims", "republishes"}
 // buildCharts draws buckets and republished (of width, from since to
 // until). A bucket with no delivery of a kind is a zero on its throughput
 // and trouble lines and no point on its duration line. The kinds come
-// busiest first (most deliveries in the window), then by name; kinds in
-// served with nothing in the window come last, idle, with no charts.
+// busiest first (most deliveries in the window), then by name; the kinds
+// of served with nothing in the window come last, idle, with no charts.
 func buildCharts(buckets []ops.Bucket, republished []ops.Republished, served []string, since, until time.Time, width time.Duration) charts {
 	out := charts{Window: until.Sub(since), Bucket: width, Since: since}
 	starts := bucketStarts(since, until, width)
