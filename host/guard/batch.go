@@ -39,9 +39,10 @@ import (
 //
 // One batch at a time per pool sends its writes: a batch starts when the
 // one before it has sent all of its own and waits for nothing but its
-// COMMIT (or has been overtaken, see below, and then takes its turn to
-// write, batcher.writing), so the batches of a plugin never wait on each
-// other's row locks in a cycle and do not deadlock, and a commit's round trip and flush
+// COMMIT, so the batches of a plugin never wait on each other's row locks
+// in a cycle and do not deadlock (but for one overtaken, below: its writes
+// may meet its successor's, and a cycle between them is the server's to
+// break, as one with another host's batch is), and a commit's round trip and flush
 // overlap the next batch's record, call and writes. (Starting the next
 // batch earlier still, its record and call overlapping this one's call
 // and writes, was measured: batches halved, and 16 jobs in flight ran 14 %
@@ -117,10 +118,6 @@ type batcher struct {
 	calls     [callOffWindow]time.Duration
 	next      int
 	calledOff int
-	// writing is held by the batch sending its writes: a batch overtaken
-	// by the next one (batchTimes) may answer after it, and the two must
-	// not take row locks at once, nor in a cycle.
-	writing sync.Mutex
 }
 
 // A batch is called off when its call runs past callOffFactor times the
@@ -131,10 +128,14 @@ type batcher struct {
 // soon runs its batches whole again), up to StalledAfter. Much sooner, at
 // overtakeFactor times the median of those calls (overtakeFloor at
 // least), the next batch starts without waiting for it, so the jobs that
-// arrive meanwhile wait for nothing but their own batch; the two never
-// send their writes at once (batcher.writing). Overtaking costs nothing
-// but a second batch in the plugin at once, so it goes by the usual call,
-// not the slowest.
+// arrive meanwhile wait for nothing but their own batch. Overtaking costs
+// a second batch in the plugin at once and, rarely, a deadlock between
+// the two batches' writes that the server breaks (deadlock_timeout) and
+// that splits them; it goes by the usual call, not the slowest. (Making
+// the overtaken batch wait for its turn to write on a mutex of the host's
+// hid such a cycle from the server: a handler's own statements, run in
+// its batch's transaction during the call, hold row locks before the
+// batch's turn.)
 const (
 	callOffWindow  = 32
 	callOffFactor  = 20
@@ -230,45 +231,54 @@ func (r *Runner) drain(b *batcher) {
 		// that the next one overtakes it (one of its jobs may hang:
 		// batchTimes), or when it is over.
 		free := func() { once.Do(func() { close(next) }) }
-		answered := make(chan struct{})
+		// The plugin's call has a context of its own, which a call-off
+		// cancels: the batch's writes and commit never see it.
+		callCtx, callOff := context.WithCancelCause(ctx)
+		calling, answered := make(chan struct{}), make(chan struct{})
+		w := watched{calling: sync.OnceFunc(func() { close(calling) }), answered: sync.OnceFunc(func() { close(answered) })}
 		go func() {
 			defer close(done)
 			defer r.over(b, batch)
 			defer free()
 			defer release()
 			defer stop(nil)
-			r.runBatch(ctx, b, batch, free, sync.OnceFunc(func() { close(answered) }))
+			defer callOff(nil)
+			defer w.answered() // a batch that never reached the plugin is not called off
+			r.runBatch(ctx, callCtx, b, batch, free, w)
 		}()
-		go r.watch(b, len(batch) == 1, done, answered, free, stop)
+		go r.watch(b, len(batch) == 1, done, calling, answered, free, callOff)
 		<-next
 	}
 }
 
+// watched is how runBatch tells watch where its batch is: calling when
+// its call to the plugin starts, answered when the plugin has answered.
+type watched struct {
+	calling, answered func()
+}
+
 // watch lets the next batch overtake this one, and calls this one off,
-// when its plugin takes long to answer (batchTimes); a batch of one job is
-// overtaken, never called off (it has no batch-mates to free). Once the
-// plugin has answered, the batch is called off only after StalledAfter:
-// its writes wait on row locks or its commit on the disk, not on the
-// plugin, and a call-off then would cancel a commit in flight.
-func (r *Runner) watch(b *batcher, lone bool, done, answered <-chan struct{}, free func(), stop context.CancelCauseFunc) {
-	overtake, callOff := r.batchTimes(b)
+// when its plugin takes long to answer (batchTimes): overtaken that long
+// after the batch started, called off that long after its call did. A
+// batch of one job is overtaken, never called off (it has no batch-mates
+// to free). Once the plugin has answered, the next batch waits for this
+// one's writes, for StalledAfter at most (they wait on row locks, or its
+// commit on the disk); nothing calls the batch off then.
+func (r *Runner) watch(b *batcher, lone bool, done, calling, answered <-chan struct{}, free func(), callOff context.CancelCauseFunc) {
+	overtake, offAfter := r.batchTimes(b)
 	start := time.Now()
 	t := time.NewTimer(overtake)
 	defer t.Stop()
-	stalled := func() {
-		t.Reset(r.cfg.StalledAfter - time.Since(start))
-		select {
-		case <-done:
-		case <-t.C:
-			stop(errBatchStalled)
-			free()
-		}
-	}
 	select {
 	case <-done:
 		return
 	case <-answered:
-		stalled()
+		t.Reset(r.cfg.StalledAfter - time.Since(start))
+		select {
+		case <-done:
+		case <-t.C:
+			free()
+		}
 		return
 	case <-t.C:
 		free()
@@ -276,14 +286,24 @@ func (r *Runner) watch(b *batcher, lone bool, done, answered <-chan struct{}, fr
 	if lone {
 		return
 	}
-	t.Reset(callOff - time.Since(start))
+	select {
+	case <-done:
+		return
+	case <-answered:
+		return
+	case <-calling:
+	}
+	t.Reset(offAfter)
 	select {
 	case <-done:
 	case <-answered:
-		stalled()
 	case <-t.C:
-		b.calledOffOne()
-		stop(errBatchStalled)
+		select {
+		case <-answered: // at the same moment: it answered
+		default:
+			b.calledOffOne()
+			callOff(errBatchStalled)
+		}
 	}
 }
 
@@ -419,7 +439,8 @@ func (r *Runner) over(b *batcher, batch []*batchReq) {
 
 func jobKey(q *batchReq) [2]string { return [2]string{q.job.GetKind(), q.job.GetId()} }
 
-// errBatchStalled calls off a batch that ran past StalledAfter.
+// errBatchStalled calls off a batch whose plugin ran past its call-off
+// time (batchTimes).
 var errBatchStalled = errors.New("batch stalled")
 
 func finish(q *batchReq, out Outcome) {
@@ -452,8 +473,9 @@ func (r *Runner) alone(batch []*batchReq) {
 // run again alone.)
 // A batch that splits holds its pool until its jobs have run alone.
 //
-// answered is called when the plugin has answered the batch's call.
-func (r *Runner) runBatch(ctx context.Context, b *batcher, batch []*batchReq, written, answered func()) {
+// The plugin's call runs in callCtx, which a call-off cancels; w is told
+// when it starts and when the plugin has answered.
+func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*batchReq, written func(), w watched) {
 	if len(batch) == 1 {
 		r.alone(batch)
 		return
@@ -489,9 +511,10 @@ func (r *Runner) runBatch(ctx context.Context, b *batcher, batch []*batchReq, wr
 		open.err = tx.begin(ctx, r.recordJobs(batch, open.recorded))
 	}()
 	done := lap(&phases.Invoke)
-	actx := pluginhost.WithAnswered(ctx)
+	actx := pluginhost.WithAnswered(callCtx)
+	w.calling()
 	answers, err := first.inv.Invoke(actx, allCalls)
-	answered()
+	w.answered()
 	version := pluginhost.AnsweredVersion(actx)
 	done()
 	<-open.done
@@ -530,7 +553,7 @@ func (r *Runner) runBatch(ctx context.Context, b *batcher, batch []*batchReq, wr
 			r.cfg.Handles.release(h)
 		}
 	}
-	if err != nil && context.Cause(ctx) != errBatchStalled {
+	if err != nil && context.Cause(callCtx) != errBatchStalled {
 		release()
 		r.observe(first.db, len(run), nil) // they run again alone
 		for _, q := range run {
@@ -551,10 +574,7 @@ func (r *Runner) runBatch(ctx context.Context, b *batcher, batch []*batchReq, wr
 		_, ok = r.result(calls[i], res[i])
 		parts[i] = &writePart{h: hs[i], ws: res[i].GetWrites()}
 	}
-	var unlock func()
 	if ok {
-		b.writing.Lock()
-		unlock = b.writing.Unlock
 		done = lap(&phases.Writes)
 		ok = r.cfg.Handles.writeAll(inLockOrder(parts))
 		done()
@@ -566,9 +586,6 @@ func (r *Runner) runBatch(ctx context.Context, b *batcher, batch []*batchReq, wr
 	for i := 0; ok && i < len(run); i++ {
 		_, bad := refused(run[i].job, hs[i])
 		ok = !bad
-	}
-	if unlock != nil {
-		unlock() // before the jobs run alone: they may take long
 	}
 	if !ok {
 		tx.Rollback(context.WithoutCancel(ctx))
