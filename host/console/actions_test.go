@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -84,9 +83,7 @@ func TestConsoleActionsInBrowser(t *testing.T) {
 	}
 	text := func(sel string) string {
 		t.Helper()
-		s, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
-		require.NoError(t, err, "read "+sel)
-		return strings.TrimSpace(s)
+		return pageText(t, bctx, sel)
 	}
 	count := func(sel string) int {
 		t.Helper()

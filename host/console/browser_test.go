@@ -149,9 +149,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	text := func(sel string) string {
 		t.Helper()
-		s, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
-		require.NoError(t, err, "read "+sel)
-		return strings.TrimSpace(s)
+		return pageText(t, bctx, sel)
 	}
 	location := func() string {
 		t.Helper()
@@ -430,4 +428,25 @@ func checkCSRF(t *testing.T, base, token string) {
 	require.NoError(t, err)
 	res.Body.Close()
 	require.Equal(t, http.StatusUnauthorized, res.StatusCode)
+}
+
+// pageText is the trimmed text of the element sel selects, once it is
+// there. The overview swaps its live parts in every 2 s: a node read the
+// moment it is replaced is gone ("No node with given id found"), and the
+// read is tried again on the new one.
+func pageText(t *testing.T, bctx context.Context, sel string) string {
+	t.Helper()
+	var err error
+	for range 5 {
+		var s string
+		s, err = chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
+		if err == nil {
+			return strings.TrimSpace(s)
+		}
+		if !strings.Contains(err.Error(), "No node with given id found") {
+			break
+		}
+	}
+	require.NoError(t, err, "read "+sel)
+	return ""
 }

@@ -139,9 +139,7 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	}
 	text := func(sel string) string {
 		t.Helper()
-		s, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
-		require.NoError(t, err, "read "+sel)
-		return strings.TrimSpace(s)
+		return pageText(t, bctx, sel)
 	}
 	eval := func(js string) string {
 		t.Helper()
