@@ -88,9 +88,28 @@ func TestHostKilledMidBatch(t *testing.T) {
 	require.NoError(t, first.Process.Signal(syscall.SIGKILL))
 	_ = first.Wait()
 	require.NoError(t, lock.Rollback(ctx))
-	hosttest.Eventually(t, 10*time.Second, "the killed host's transactions to end", func() bool {
-		return hosttest.Count(t, admin, `SELECT count(*) FROM pg_stat_activity WHERE usename = 'usher_plugin_counters' AND backend_xid IS NOT NULL`) == 0
-	})
+	// The server ends each of the dead host's sessions when it next
+	// reads or writes its socket; on a machine loaded by other tests that
+	// took more than 10 s once. What is still open is logged.
+	open := func() int64 {
+		return hosttest.Count(t, admin, `SELECT count(*) FROM pg_stat_activity WHERE usename = 'usher_plugin_counters' AND backend_xid IS NOT NULL`)
+	}
+	for deadline := time.Now().Add(30 * time.Second); open() > 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().Before(deadline) {
+			continue
+		}
+		rows, err := admin.Query(ctx, `SELECT pid, state, coalesce(wait_event_type, ''), coalesce(wait_event, ''), left(query, 120)
+			FROM pg_stat_activity WHERE usename = 'usher_plugin_counters' AND datname = current_database()`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var pid int
+			var state, wtype, wevent, query string
+			require.NoError(t, rows.Scan(&pid, &state, &wtype, &wevent, &query))
+			t.Logf("plugin session %d: %s, waiting %s/%s: %s", pid, state, wtype, wevent, query)
+		}
+		rows.Close()
+		t.Fatal("the killed host's transactions did not end within 30s")
+	}
 	t.Logf("killed with %d entries pending, %d of them in the waiting batch; %d jobs committed before", pending, inBatch, hosttest.Count(t, pool, `SELECT count(*) FROM processed_jobs`))
 
 	start("second")
