@@ -14,6 +14,11 @@
 //
 //	GRANT EXECUTE ON FUNCTION usher_enqueue_job(text, jsonb, text, text, text, interval) TO app;
 //
+// A job with a Priority other than the default calls the seven-argument
+// form, with its own grant too:
+//
+//	GRANT EXECUTE ON FUNCTION usher_enqueue_job(text, jsonb, text, text, text, interval, integer) TO app;
+//
 // A job whose kind no running host serves yet waits (host.Config
 // UnknownKindWait, default 1h) before it is dead-lettered, so an
 // application may enqueue a new kind before the plugin serving it is
@@ -30,6 +35,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/usherhq/usher/internal/entry"
 	"github.com/usherhq/usher/internal/jobmsg"
 )
 
@@ -72,7 +78,19 @@ type Job struct {
 	// enqueues a new job. Default (0): DefaultDedupWindow. Only with a
 	// DedupKey.
 	DedupWindow time.Duration
+	// Priority orders the job among those waiting: HighestPriority (1)
+	// starts before any job of a lower priority that waits, LowestPriority
+	// (5) after every other. Its retries, its dead letter and the jobs its
+	// handler enqueues keep it. Default (0): DefaultPriority (3).
+	Priority int
 }
+
+// The priorities a Job may have.
+const (
+	HighestPriority = entry.HighestPriority
+	DefaultPriority = entry.DefaultPriority
+	LowestPriority  = entry.LowestPriority
+)
 
 // DefaultDedupWindow is how long a deduplication key holds when the job
 // gives none: usher_enqueue_job's default too.
@@ -95,6 +113,8 @@ const (
 	// The form with a key; its window is sent as text ("N microseconds"),
 	// which every driver passes and Postgres casts.
 	enqueueDedupSQL = `SELECT usher_enqueue_job($1, $2::jsonb, $3, $4, $5, $6::interval)`
+	// The form with a priority (its key and window NULL without one).
+	enqueuePrioritySQL = `SELECT usher_enqueue_job($1, $2::jsonb, $3, $4, $5, $6::interval, $7::integer)`
 )
 
 // Enqueue adds job to the outbox in tx and returns its outbox id, which is
@@ -150,6 +170,22 @@ func prepare(job Job) (query string, args []any, err error) {
 		return "", nil, fmt.Errorf("usher: %w", err)
 	}
 	args = []any{job.Kind, string(b), job.RequestID, jobmsg.Trace(job.Trace)}
+	if err := jobmsg.CheckPriority(job.Kind, job.Priority); err != nil {
+		return "", nil, fmt.Errorf("usher: %w", err)
+	}
+	query, args, err = prepareDedup(job, args)
+	if err != nil || job.Priority == 0 || job.Priority == DefaultPriority {
+		return query, args, err
+	}
+	if query == enqueueSQL {
+		args = append(args, nil, nil)
+	}
+	return enqueuePrioritySQL, append(args, job.Priority), nil
+}
+
+// prepareDedup returns the statement for job's deduplication key (none,
+// or one) and its arguments.
+func prepareDedup(job Job, args []any) (string, []any, error) {
 	switch {
 	case job.DedupKey == "" && job.DedupWindow != 0:
 		return "", nil, fmt.Errorf("usher: %s job has a DedupWindow and no DedupKey", job.Kind)

@@ -40,8 +40,9 @@ func TestJobHistoryOfAFlow(t *testing.T) {
 	tickets := hosttest.Build(t, "./plugins/tickets/chaos")
 	ev, err := orders.CreateEvent(ctx, b.pool, "Nils Frahm", "Funkhaus")
 	require.NoError(t, err)
+	// Of priority 1: the send its render enqueues takes it.
 	a, err := orders.Place(ctx, b.pool, orders.Order{EventID: ev, Buyer: "Zoë", Email: "zoe@example.com", Seats: 2},
-		orders.Jobs{Counter: true, Tickets: true})
+		orders.Jobs{Counter: true, Tickets: true, Priority: 1})
 	require.NoError(t, err)
 	counterA, renderA := fmt.Sprint(a.OutboxIDs[0]), fmt.Sprint(a.OutboxIDs[1])
 	require.NoError(t, faults.Arm(b.faultDir, "counter.before_apply", faults.Spec{Action: "error", Once: true, JobIDs: []string{counterA}}))
@@ -73,6 +74,7 @@ func TestJobHistoryOfAFlow(t *testing.T) {
 	send := render.Children[0]
 	require.Equal(t, "send_tickets", send.Kind)
 	require.Equal(t, renderA, send.Parent)
+	require.Equal(t, []int{1, 1, 1}, []int{w.Jobs[0].Priority, render.Priority, send.Priority}, "the order's priority, and the send's from its parent")
 
 	// The counter: one run failed (retry), one applied, and the other
 	// delivery (the relay's duplicate or the retry) was absorbed.

@@ -45,8 +45,10 @@ type Host struct {
 	pool    *pgxpool.Pool
 	ownPool bool
 	rdb     redis.UniversalClient
-	// shards are the stream's shards this host reads (ops.RecordShards).
+	// shards are the stream's shards this host reads (ops.RecordShards);
+	// keys are their priority bands (stream.Keys), where entries wait.
 	shards  []string
+	keys    []string
 	ownRdb  bool
 	metrics *telemetry.Metrics
 	// key signs and verifies stream entries (Config.SigningKey).
@@ -138,7 +140,7 @@ func (h *Host) connect(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("host: %w", err)
 	}
-	h.shards = stream.ShardKeys(cfg.Stream, n)
+	h.shards, h.keys = stream.ShardKeys(cfg.Stream, n), stream.Keys(cfg.Stream, n)
 	if n > cfg.StreamShards {
 		h.log.Info("reading more shards than this host publishes to: a host was started with more; their entries are read until the shards are empty",
 			"publishes_to", cfg.StreamShards, "reads", n)

@@ -32,7 +32,7 @@ func (h *Host) Run(ctx context.Context) error {
 func (h *Host) phases() ([]lifecycle.Phase, error) {
 	cfg := h.cfg
 	rec, err := stream.NewReclaimer(stream.ReclaimerConfig{
-		Redis: h.rdb, Streams: h.shards, Group: cfg.Group, Consumer: cfg.Consumer,
+		Redis: h.rdb, Streams: h.keys, Group: cfg.Group, Consumer: cfg.Consumer,
 		MinIdle: cfg.ReclaimIdle, Interval: cfg.ReclaimInterval, Take: h.consumer.Take,
 		OnReclaimed: func(n int) { h.metrics.Reclaimed.Add(float64(n)) }, Logger: h.log,
 	})
@@ -45,7 +45,7 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 	}
 	if cfg.HostLeaseTTL > 0 {
 		lease, err := stream.NewLease(stream.LeaseConfig{
-			Redis: h.rdb, Streams: h.shards, Group: cfg.Group, Consumer: cfg.Consumer, TTL: cfg.HostLeaseTTL,
+			Redis: h.rdb, Streams: h.keys, Group: cfg.Group, Consumer: cfg.Consumer, TTL: cfg.HostLeaseTTL,
 			Take: h.consumer.Take, OnClaimed: func(n int) { h.metrics.Reclaimed.Add(float64(n)) }, Logger: h.log,
 		})
 		if err != nil {
@@ -65,7 +65,7 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 		if err != nil {
 			return nil, err
 		}
-		republish, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: h.pool, Redis: h.rdb, Streams: h.shards, Group: cfg.Group,
+		republish, err := outbox.NewReconciler(outbox.ReconcilerConfig{Pool: h.pool, Redis: h.rdb, Streams: h.keys, Group: cfg.Group,
 			Grace: cfg.reconcileGrace(), StaleAfter: cfg.ReconcileAfter, Interval: cfg.ReconcileInterval, Logger: h.log})
 		if err != nil {
 			return nil, err

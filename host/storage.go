@@ -48,7 +48,7 @@ func (c *Config) checkRetention() error {
 func (h *Host) retainer() (*retention.Retainer, error) {
 	c := &h.cfg
 	return retention.New(retention.Config{
-		Redis: h.rdb, Pool: h.pool, Streams: h.shards, Group: c.Group, Self: c.Consumer,
+		Redis: h.rdb, Pool: h.pool, Streams: h.keys, Group: c.Group, Self: c.Consumer,
 		TrimInterval: c.StreamTrimInterval, CleanupInterval: c.CleanupInterval, ConsumerIdle: c.ConsumerIdleRemove,
 		ProcessedJobs: c.ProcessedJobsRetention, Outbox: c.OutboxRetention, DeadLetters: c.DeadLetterRetention,
 		Redelivery: c.redelivery(), History: c.HistoryRetention, Swaps: c.HistoryRetention, Workflows: c.WorkflowRetention, Margin: c.RetentionMargin, Logger: h.log,

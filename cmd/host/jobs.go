@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/usherhq/usher/client"
 	"github.com/usherhq/usher/host/history"
 )
 
@@ -94,6 +95,9 @@ func printJob(out io.Writer, j *history.Job) error {
 	fmt.Fprintf(w, "request id\t%s\n", j.RequestID)
 	fmt.Fprintf(w, "parent job\t%s\n", parent)
 	fmt.Fprintf(w, "attempts\t%d\n", j.Attempts)
+	if j.Priority != 0 && j.Priority != client.DefaultPriority {
+		fmt.Fprintf(w, "priority\t%d (1 the highest, 5 the lowest; %d by default)\n", j.Priority, client.DefaultPriority)
+	}
 	fmt.Fprintf(w, "absorbed\t%d\n", j.Absorbed)
 	if p := j.Payload; p != nil {
 		if p.Gone != "" {

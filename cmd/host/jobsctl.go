@@ -20,7 +20,7 @@ import (
 // jobControlCommands are jobs enqueue and jobs list.
 func (cl *cli) jobControlCommands() []*command {
 	return []*command{
-		{name: "enqueue", args: "KIND JSON", summary: "enqueue a job of KIND with payload JSON, as an application does (--dedup-key: once per key)",
+		{name: "enqueue", args: "KIND JSON", summary: "enqueue a job of KIND with payload JSON, as an application does (--dedup-key: once per key; --priority 1-5)",
 			flags: cl.jobsEnqueue},
 		{name: "list", summary: "jobs, newest first, by --kind and --state; says when --limit cut the list", flags: cl.jobsList},
 		{name: "cancel", args: "ID", summary: "cancel a job that has not started (pending, scheduled, or waiting in the stream): it never runs",
@@ -42,6 +42,7 @@ func (cl *cli) jobsEnqueue(fs *flag.FlagSet) runner {
 	key := fs.String("dedup-key", "", "enqueue nothing while a job of KIND with this key is in its window, and print that job's id")
 	window := fs.Duration("dedup-window", 0, "with --dedup-key: how long the key holds (default 24h)")
 	requestID := fs.String("request-id", "", "the request id the job's log lines carry")
+	priority := fs.Int("priority", client.DefaultPriority, "the job's priority: 1 (the highest) to 5 (the lowest); a job of a higher priority starts before any waiting of a lower")
 	asJSON := jsonFlag(fs)
 	return func(ctx context.Context, pos []string) error {
 		if len(pos) != 2 || pos[0] == "" {
@@ -53,7 +54,11 @@ func (cl *cli) jobsEnqueue(fs *flag.FlagSet) runner {
 		if *window != 0 && *key == "" {
 			return usageError{"--dedup-window needs --dedup-key"}
 		}
-		job := client.Job{Kind: pos[0], Payload: json.RawMessage(pos[1]), RequestID: *requestID, DedupKey: *key, DedupWindow: *window}
+		if *priority < client.HighestPriority || *priority > client.LowestPriority {
+			return usageError{fmt.Sprintf("--priority %d: a priority is %d (the highest) to %d (the lowest)", *priority, client.HighestPriority, client.LowestPriority)}
+		}
+		job := client.Job{Kind: pos[0], Payload: json.RawMessage(pos[1]), RequestID: *requestID, DedupKey: *key, DedupWindow: *window,
+			Priority: *priority}
 		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
 			var out enqueued
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

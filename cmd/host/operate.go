@@ -100,6 +100,13 @@ func printInspection(out io.Writer, in ops.Inspection) error {
 			fmt.Fprintf(w, "    %s\t%d entries, %d pending, lag %s\n", sh.Stream, sh.Entries, sh.Pending, lag)
 		}
 	}
+	if in.PrioritiesUsed() {
+		// Shown only once a job named a priority other than the default.
+		fmt.Fprintf(w, "  by priority\n")
+		for _, b := range in.Priorities {
+			fmt.Fprintf(w, "    %d\t%d entries, %d pending\n", b.Priority, b.Entries, b.Pending)
+		}
+	}
 	fmt.Fprintf(w, "outbox unpublished\t%d\n", in.OutboxUnpublished)
 	fmt.Fprintf(w, "  relay lag\t%s\n", ageText(in.Lag.RelayLag))
 	fmt.Fprintf(w, "scheduled runs\t%d due, %d later\n", in.ScheduledDue, in.ScheduledLater)

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/internal/entry"
 )
 
 // ForgedKind is the kind of the dead letter of a forged stream entry (one
@@ -48,6 +49,8 @@ type Letter struct {
 	// bytes as received, in order (the text columns then hold Text of
 	// them); nil otherwise.
 	Raw []RawField
+	// Priority is the job's (0: entry.DefaultPriority): a requeue keeps it.
+	Priority int
 }
 
 // RawField is one field of an entry as received. NameBytes and ValueBytes
@@ -92,11 +95,11 @@ func Add(ctx context.Context, q outbox.Querier, l Letter) (bool, error) {
 	// Every text column goes through Text: a letter that cannot be
 	// written leaves its entry pending, redelivered for ever.
 	tag, err := q.Exec(ctx, `
-		INSERT INTO dead_letters (job_id, kind, payload, request_id, trace, reason, last_error, attempts, stream_id, history, raw)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11::jsonb)
+		INSERT INTO dead_letters (job_id, kind, payload, request_id, trace, reason, last_error, attempts, stream_id, history, raw, priority)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11::jsonb, $12)
 		ON CONFLICT (stream_id) DO NOTHING`,
 		Text(l.JobID), Text(l.Kind), l.Payload, Text(l.RequestID), Text(l.Trace), Text(l.Reason), Text(l.LastError),
-		l.Attempts, Text(l.StreamID), string(hist), raw)
+		l.Attempts, Text(l.StreamID), string(hist), raw, entry.PriorityOr(l.Priority))
 	if err != nil {
 		return false, fmt.Errorf("deadletter: add: %w", err)
 	}
@@ -233,7 +236,7 @@ func RequeueIDs(ctx context.Context, tx pgx.Tx, ids []int64) ([]Requeued, error)
 func requeue(ctx context.Context, tx pgx.Tx, which string, arg any) ([]Requeued, error) {
 	rows, err := tx.Query(ctx, `UPDATE dead_letters SET requeued_at = now()
 		WHERE `+Open+` AND kind <> $2 AND `+which+`
-		RETURNING id, job_id, kind, convert_from(payload, 'UTF8'), request_id, trace, attempts`, arg, ForgedKind)
+		RETURNING id, job_id, kind, convert_from(payload, 'UTF8'), request_id, trace, attempts, priority`, arg, ForgedKind)
 	if err != nil {
 		return nil, fmt.Errorf("deadletter: requeue: %w", err)
 	}
@@ -242,7 +245,7 @@ func requeue(ctx context.Context, tx pgx.Tx, which string, arg any) ([]Requeued,
 		var m outbox.Message
 		var payload string
 		var id int64
-		err := r.Scan(&id, &m.JobID, &m.Kind, &payload, &m.RequestID, &m.Trace, &m.Attempt)
+		err := r.Scan(&id, &m.JobID, &m.Kind, &payload, &m.RequestID, &m.Trace, &m.Attempt, &m.Priority)
 		m.Payload = json.RawMessage(payload)
 		if err == nil && !json.Valid(m.Payload) {
 			err = fmt.Errorf("the payload of dead letter %d for job %s is not JSON and cannot be requeued as it is", id, m.JobID)

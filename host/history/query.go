@@ -56,6 +56,9 @@ type Job struct {
 	Outcome string `json:"outcome,omitempty"`
 	// Attempts counts its outbox rows (a retry or a requeue adds one).
 	Attempts int `json:"attempts"`
+	// Priority is its latest outbox row's, 1 (the highest) to 5; 0 when
+	// no outbox row of it is kept.
+	Priority int `json:"priority,omitempty"`
 	// RetryAt is when its scheduled run is due (WaitingToRetry).
 	RetryAt *time.Time `json:"retry_at,omitempty"`
 	// DeadLetter is its open (or discarded) dead letter's id and reason.
@@ -85,17 +88,17 @@ type Workflow struct {
 // outboxRow is what a job's state is read from.
 type outboxRow struct {
 	jobID, kind, requestID, parent, outcome string
-	attempt                                 int
+	attempt, priority                       int
 	published, done                         bool
 }
 
 const outboxCols = `coalesce(job_id, id::text), kind, request_id, coalesce(parent_job_id, ''), coalesce(outcome, ''),
-	attempt, published_at IS NOT NULL, done_at IS NOT NULL`
+	attempt, priority, published_at IS NOT NULL, done_at IS NOT NULL`
 
 func scanOutbox(rows pgx.Rows) ([]outboxRow, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxRow, error) {
 		var o outboxRow
-		err := r.Scan(&o.jobID, &o.kind, &o.requestID, &o.parent, &o.outcome, &o.attempt, &o.published, &o.done)
+		err := r.Scan(&o.jobID, &o.kind, &o.requestID, &o.parent, &o.outcome, &o.attempt, &o.priority, &o.published, &o.done)
 		return o, err
 	})
 }
@@ -197,7 +200,7 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 	}
 	for _, o := range ors {
 		j := add(o.jobID)
-		j.Kind, j.RequestID, j.Attempts = o.kind, o.requestID, j.Attempts+1
+		j.Kind, j.RequestID, j.Attempts, j.Priority = o.kind, o.requestID, j.Attempts+1, o.priority
 		if j.Parent == "" {
 			j.Parent = o.parent
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pause"
 	"github.com/usherhq/usher/host/stream"
+	"github.com/usherhq/usher/internal/entry"
 )
 
 // Inspection is the runtime's state as `host inspect` reports it.
@@ -49,6 +50,16 @@ type Inspection struct {
 	// Limited are the kinds with a concurrency or rate limit
 	// (host/limits): their jobs start no faster across every host.
 	Limited []limits.Limit `json:"limited_kinds,omitempty"`
+	// Priorities are the counts of each priority's band, over every
+	// shard, highest priority first: what waits at each priority.
+	Priorities []Band `json:"priorities"`
+}
+
+// Band is one priority's counts over every shard.
+type Band struct {
+	Priority int   `json:"priority"`
+	Entries  int64 `json:"entries"`
+	Pending  int64 `json:"pending"`
 }
 
 // Shard is one shard's counts.
@@ -56,7 +67,8 @@ type Shard struct {
 	Stream  string `json:"stream"`
 	Entries int64  `json:"entries"`
 	Pending int64  `json:"pending"`
-	// GroupLag is the group's lag on this shard (-1: Redis cannot say).
+	// GroupLag is the group's lag on this shard, its priority bands
+	// summed (-1: Redis cannot say).
 	GroupLag int64 `json:"group_lag"`
 }
 
@@ -79,6 +91,17 @@ type Absorbed struct {
 	Kind   string `json:"kind"`
 	Reason string `json:"reason"`
 	Count  int64  `json:"count"`
+}
+
+// PrioritiesUsed reports whether any band but the default priority's
+// holds entries.
+func (in Inspection) PrioritiesUsed() bool {
+	for _, b := range in.Priorities {
+		if b.Priority != entry.DefaultPriority && b.Entries > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // DeadLettersOpen is the sum of the open dead letters over kinds.
@@ -106,21 +129,34 @@ func Inspect(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, b
 		return in, err
 	}
 	consumers := map[string]int64{}
-	for i, key := range stream.ShardKeys(base, n) {
-		sh := Shard{Stream: key, GroupLag: -1}
+	for p := entry.HighestPriority; p <= entry.LowestPriority; p++ {
+		in.Priorities = append(in.Priorities, Band{Priority: p})
+	}
+	for i, shard := range stream.ShardKeys(base, n) {
+		sh := Shard{Stream: shard, GroupLag: -1}
 		if i < len(in.Lag.shards) {
 			sh.GroupLag = in.Lag.shards[i]
 		}
-		if sh.Entries, err = rdb.XLen(ctx, key).Result(); err != nil {
-			return in, fmt.Errorf("redis: XLEN %s: %w", key, err)
-		}
-		if p, err := rdb.XPending(ctx, key, group).Result(); err == nil {
-			sh.Pending = p.Count
-			for c, n := range p.Consumers {
-				consumers[c] += n
+		for b, key := range stream.BandKeys(shard) {
+			entries, err := rdb.XLen(ctx, key).Result()
+			if err != nil {
+				return in, fmt.Errorf("redis: XLEN %s: %w", key, err)
 			}
-		} else if in.PendingError == "" {
-			in.PendingError = err.Error()
+			var pending int64
+			if p, err := rdb.XPending(ctx, key, group).Result(); err == nil {
+				pending = p.Count
+				for c, n := range p.Consumers {
+					consumers[c] += n
+				}
+			} else if in.PendingError == "" && (key == shard || !isNoStream(err)) {
+				// A band no job of its priority has reached yet
+				// may not exist; the shard's own key does.
+				in.PendingError = err.Error()
+			}
+			sh.Entries += entries
+			sh.Pending += pending
+			in.Priorities[b].Entries += entries
+			in.Priorities[b].Pending += pending
 		}
 		in.Entries += sh.Entries
 		in.Pending += sh.Pending
@@ -191,15 +227,31 @@ func ReadLag(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, b
 	if err != nil {
 		return lag, err
 	}
-	for _, key := range stream.ShardKeys(base, n) {
-		groups, err := rdb.XInfoGroups(ctx, key).Result()
-		if err != nil && !isNoStream(err) {
-			return lag, fmt.Errorf("redis: XINFO GROUPS %s: %w", key, err)
-		}
-		shard := int64(-1)
-		for _, g := range groups {
-			if g.Name == group {
-				shard = g.Lag
+	for _, shardKey := range stream.ShardKeys(base, n) {
+		shard := int64(0)
+		for _, key := range stream.BandKeys(shardKey) {
+			groups, err := rdb.XInfoGroups(ctx, key).Result()
+			if err != nil && !isNoStream(err) {
+				return lag, fmt.Errorf("redis: XINFO GROUPS %s: %w", key, err)
+			}
+			band := int64(-1)
+			if err != nil && key != shardKey {
+				band = 0 // a band no job has reached: nothing behind
+			}
+			for _, g := range groups {
+				if g.Name == group {
+					band = g.Lag
+				}
+			}
+			if band < 0 || shard < 0 {
+				shard = -1
+			} else {
+				shard += band
+			}
+			if p, err := rdb.XPending(ctx, key, group).Result(); err == nil && p.Count > 0 {
+				if ms, ok := stream.IDTime(p.Lower); ok && now.After(ms) {
+					lag.OldestPending = max(lag.OldestPending, now.Sub(ms))
+				}
 			}
 		}
 		lag.shards = append(lag.shards, shard)
@@ -208,11 +260,6 @@ func ReadLag(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, b
 			lag.GroupLag = -1
 		default:
 			lag.GroupLag += shard
-		}
-		if p, err := rdb.XPending(ctx, key, group).Result(); err == nil && p.Count > 0 {
-			if ms, ok := stream.IDTime(p.Lower); ok && now.After(ms) {
-				lag.OldestPending = max(lag.OldestPending, now.Sub(ms))
-			}
 		}
 	}
 	var oldest *time.Time

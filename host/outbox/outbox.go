@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/usherhq/usher/internal/entry"
 	"github.com/usherhq/usher/internal/jobmsg"
 )
 
@@ -46,6 +47,9 @@ type Message struct {
 	// returns that job's id for the message and adds nothing. Optional.
 	DedupKey    string
 	DedupWindow time.Duration
+	// Priority: as client.Job's (0: entry.DefaultPriority). A retry and a
+	// requeue carry the job's own.
+	Priority int
 }
 
 // Limits of a message (the client's, see internal/jobmsg), so that its
@@ -75,24 +79,26 @@ func Add(ctx context.Context, tx Querier, msgs ...Message) ([]int64, error) {
 	traces := make([]string, len(msgs))
 	jobIDs := make([]*string, len(msgs))
 	attempts := make([]int32, len(msgs))
+	priorities := make([]int16, len(msgs))
 	for i, m := range msgs {
-		if err := jobmsg.Check(m.Kind, m.Payload, m.RequestID, m.Trace, m.JobID); err != nil {
+		if err := check(m); err != nil {
 			return nil, fmt.Errorf("outbox: message %d: %w", i, err)
 		}
 		m.Trace = jobmsg.Trace(m.Trace)
 		kinds[i], payloads[i], reqs[i], traces[i], attempts[i] = m.Kind, string(m.Payload), m.RequestID, m.Trace, int32(m.Attempt)
+		priorities[i] = int16(entry.PriorityOr(m.Priority))
 		if m.JobID != "" {
 			id := m.JobID
 			jobIDs[i] = &id
 		}
 	}
 	rows, err := tx.Query(ctx, `
-		INSERT INTO outbox (kind, payload, request_id, trace, job_id, attempt, workflow)
-		SELECT k, p::jsonb, r, t, j, a, (SELECT s.workflow FROM workflow_steps s WHERE j IS NOT NULL AND s.job_id = j)
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[])
-		     WITH ORDINALITY AS m(k, p, r, t, j, a, n)
+		INSERT INTO outbox (kind, payload, request_id, trace, job_id, attempt, priority, workflow)
+		SELECT k, p::jsonb, r, t, j, a, pr, (SELECT s.workflow FROM workflow_steps s WHERE j IS NOT NULL AND s.job_id = j)
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::smallint[])
+		     WITH ORDINALITY AS m(k, p, r, t, j, a, pr, n)
 		ORDER BY n
-		RETURNING id`, kinds, payloads, reqs, traces, jobIDs, attempts)
+		RETURNING id`, kinds, payloads, reqs, traces, jobIDs, attempts, priorities)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: add: %w", err)
 	}
@@ -101,6 +107,14 @@ func Add(ctx context.Context, tx Querier, msgs ...Message) ([]int64, error) {
 		return nil, fmt.Errorf("outbox: add: %w", err)
 	}
 	return ids, nil
+}
+
+// check is jobmsg's checks of m.
+func check(m Message) error {
+	if err := jobmsg.Check(m.Kind, m.Payload, m.RequestID, m.Trace, m.JobID); err != nil {
+		return err
+	}
+	return jobmsg.CheckPriority(m.Kind, m.Priority)
 }
 
 // addEach is Add for a batch with deduplication keys, one message at a
@@ -119,7 +133,7 @@ func addEach(ctx context.Context, tx Querier, msgs []Message) ([]int64, error) {
 			ids = append(ids, id...)
 			continue
 		}
-		if err := jobmsg.Check(m.Kind, m.Payload, m.RequestID, m.Trace, m.JobID); err != nil {
+		if err := check(m); err != nil {
 			return nil, fmt.Errorf("outbox: message %d: %w", i, err)
 		}
 		if m.DedupWindow < 0 {
@@ -140,8 +154,9 @@ func addEach(ctx context.Context, tx Querier, msgs []Message) ([]int64, error) {
 			if m.JobID != "" {
 				jobID = &m.JobID
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, kind, payload, request_id, trace, job_id, attempt)
-				VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7)`, id, m.Kind, string(m.Payload), m.RequestID, jobmsg.Trace(m.Trace), jobID, m.Attempt); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, kind, payload, request_id, trace, job_id, attempt, priority)
+				VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7, $8)`, id, m.Kind, string(m.Payload), m.RequestID, jobmsg.Trace(m.Trace), jobID, m.Attempt,
+				entry.PriorityOr(m.Priority)); err != nil {
 				return nil, fmt.Errorf("outbox: add: %w", err)
 			}
 		}

@@ -192,6 +192,7 @@ type row struct {
 	trace     string
 	attempt   int32
 	step      bool
+	priority  int16
 }
 
 // RelayOnce publishes one batch and returns how many rows it published.
@@ -223,7 +224,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		UPDATE outbox SET published_at = now()
 		WHERE id IN (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
 		RETURNING id, coalesce(job_id, id::text), kind, payload::text, request_id, trace, attempt,
-		          workflow IS NOT NULL AND kind NOT LIKE 'usher.workflow.%'`, r.cfg.BatchSize)
+		          workflow IS NOT NULL AND kind NOT LIKE 'usher.workflow.%', priority`, r.cfg.BatchSize)
 	br := conn.SendBatch(ctx, b)
 	for range 2 {
 		if _, err := br.Exec(); err != nil {
@@ -238,7 +239,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	}
 	batch, err := pgx.CollectRows(rows, func(rw pgx.CollectableRow) (row, error) {
 		var x row
-		err := rw.Scan(&x.id, &x.jobID, &x.kind, &x.payload, &x.requestID, &x.trace, &x.attempt, &x.step)
+		err := rw.Scan(&x.id, &x.jobID, &x.kind, &x.payload, &x.requestID, &x.trace, &x.attempt, &x.step, &x.priority)
 		return x, err
 	})
 	if cerr := br.Close(); err == nil {
@@ -257,11 +258,15 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	shards := make([]string, len(batch))
 	for i, x := range batch {
 		ids[i] = x.id
-		shards[i] = stream.ShardKey(r.cfg.Stream, stream.ShardOf(x.jobID, r.cfg.Shards))
+		// The job's shard, and in it its priority's band.
+		shards[i] = stream.BandKey(stream.ShardKey(r.cfg.Stream, stream.ShardOf(x.jobID, r.cfg.Shards)), int(x.priority))
 		f := entry.Fields{JobID: x.jobID, OutboxID: strconv.FormatInt(x.id, 10), Kind: x.kind, Payload: x.payload,
 			RequestID: x.requestID, Trace: x.trace, Attempt: strconv.Itoa(int(x.attempt))}
 		if x.step {
 			f.Step = "1" // a workflow step's (its decision tasks are not steps)
+		}
+		if x.priority != entry.DefaultPriority {
+			f.Priority = strconv.Itoa(int(x.priority))
 		}
 		values[i] = f.Values(r.cfg.Key)
 	}

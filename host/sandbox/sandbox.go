@@ -118,6 +118,10 @@ const AppEnqueueFunction = "usher_enqueue_job(text, jsonb, text, text)"
 // deduplication key (client.Job.DedupKey), granted as AppEnqueueFunction is.
 const AppDedupEnqueueFunction = "usher_enqueue_job(text, jsonb, text, text, text, interval)"
 
+// AppPriorityEnqueueFunction is the applications' enqueue with a priority
+// (client.Job.Priority), granted as AppEnqueueFunction is.
+const AppPriorityEnqueueFunction = "usher_enqueue_job(text, jsonb, text, text, text, interval, integer)"
+
 // functions are the runtime's SECURITY DEFINER functions a plugin role may
 // call (through the host, or by itself: each checks the caller).
 var functions = []string{"usher_check_serves(text)", "usher_applied(bigint, text)", "usher_record_job(text, text)",
@@ -199,7 +203,7 @@ func CheckPluginRole(ctx context.Context, pool *pgxpool.Pool, plugin, role strin
 	}
 	// The application's enqueue checks no kinds: a plugin enqueues only
 	// through usher_enqueue, which allows the kinds of its manifest.
-	for _, f := range []string{AppEnqueueFunction, AppDedupEnqueueFunction} {
+	for _, f := range []string{AppEnqueueFunction, AppDedupEnqueueFunction, AppPriorityEnqueueFunction} {
 		var appEnqueue bool
 		err = pool.QueryRow(ctx, `SELECT to_regprocedure($2) IS NOT NULL AND has_function_privilege($1, $2, 'EXECUTE')`,
 			role, f).Scan(&appEnqueue)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/usherhq/usher/host/internal/periodic"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/internal/entry"
 )
 
 // Run is one delayed run of a job.
@@ -35,6 +36,9 @@ type Run struct {
 	Trace     string
 	Reason    string
 	RunAt     time.Time
+	// Priority is the job's (0: entry.DefaultPriority): the run is
+	// enqueued with it.
+	Priority int
 	// WaitsFor, when set, names the effect claim this run waits for
 	// (guard 2's claim held by another run): a wake of that claim
 	// (WakeClaim) moves the run to now. WaitsSince is when the run that
@@ -61,11 +65,12 @@ func Add(ctx context.Context, q outbox.Querier, r Run) (bool, error) {
 		}
 	}
 	tag, err := q.Exec(ctx, `
-		INSERT INTO scheduled_jobs (job_id, attempt, kind, payload, request_id, trace, reason, run_at, waits_for)
+		INSERT INTO scheduled_jobs (job_id, attempt, kind, payload, request_id, trace, reason, run_at, waits_for, priority)
 		SELECT $1, $2, $3, $4::jsonb, $5, $6, $7,
-		       CASE WHEN EXISTS (SELECT 1 FROM claim_wakes w WHERE w.waits_for = $9 AND w.at >= $10) THEN now() ELSE $8 END, $9
+		       CASE WHEN EXISTS (SELECT 1 FROM claim_wakes w WHERE w.waits_for = $9 AND w.at >= $10) THEN now() ELSE $8 END, $9, $11
 		ON CONFLICT (job_id, attempt) DO NOTHING`,
-		r.JobID, r.Attempt, r.Kind, string(r.Payload), r.RequestID, r.Trace, r.Reason, r.RunAt, nullText(r.WaitsFor), r.WaitsSince)
+		r.JobID, r.Attempt, r.Kind, string(r.Payload), r.RequestID, r.Trace, r.Reason, r.RunAt, nullText(r.WaitsFor), r.WaitsSince,
+		entry.PriorityOr(r.Priority))
 	if err != nil {
 		return false, fmt.Errorf("schedule: add: %w", err)
 	}
@@ -176,7 +181,7 @@ func (s *Scheduler) MoveDue(ctx context.Context) (int, error) {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	rows, err := tx.Query(ctx, `
-		SELECT job_id, attempt, kind, payload::text, request_id, trace
+		SELECT job_id, attempt, kind, payload::text, request_id, trace, priority
 		FROM scheduled_jobs
 		WHERE enqueued_at IS NULL AND run_at <= now()
 		ORDER BY run_at LIMIT $1
@@ -187,7 +192,7 @@ func (s *Scheduler) MoveDue(ctx context.Context) (int, error) {
 	due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Message, error) {
 		var m outbox.Message
 		var payload string
-		err := r.Scan(&m.JobID, &m.Attempt, &m.Kind, &payload, &m.RequestID, &m.Trace)
+		err := r.Scan(&m.JobID, &m.Attempt, &m.Kind, &payload, &m.RequestID, &m.Trace, &m.Priority)
 		m.Payload = json.RawMessage(payload)
 		return m, err
 	})

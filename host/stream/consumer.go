@@ -26,7 +26,8 @@ type ConsumerConfig struct {
 	// Redis client. Required.
 	Redis redis.UniversalClient
 	// Streams are the keys of the stream's shards (ShardKeys), read in
-	// turn; Group is the consumer group, on every shard. Required.
+	// turn, each with its priority bands (BandKeys); Group is the
+	// consumer group, on every band of every shard. Required.
 	Streams []string
 	Group   string
 	// Name of this consumer in the group; unique per host process. Required.
@@ -172,17 +173,30 @@ func EnsureGroup(ctx context.Context, rdb redis.UniversalClient, streamKey, grou
 	return nil
 }
 
+// ensureGroups is EnsureGroup on each of keys.
+func ensureGroups(ctx context.Context, rdb redis.UniversalClient, keys []string, group string) error {
+	for _, k := range keys {
+		if err := EnsureGroup(ctx, rdb, k, group); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Run reads until ctx is done, then waits up to ShutdownGrace for in-flight
 // entries; those still running are cancelled and left unacked.
 //
 // The shards are read in turn, one read each (a read is one slot's
-// script, so a cluster serves each shard from its own primary): after a
+// script, so a cluster serves each shard from its own primary), each
+// read taking the shard's bands highest priority first: after a
 // read that found entries the next shard is read at once, so no shard
 // starves another; the consumer waits only once a whole round of reads
 // found nothing.
 func (c *Consumer) Run(ctx context.Context) error {
-	for _, s := range c.cfg.Streams {
-		if err := EnsureGroup(ctx, c.cfg.Redis, s, c.cfg.Group); err != nil {
+	bands := make([][]string, len(c.cfg.Streams))
+	for i, s := range c.cfg.Streams {
+		bands[i] = BandKeys(s)
+		if err := ensureGroups(ctx, c.cfg.Redis, bands[i], c.cfg.Group); err != nil {
 			if ctx.Err() != nil {
 				return nil // stopped before it began: nothing read, nothing to drain
 			}
@@ -195,10 +209,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// empty counts the reads in a row that found nothing.
 	shard, empty := 0, 0
 	for ctx.Err() == nil {
-		key := c.cfg.Streams[shard]
+		key, keys := c.cfg.Streams[shard], bands[shard]
 		shard = (shard + 1) % len(c.cfg.Streams)
 		got, err := c.Take(ctx, c.cfg.Concurrency, func(ctx context.Context, n int) ([]Entry, error) {
-			return ReadNew(ctx, c.cfg.Redis, key, c.cfg.Group, c.cfg.Name, n)
+			return ReadNew(ctx, c.cfg.Redis, keys, c.cfg.Group, c.cfg.Name, n)
 		})
 		switch {
 		case ctx.Err() != nil:
@@ -220,7 +234,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			if strings.HasPrefix(err.Error(), "NOGROUP") {
 				// The stream was deleted (Redis restarted without
 				// persistence): recreate the group.
-				_ = EnsureGroup(ctx, c.cfg.Redis, key, c.cfg.Group)
+				_ = ensureGroups(ctx, c.cfg.Redis, keys, c.cfg.Group)
 			}
 			c.cfg.Logger.Warn("stream read failed; retrying", "stream", key, "err", err, "backoff", backoff)
 			wait(ctx, backoff)

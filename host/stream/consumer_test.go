@@ -231,7 +231,7 @@ func TestCommittedEntrySettlesBeforeDispatchReturns(t *testing.T) {
 	read := func() int {
 		t.Helper()
 		got, err := c.Take(ctx, 1, func(ctx context.Context, n int) ([]stream.Entry, error) {
-			return stream.ReadNew(ctx, rdb, key, "g", "c1", n)
+			return stream.ReadNew(ctx, rdb, []string{key}, "g", "c1", n)
 		})
 		require.NoError(t, err)
 		return got

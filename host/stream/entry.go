@@ -40,6 +40,10 @@ type Entry struct {
 	// Step: the entry is a workflow step's delivery (entry.FieldStep);
 	// the host runs it only if the step was not cancelled before.
 	Step bool
+	// Priority is the job's priority, entry.HighestPriority to
+	// entry.LowestPriority (entry.DefaultPriority when the entry names
+	// none): its retries and its dead letter keep it.
+	Priority int
 	// Deliveries is how many times the group delivered the entry,
 	// counting this one (known for reclaimed entries; 1 for new ones).
 	Deliveries int64
@@ -85,7 +89,7 @@ func (e Entry) Key() string { return e.Stream + " " + e.StreamID }
 // Decode turns a stream message into an Entry. It never fails: a missing or
 // malformed field is recorded in Entry.Err.
 func Decode(m redis.XMessage) Entry {
-	e := Entry{StreamID: m.ID, Deliveries: 1, Signed: entry.FieldsOf(m.Values)}
+	e := Entry{StreamID: m.ID, Deliveries: 1, Signed: entry.FieldsOf(m.Values), Priority: entry.DefaultPriority}
 	for k, v := range m.Values {
 		s, _ := v.(string)
 		e.Size += len(k) + len(s)
@@ -120,6 +124,14 @@ func Decode(m redis.XMessage) Entry {
 		}
 		e.Attempt = n
 	}
+	if s := f.Priority; s != "" {
+		p, err := strconv.Atoi(s)
+		if err != nil || p < entry.HighestPriority || p > entry.LowestPriority || strconv.Itoa(p) != s {
+			e.Err = fmt.Errorf("entry %s: priority %q is not one of %d to %d", m.ID, s, entry.HighestPriority, entry.LowestPriority)
+			return e
+		}
+		e.Priority = p
+	}
 	switch {
 	case e.JobID == "":
 		e.Err = fmt.Errorf("entry %s has no job identity (job_id field); the stream entry id is never used as one", m.ID)
@@ -132,7 +144,7 @@ func Decode(m redis.XMessage) Entry {
 // textFields are the fields whose values must be text: they are stored in
 // text columns and logged.
 var textFields = []string{entry.FieldJobID, entry.FieldKind, entry.FieldRequestID, entry.FieldTrace,
-	entry.FieldAttempt, entry.FieldOutboxID, entry.FieldPayload, entry.FieldStep}
+	entry.FieldAttempt, entry.FieldOutboxID, entry.FieldPayload, entry.FieldStep, entry.FieldPriority}
 
 // checkText refuses what Postgres's text and jsonb cannot hold, and what
 // would be retried for ever if it were let through: a value or a field

@@ -106,14 +106,7 @@ func NewLease(cfg LeaseConfig) (*Lease, error) {
 // slot).
 func LeaseKey(stream, consumer string) string { return leasePrefix(stream) + consumer }
 
-func leasePrefix(stream string) string {
-	if i := strings.IndexByte(stream, '{'); i >= 0 {
-		if j := strings.IndexByte(stream[i+1:], '}'); j > 0 {
-			return stream + ":lease:"
-		}
-	}
-	return "{" + stream + "}:lease:"
-}
+func leasePrefix(stream string) string { return slotPrefix(stream) + ":lease:" }
 
 // Renew sets the lease, on every shard, for another TTL.
 func (l *Lease) Renew(ctx context.Context) error {

@@ -42,7 +42,7 @@ func testLeaseClaimsOnlyDeadHosts(t *testing.T, rdb redis.UniversalClient, key s
 		for range n {
 			require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{"job_id", consumer}}).Err())
 		}
-		got, err := stream.ReadNew(ctx, rdb, key, "g", consumer, n)
+		got, err := stream.ReadNew(ctx, rdb, []string{key}, "g", consumer, n)
 		require.NoError(t, err)
 		require.Len(t, got, n)
 		ids := make([]string, n)

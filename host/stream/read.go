@@ -37,16 +37,30 @@ const (
 // Its cursor slot carries the entry's delivery count; an empty reply when
 // the entry is no longer pending here (acked, or taken by another host).
 //
-// The reply is {next cursor, {{id, fields, size, lens}...}}: size is the
-// entry's full size, lens the full lengths of the kept elements when it was
-// cut (empty when not). XAUTOCLAIM before Redis 7 returns deleted entries
+// "read" takes the bands of one shard (KEYS, BandKeys: one hash slot),
+// highest priority first: up to ARGV[4] entries in all, from the first
+// band that has any, then the next. A job of a higher priority is read
+// before any of a lower one, whatever waits in the lower band; the other
+// modes take one key.
+//
+// The reply is {next cursor, {{id, fields, size, lens, key}...}}: size is
+// the entry's full size, lens the full lengths of the kept elements when
+// it was cut (empty when not), key the index in KEYS it was read from. XAUTOCLAIM before Redis 7 returns deleted entries
 // with nil fields; they come back with no fields.
 var readScript = redis.NewScript(`
-local entries, nextid
+local entries, nextid, from = {}, '', {}
 if ARGV[1] == 'read' then
-  local r = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], '>')
-  if not r then return {'', {}} end
-  entries, nextid = r[1][2], ''
+  local want = tonumber(ARGV[4])
+  for k = 1, #KEYS do
+    local r = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', want - #entries, 'STREAMS', KEYS[k], '>')
+    if r then
+      for _, e in ipairs(r[1][2]) do
+        entries[#entries + 1] = e
+        from[#entries] = k
+      end
+      if #entries >= want then break end
+    end
+  end
 elseif ARGV[1] == 'own' then
   local p = redis.call('XPENDING', KEYS[1], ARGV[2], ARGV[9], ARGV[9], 1)
   if #p == 0 or p[1][2] ~= ARGV[3] then return {'', {}} end
@@ -72,7 +86,7 @@ for i, e in ipairs(entries) do
     end
     f = kept
   end
-  out[i] = {e[1], f, size, lens}
+  out[i] = {e[1], f, size, lens, from[i] or 1}
 end
 return {nextid, out}`)
 
@@ -85,9 +99,9 @@ type Field struct {
 	NameLen, ValueLen int
 }
 
-// read runs readScript and decodes what it returns.
-func read(ctx context.Context, rdb redis.UniversalClient, stream string, args ...any) ([]Entry, string, error) {
-	res, err := readScript.Run(ctx, rdb, []string{stream}, args...).Slice()
+// read runs readScript over keys and decodes what it returns.
+func read(ctx context.Context, rdb redis.UniversalClient, keys []string, args ...any) ([]Entry, string, error) {
+	res, err := readScript.Run(ctx, rdb, keys, args...).Slice()
 	if err != nil {
 		return nil, "", err
 	}
@@ -98,21 +112,25 @@ func read(ctx context.Context, rdb redis.UniversalClient, stream string, args ..
 	raw, _ := res[1].([]any)
 	entries := make([]Entry, 0, len(raw))
 	for _, r := range raw {
-		e, err := decodeReply(r)
+		e, k, err := decodeReply(r)
 		if err != nil {
 			return nil, "", err
 		}
-		e.Stream = stream
+		if k < 1 || k > len(keys) {
+			return nil, "", fmt.Errorf("stream: read script answered entry %s from key %d of %d", e.StreamID, k, len(keys))
+		}
+		e.Stream = keys[k-1]
 		entries = append(entries, e)
 	}
 	return entries, next, nil
 }
 
-func decodeReply(r any) (Entry, error) {
+func decodeReply(r any) (Entry, int, error) {
 	parts, _ := r.([]any)
-	if len(parts) != 4 {
-		return Entry{}, fmt.Errorf("stream: read script answered an entry of %d parts", len(parts))
+	if len(parts) != 5 {
+		return Entry{}, 0, fmt.Errorf("stream: read script answered an entry of %d parts", len(parts))
 	}
+	k, _ := parts[4].(int64)
 	id, _ := parts[0].(string)
 	elems, _ := parts[1].([]any)
 	size, _ := parts[2].(int64)
@@ -145,7 +163,7 @@ func decodeReply(r any) (Entry, error) {
 		e.Err = fmt.Errorf("entry %s of %d bytes exceeds the %d-byte limit (only the first %d bytes of each field were read, and are kept in its dead letter)",
 			id, size, entry.MaxBytes, KeptBytes)
 	}
-	return e, nil
+	return e, int(k), nil
 }
 
 func readArgs(mode, group, consumer string, n int, minIdle time.Duration, start string) []any {
@@ -154,9 +172,11 @@ func readArgs(mode, group, consumer string, n int, minIdle time.Duration, start 
 }
 
 // ReadNew reads up to n new entries for consumer with XREADGROUP, without
-// blocking, an oversized entry cut as readScript says.
-func ReadNew(ctx context.Context, rdb redis.UniversalClient, stream, group, consumer string, n int) ([]Entry, error) {
-	entries, _, err := read(ctx, rdb, stream, readArgs("read", group, consumer, n, 0, "")...)
+// blocking, an oversized entry cut as readScript says: from the bands of
+// one shard (keys, in one hash slot) in the order given, so BandKeys reads
+// a shard's jobs highest priority first. One key reads that key alone.
+func ReadNew(ctx context.Context, rdb redis.UniversalClient, keys []string, group, consumer string, n int) ([]Entry, error) {
+	entries, _, err := read(ctx, rdb, keys, readArgs("read", group, consumer, n, 0, "")...)
 	return entries, err
 }
 
@@ -164,14 +184,14 @@ func ReadNew(ctx context.Context, rdb redis.UniversalClient, stream, group, cons
 // XAUTOCLAIM from start, an oversized entry cut as readScript says. It
 // returns the cursor to continue from ("0-0" at the end).
 func AutoClaim(ctx context.Context, rdb redis.UniversalClient, stream, group, consumer string, minIdle time.Duration, start string, n int) ([]Entry, string, error) {
-	return read(ctx, rdb, stream, readArgs("claim", group, consumer, n, minIdle, start)...)
+	return read(ctx, rdb, []string{stream}, readArgs("claim", group, consumer, n, minIdle, start)...)
 }
 
 // claimOwn takes a new delivery of entry id, which consumer still owns
 // (readScript's "own" mode), and returns it with its delivery count; false
 // when it is no longer pending for consumer.
 func claimOwn(ctx context.Context, rdb redis.UniversalClient, stream, group, consumer, id string) (Entry, bool, error) {
-	entries, count, err := read(ctx, rdb, stream, readArgs("own", group, consumer, 1, 0, id)...)
+	entries, count, err := read(ctx, rdb, []string{stream}, readArgs("own", group, consumer, 1, 0, id)...)
 	if err != nil || len(entries) != 1 {
 		return Entry{}, false, err
 	}

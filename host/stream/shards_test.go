@@ -3,6 +3,7 @@ package stream_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -140,5 +141,93 @@ func TestReclaimAndLeaseScanEveryShard(t *testing.T) {
 		for _, e := range p {
 			require.Equal(t, "live", e.Consumer)
 		}
+	}
+}
+
+// hashTag is the part of key Redis Cluster hashes: its first non-empty
+// {...}, else the whole key.
+func hashTag(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j]
+		}
+	}
+	return key
+}
+
+// A shard's priority bands are in its hash slot (one script reads them
+// on a cluster); the default priority's band is the shard's own key.
+func TestBandKeys(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, []string{"usher:{jobs-2}:p1", "usher:{jobs-2}:p2", "usher:{jobs-2}", "usher:{jobs-2}:p4", "usher:{jobs-2}:p5"},
+		stream.BandKeys(stream.ShardKey("usher:{jobs}", 2)))
+	require.Equal(t, "{jobs-1}:p1", stream.BandKey("jobs-1", 1), "a key without a tag is the tag of its bands")
+	for _, shard := range []string{"usher:{jobs}", "usher:{jobs-5}", "jobs", "jobs-3", "a:{x-7}:b"} {
+		for _, band := range stream.BandKeys(shard) {
+			require.Equal(t, hashTag(shard), hashTag(band), "band %s of shard %s", band, shard)
+		}
+	}
+	require.Len(t, stream.Keys("usher:{jobs}", 3), 15)
+}
+
+// One read of a shard takes its bands highest priority first, up to the
+// count asked for, and names the band each entry came from; a consumer
+// acks each on its own band.
+func TestReadTakesHigherPrioritiesFirst(t *testing.T) {
+	t.Parallel()
+	rdb, base := hosttest.Redis(t)
+	ctx := context.Background()
+	bands := stream.BandKeys(base)
+	for _, k := range bands {
+		require.NoError(t, stream.EnsureGroup(ctx, rdb, k, "g"))
+	}
+	// Lowest first on the stream: the order of arrival is the reverse
+	// of the order wanted.
+	for p := len(bands); p >= 1; p-- {
+		for i := range 3 {
+			require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: bands[p-1],
+				Values: []any{"job_id", fmt.Sprintf("p%d-%d", p, i), "kind", "k"}}).Err())
+		}
+	}
+	var got []string
+	for {
+		entries, err := stream.ReadNew(ctx, rdb, bands, "g", "c1", 4)
+		require.NoError(t, err)
+		if len(entries) == 0 {
+			break
+		}
+		require.LessOrEqual(t, len(entries), 4)
+		for _, e := range entries {
+			require.Contains(t, e.JobID, "p")
+			require.Equal(t, bands[int(e.JobID[1]-'1')], e.Stream, "entry %s read from its band", e.JobID)
+			got = append(got, e.JobID)
+			require.NoError(t, rdb.XAck(ctx, e.Stream, "g", e.StreamID).Err())
+		}
+	}
+	require.Equal(t, []string{"p1-0", "p1-1", "p1-2", "p2-0", "p2-1", "p2-2", "p3-0", "p3-1", "p3-2",
+		"p4-0", "p4-1", "p4-2", "p5-0", "p5-1", "p5-2"}, got)
+	for _, k := range bands {
+		require.Zero(t, hosttest.Pending(t, rdb, k, "g"))
+	}
+}
+
+// An entry's priority field is read when it is one of 1 to 5 in its
+// plain decimal form; anything else makes the entry malformed (it is
+// dead-lettered), never a job of another priority.
+func TestDecodePriority(t *testing.T) {
+	t.Parallel()
+	decode := func(p string) stream.Entry {
+		v := map[string]any{"job_id": "7", "kind": "k"}
+		if p != "" {
+			v["priority"] = p
+		}
+		return stream.Decode(redis.XMessage{ID: "1-1", Values: v})
+	}
+	require.Equal(t, 3, decode("").Priority)
+	require.NoError(t, decode("").Err)
+	require.Equal(t, 1, decode("1").Priority)
+	require.Equal(t, 5, decode("5").Priority)
+	for _, bad := range []string{"0", "6", "01", "+1", "x", "-1"} {
+		require.ErrorContains(t, decode(bad).Err, "is not one of 1 to 5", "priority %q", bad)
 	}
 }

@@ -37,7 +37,29 @@ const (
 	// every other entry. The signature covers it when present, so a host
 	// from before the field refuses a step's entry as unsigned.
 	FieldStep = "step"
+	// FieldPriority is the job's priority ("1" to "5") when it is not
+	// DefaultPriority, and absent on an entry of the default priority.
+	// The signature covers it when present.
+	FieldPriority = "priority"
 )
+
+// A job's priority: HighestPriority runs first, LowestPriority last;
+// DefaultPriority is that of a job that names none. The scale and its
+// default are Temporal's priority keys' (1 to 5, 3 by default), so a job
+// can be raised above the default as well as lowered below it.
+const (
+	HighestPriority = 1
+	DefaultPriority = 3
+	LowestPriority  = 5
+)
+
+// PriorityOr is p, or DefaultPriority when p is 0 (a job that names none).
+func PriorityOr(p int) int {
+	if p == 0 {
+		return DefaultPriority
+	}
+	return p
+}
 
 // FieldSig holds the entry's signature: hex HMAC-SHA256, by the cluster's
 // signing key, of the entry's other fields (Fields.Sign).
@@ -54,6 +76,9 @@ type Fields struct {
 	JobID, OutboxID, Kind, Payload, RequestID, Trace, Attempt string
 	// Step is "1" on a workflow step's entry, "" on others.
 	Step string
+	// Priority is the job's priority when it is not DefaultPriority, ""
+	// when it is.
+	Priority string
 }
 
 // FieldsOf reads the signed fields of a stream entry's values (as go-redis
@@ -65,7 +90,8 @@ func FieldsOf(values map[string]any) Fields {
 		return v
 	}
 	return Fields{JobID: s(FieldJobID), OutboxID: s(FieldOutboxID), Kind: s(FieldKind), Payload: s(FieldPayload),
-		RequestID: s(FieldRequestID), Trace: s(FieldTrace), Attempt: s(FieldAttempt), Step: s(FieldStep)}
+		RequestID: s(FieldRequestID), Trace: s(FieldTrace), Attempt: s(FieldAttempt), Step: s(FieldStep),
+		Priority: s(FieldPriority)}
 }
 
 // signDomain separates these signatures from any other use of the key.
@@ -120,6 +146,15 @@ func (f Fields) sum(key []byte, b []byte) []byte {
 		m.buf = binary.BigEndian.AppendUint64(m.buf, uint64(len(f.Step)))
 		m.buf = append(m.buf, f.Step...)
 	}
+	if f.Priority != "" {
+		// The same, for the priority, named: an entry with a step and
+		// none, one with a priority and no step, and one with both
+		// encode one, two and three more values.
+		for _, v := range [...]string{FieldPriority, f.Priority} {
+			m.buf = binary.BigEndian.AppendUint64(m.buf, uint64(len(v)))
+			m.buf = append(m.buf, v...)
+		}
+	}
 	m.mac.Write(m.buf)
 	if cap(m.buf) > 64<<10 {
 		m.buf = nil // a large payload's buffer is not kept
@@ -141,7 +176,7 @@ var macs sync.Map
 // Values returns the entry's XADD values: every field, then its signature
 // by key.
 func (f Fields) Values(key []byte) []any {
-	v := make([]any, 0, 18)
+	v := make([]any, 0, 20)
 	v = append(v,
 		FieldJobID, f.JobID,
 		FieldOutboxID, f.OutboxID,
@@ -152,6 +187,9 @@ func (f Fields) Values(key []byte) []any {
 		FieldAttempt, f.Attempt)
 	if f.Step != "" { // absent on every entry that is no workflow step
 		v = append(v, FieldStep, f.Step)
+	}
+	if f.Priority != "" { // absent on every entry of the default priority
+		v = append(v, FieldPriority, f.Priority)
 	}
 	return append(v, FieldSig, f.Sign(key))
 }

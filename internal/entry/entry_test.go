@@ -40,6 +40,7 @@ func TestSignCoversEveryField(t *testing.T) {
 		func(f *entry.Fields) { f.Trace = "" },
 		func(f *entry.Fields) { f.Attempt = "1" },
 		func(f *entry.Fields) { f.Step = "1" },
+		func(f *entry.Fields) { f.Priority = "1" },
 	}
 	for i, a := range alter {
 		f := sample()
@@ -106,4 +107,32 @@ func TestStepFieldIsSigned(t *testing.T) {
 	moved := sample()
 	moved.Attempt = "0\x00\x00\x00\x00\x00\x00\x00\x011"
 	require.NotEqual(t, step.Sign(testKey), moved.Sign(testKey))
+}
+
+// A job's priority is signed when it is not the default: dropping it (a
+// high-priority job made to look ordinary), adding it or moving it into
+// the step field breaks the signature.
+func TestPriorityFieldIsSigned(t *testing.T) {
+	t.Parallel()
+	high := sample()
+	high.Priority = "1"
+	vals := high.Values(testKey)
+	m := map[string]any{}
+	for i := 0; i < len(vals); i += 2 {
+		m[vals[i].(string)] = vals[i+1]
+	}
+	require.Equal(t, high, entry.FieldsOf(m))
+	sig := m[entry.FieldSig].(string)
+	require.True(t, entry.FieldsOf(m).Verify(testKey, sig))
+	require.False(t, sample().Verify(testKey, sig), "the priority dropped")
+	require.False(t, high.Verify(testKey, sample().Sign(testKey)), "the priority added")
+	step := sample()
+	step.Step = "1"
+	require.NotEqual(t, step.Sign(testKey), high.Sign(testKey), "a step and a priority of the same text")
+	both := high
+	both.Step = entry.FieldPriority
+	asStep := sample()
+	asStep.Step = entry.FieldPriority
+	require.NotEqual(t, both.Sign(testKey), asStep.Sign(testKey))
+	require.NotContains(t, sample().Values(testKey), entry.FieldPriority, "an entry of the default priority has no priority field")
 }

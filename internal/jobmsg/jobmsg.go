@@ -40,6 +40,16 @@ func Check(kind string, payload []byte, requestID, trace, jobID string) error {
 	return nil
 }
 
+// CheckPriority refuses a priority outside entry.HighestPriority to
+// entry.LowestPriority; 0 is the default's.
+func CheckPriority(kind string, p int) error {
+	if p != 0 && (p < entry.HighestPriority || p > entry.LowestPriority) {
+		return fmt.Errorf("%s job has priority %d: a priority is %d (the highest) to %d (the lowest), %d by default",
+			kind, p, entry.HighestPriority, entry.LowestPriority, entry.DefaultPriority)
+	}
+	return nil
+}
+
 // Trace is trace, or a new W3C traceparent (version 00, random trace and
 // parent ids, sampled) when it is empty: every delivery and retry of the
 // job then continues one trace, and its log lines share it.

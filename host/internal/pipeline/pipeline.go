@@ -482,6 +482,7 @@ func (p *Pipeline) retry(ctx context.Context, e stream.Entry, d *settle.Delivery
 	added, err := p.cfg.Settler.Retry(ctx, d, schedule.Run{
 		JobID: e.JobID, Attempt: e.Attempt + 1, Kind: e.Kind, Payload: e.Payload,
 		RequestID: e.RequestID, Trace: e.Trace, Reason: settle.StoredError(out.Reason), RunAt: time.Now().Add(out.RetryAfter),
+		Priority: e.Priority,
 		// A second of slack for the clocks of this host and Postgres.
 		WaitsFor: out.WaitsFor, WaitsSince: d.Record.StartedAt.Add(-time.Second),
 	})

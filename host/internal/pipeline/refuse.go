@@ -194,6 +194,7 @@ func (p *Pipeline) deadLetter(ctx context.Context, e stream.Entry, d *settle.Del
 	err := p.cfg.Settler.DeadLetter(ctx, d, deadletter.Letter{
 		JobID: jobID, Kind: kind, Payload: e.Payload, RequestID: e.RequestID, Trace: e.Trace,
 		Reason: reason, LastError: settle.StoredError(lastErr), Attempts: e.Attempt + 1, StreamID: e.StreamID, History: hist, Raw: raw,
+		Priority: e.Priority,
 	})
 	if err != nil {
 		p.log.Error("could not write dead letter; entry left pending", "stream_id", e.StreamID, "err", err)

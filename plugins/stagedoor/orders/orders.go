@@ -45,6 +45,9 @@ func CreateEvent(ctx context.Context, pool *pgxpool.Pool, name, venue string) (i
 type Jobs struct {
 	Counter bool // update_sales_counter
 	Tickets bool // render_tickets (which enqueues send_tickets)
+	// Priority of the jobs (outbox.Message.Priority; 0: the default): a
+	// box-office order's tickets go out before a bulk import's.
+	Priority int
 }
 
 // Place commits the order, one ticket row per seat, and the outbox rows of
@@ -83,7 +86,7 @@ func PlaceTx(ctx context.Context, tx pgx.Tx, o Order, jobs Jobs) (Placed, error)
 	var msgs []outbox.Message
 	add := func(kind string, payload any) {
 		b, _ := json.Marshal(payload)
-		msgs = append(msgs, outbox.Message{Kind: kind, Payload: b, RequestID: p.RequestID, Trace: trace})
+		msgs = append(msgs, outbox.Message{Kind: kind, Payload: b, RequestID: p.RequestID, Trace: trace, Priority: jobs.Priority})
 	}
 	if jobs.Counter {
 		add(stagedoor.UpdateSalesCounter{}.Kind(), stagedoor.UpdateSalesCounter{OrderID: p.ID, EventID: o.EventID})
