@@ -43,6 +43,8 @@ type config struct {
 	// streamShards is the hosts' --stream-shards, 1 to stream.MaxShards;
 	// default 6 with redisCluster (two per primary), else 1.
 	streamShards int
+	// maxDeliveries is the hosts' --max-deliveries.
+	maxDeliveries int64
 
 	workDir string // where logs and data go; default a new directory under $TMPDIR
 	keep    bool   // keep the data (Postgres, Redis, blobs) after a successful run
@@ -71,6 +73,7 @@ func parseConfig(args []string, usageOut io.Writer) (config, error) {
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 5*time.Minute, "how long to wait for the system to drain after the faults")
 	fs.BoolVar(&c.redisAOF, "redis-aof", true, "run the single Redis with appendonly yes and appendfsync always; false loses the stream on a Redis crash (not with --redis-cluster)")
 	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "run Redis as a local cluster of 3 primaries with a replica each (redis-failover replaces redis-restart); the hosts relay with --relay-replicas 1")
+	fs.Int64Var(&c.maxDeliveries, "max-deliveries", 0, "the hosts' --max-deliveries (default 10; 30 with --redis-cluster, where a failover hands back what was in flight and counts a delivery of each)")
 	fs.IntVar(&c.streamShards, "stream-shards", 1, fmt.Sprintf("the hosts' --stream-shards, 1-%d (default 6 with --redis-cluster, else 1)", stream.MaxShards))
 	fs.StringVar(&c.workDir, "workdir", "", "directory for logs and data (default: a new one under $TMPDIR)")
 	fs.BoolVar(&c.keep, "keep", false, "keep the data directories after a successful run")
@@ -88,6 +91,16 @@ func parseConfig(args []string, usageOut io.Writer) (config, error) {
 	}
 	if c.redisCluster && !set["stream-shards"] {
 		c.streamShards = 6
+	}
+	if !set["max-deliveries"] {
+		// A failover can hand a shard's group back as the replica last
+		// saw it and redeliver what was in flight, each redelivery
+		// counted: in TestChaosShortCluster a job met 3 failovers, 3
+		// SIGSTOPs and 3 host kills in 50 s and was delivered 11 times.
+		c.maxDeliveries = 10
+		if c.redisCluster {
+			c.maxDeliveries = 30
+		}
 	}
 	if c.redisCluster && set["redis-aof"] {
 		return c, errors.New("--redis-aof is the single Redis node's: the cluster's nodes keep no files, a failed primary's replica holds the stream")
@@ -134,6 +147,8 @@ func (c *config) validate() error {
 		return errors.New("--reclaim-idle must be at least 500ms")
 	case c.lease <= 0 || c.jobTimeout <= 0 || c.drainTimeout <= 0:
 		return errors.New("--lease, --job-timeout and --drain-timeout must be positive")
+	case c.maxDeliveries < 0:
+		return errors.New("--max-deliveries must not be negative")
 	case c.streamShards < 1 || c.streamShards > stream.MaxShards:
 		return fmt.Errorf("--stream-shards %d is outside 1-%d: a stream has at least one shard, and every host reads every shard in turn", c.streamShards, stream.MaxShards)
 	}

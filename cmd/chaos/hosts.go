@@ -106,7 +106,8 @@ func (h *hostSlot) spawn() (*proc, string, error) {
 		// Nothing else of the host's environment reaches its plugins.
 		"--plugin-env", "USHER_BLOB_DIR", "--plugin-env", "MAILPROVIDER_URL",
 		"--plugin-env", "TICKETS_CLAIM_LEASE", "--plugin-env", "USHER_FAULT_DIR",
-		"--stream-shards", strconv.Itoa(c.cfg.streamShards)}
+		"--stream-shards", strconv.Itoa(c.cfg.streamShards),
+		"--max-deliveries", strconv.FormatInt(c.cfg.maxDeliveries, 10)}
 	if c.cluster != nil {
 		// A batch is marked published only once a replica holds it, so
 		// a failover loses no entry the outbox no longer has.

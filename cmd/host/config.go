@@ -115,6 +115,9 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&cfg.UnknownKindWait, "unknown-kind-wait", time.Hour,
 		"a job whose kind no plugin here serves waits this long for a host that does, then is dead-lettered; negative: at once (USHER_UNKNOWN_KIND_WAIT)")
 	fromEnv(fs, "unknown-kind-wait", "USHER_UNKNOWN_KIND_WAIT")
+	fs.Int64Var(&cfg.MaxDeliveries, "max-deliveries", 10,
+		"an entry delivered more often without finishing is dead-lettered as poison; each reclaim, dead host's claim and Redis failover that hands it on counts (USHER_MAX_DELIVERIES)")
+	fromEnv(fs, "max-deliveries", "USHER_MAX_DELIVERIES")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 16, "jobs in flight (USHER_CONCURRENCY)")
 	fromEnv(fs, "concurrency", "USHER_CONCURRENCY")
 	fs.DurationVar(&cfg.JobTimeout, "job-timeout", 30*time.Second, "deadline of one handler run (USHER_JOB_TIMEOUT)")
