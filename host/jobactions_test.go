@@ -3,6 +3,7 @@ package host_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/jobctl"
+	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/pause"
 	"github.com/usherhq/usher/host/schedule"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
@@ -242,4 +244,49 @@ func TestCancelOnStreamReachesEveryHost(t *testing.T) {
 			hosttest.Pending(t, b.rdb, b.stream, "usher") == 1
 	})
 	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`), "nothing ran: the other job's kind is still paused")
+}
+
+// Jobs published while no host runs, each twice (a relay that crashed
+// between publish and mark), one of them cancelled then: the host that
+// starts holds the cancel before it reads the stream, settles both of
+// that job's entries cancelled and acks them, and never runs it; the
+// other jobs apply once each, their duplicates absorbed.
+func TestCancelOnStreamDuplicatesNeverRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	event, jobs := b.placeHeld(t, 1, 2, 3)
+	published := map[int64]bool{}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Redis: b.rdb, Stream: b.stream, Key: hosttest.SigningKey(t, b.pool),
+		BatchSize: 1, PollInterval: time.Millisecond,
+		AfterPublish: func(ids []int64) error {
+			if !published[ids[0]] {
+				published[ids[0]] = true
+				return errors.New("relay crashed between publish and mark")
+			}
+			return nil
+		}})
+	require.NoError(t, err)
+	for hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) > 0 {
+		_, _ = relay.RelayOnce(ctx)
+	}
+	require.EqualValues(t, 6, b.rdb.XLen(ctx, b.stream).Val(), "each job's entry twice on the stream")
+	cancelled := jobs[1]
+	c, err := jobctl.Cancel(ctx, b.pool, cancelled, "ada", "")
+	require.NoError(t, err)
+	require.Equal(t, jobctl.WasStream, c.Was)
+
+	cfg := b.config()
+	cfg.DisableRelay = true
+	hosttest.Start(t, cfg)
+	b.waitDrained(t, 2)
+	hosttest.Eventually(t, 30*time.Second, "both entries of the cancelled job settled", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE job_id = $1 AND verdict = 'cancelled'`, cancelled) >= 2
+	})
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies WHERE job_id = $1`, cancelled), "its handler never ran")
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE job_id = $1 AND verdict <> 'cancelled'`, cancelled))
+	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE id = $1 AND outcome = 'cancelled'`, cancelled))
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`), "one apply for each other order")
+	b.requireCounters(t, map[int64]int64{event: 1 + 3})
+	require.Zero(t, hosttest.Pending(t, b.rdb, b.stream, "usher"))
 }
