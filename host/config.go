@@ -273,9 +273,10 @@ type Config struct {
 	// ReconcileInterval is how often the reconciler scans. Default 10s.
 	ReconcileInterval time.Duration
 	// PausePollInterval is how often this host reads the kinds an operator
-	// paused (host/pause) and the kinds' limits (host/limits): a pause,
-	// resume or limit change reaches it within this.
-	// Default 1s.
+	// paused (host/pause), the kinds' limits (host/limits) and the cancels
+	// of jobs on the stream (host/jobctl, which also hears them at once by
+	// LISTEN/NOTIFY): a pause, resume, limit change or cancel reaches it
+	// within this. Default 1s.
 	PausePollInterval time.Duration
 	// HistoryRetention is how long a job's history records (one per
 	// delivery, see host/history) and the plugins' swap history are kept;

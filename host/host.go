@@ -63,6 +63,7 @@ type Host struct {
 	redispatcher *stream.Redispatcher
 	pipeline     *pipeline.Pipeline
 	pauses       *pause.Watcher
+	cancels      *jobctl.CancelWatcher
 	limits       *limits.Limiter
 	admin        *adminapi.Server
 }
@@ -220,6 +221,10 @@ func (h *Host) build(ctx context.Context, schema string) error {
 	if err != nil {
 		return err
 	}
+	h.cancels, err = jobctl.NewCancelWatcher(jobctl.CancelWatcherConfig{Pool: h.pool, Interval: cfg.PausePollInterval, Logger: h.log})
+	if err != nil {
+		return err
+	}
 	h.limits, err = limits.New(limits.Config{Pool: h.pool, Redis: h.rdb, Stream: cfg.Stream, Holder: cfg.Consumer,
 		Interval: cfg.PausePollInterval, Logger: h.log})
 	if err != nil {
@@ -237,7 +242,7 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		MaxDeliveries: cfg.MaxDeliveries, MaxAttempts: cfg.MaxAttempts, PoisonCrashes: cfg.PoisonCrashes, Concurrency: cfg.Concurrency,
 		JobTimeout: cfg.JobTimeout, StalledAfter: cfg.StalledAfter, UnknownKindWait: cfg.UnknownKindWait,
 		Routes: h.fleet.Routes(), Fleet: h.fleet, Pending: pending, Redelivery: h.redispatcher, Settler: settler, Runner: jobs,
-		Paused: h.pauses.Paused, Limits: h.limits, Detach: h.consumer.Detach,
+		Paused: h.pauses.Paused, Cancelled: h.cancels.Cancelled, Limits: h.limits, Detach: h.consumer.Detach,
 		Start: jobctl.NewStarter(h.pool).Start, Metrics: h.metrics, Tracer: telemetry.NewTracer(), Logger: h.log,
 	})
 	if err != nil {

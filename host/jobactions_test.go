@@ -3,21 +3,30 @@ package host_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/deadletter"
+	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/jobctl"
+	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/pause"
 	"github.com/usherhq/usher/host/schedule"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
+	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
 
 // A cancel through the admin API of a job whose run has started (its
-// entry is on the stream) is refused with why, and the run finishes under
-// its guard, applied once;
+// entry is on the stream, its plugin holding it) is recorded as a request
+// that says what it cannot promise, and the run finishes under its guard,
+// applied once, its outcome applied, the request then no longer standing;
 // the job actions want the token, refuse bad input with 422 and a clear
 // error, and record who acted.
 func TestJobActionsAdminAPI(t *testing.T) {
@@ -46,12 +55,20 @@ func TestJobActionsAdminAPI(t *testing.T) {
 	}
 	b.held(t, "counter.before_apply", jobID)
 	code, body := call("/jobs/cancel?id="+jobID+"&by=ops", true)
-	require.Equal(t, 422, code, body)
-	require.Contains(t, body, "job "+jobID+" is on the stream")
-	require.Contains(t, body, "finishes under its guard")
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "cancel requested for job "+jobID+" on the stream: no host will start it from now on; a run already started finishes under its guard")
+	hosttest.Eventually(t, 5*time.Second, "the host to hear the cancel", func() bool { return h.Cancelled(jobID) })
 	b.waitDrained(t, 1)
 	b.requireCounters(t, want)
 	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE outcome = 'applied'`))
+	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies WHERE job_id = $1`, jobID), "applied once")
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE job_id = $1 AND verdict = 'cancelled'`, jobID))
+	hosttest.Eventually(t, 5*time.Second, "the applied job's cancel to stand no more", func() bool { return !h.Cancelled(jobID) })
+	j, err := history.GetJob(ctx, b.pool, jobID)
+	require.NoError(t, err)
+	require.Equal(t, history.Done, j.State, "jobs show tells: it ran")
+	require.Equal(t, jobctl.ActionCancel, j.Actions[0].Action)
+	require.Contains(t, j.Actions[0].Detail, "was stream")
 
 	later, err := schedule.NewJob(ctx, b.pool, "update_sales_counter", json.RawMessage(`{"order_id":1}`), time.Now().Add(time.Hour), "", "")
 	require.NoError(t, err)
@@ -77,7 +94,199 @@ func TestJobActionsAdminAPI(t *testing.T) {
 		require.Equal(t, tc.code, code, "%s: %s", tc.path, body)
 		require.Contains(t, body, tc.want, tc.path)
 	}
-	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM operator_actions WHERE actor LIKE 'ops via the admin API from 127.0.0.1:%'`),
-		"the run-now and the discard; no refusal recorded")
+	require.EqualValues(t, 3, hosttest.Count(t, b.pool, `SELECT count(*) FROM operator_actions WHERE actor LIKE 'ops via the admin API from 127.0.0.1:%'`),
+		"the cancel requested, the run-now and the discard; no refusal recorded")
 	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM scheduled_jobs WHERE job_id = $1 AND run_at <= now()`, later))
+}
+
+// placeHeld commits n orders of seats[i] seats each for one new event,
+// each with its counter job, and returns the event and the jobs' ids.
+func (b *testBundle) placeHeld(t *testing.T, seats ...int) (event int64, jobs []string) {
+	t.Helper()
+	ctx := context.Background()
+	event, err := orders.CreateEvent(ctx, b.pool, "Held", "Stagedoor Hall")
+	require.NoError(t, err)
+	for _, n := range seats {
+		p, err := orders.Place(ctx, b.pool, orders.Order{EventID: event, Buyer: "Buyer", Email: "b@example.com", Seats: n}, orders.Jobs{Counter: true})
+		require.NoError(t, err)
+		jobs = append(jobs, strconv.FormatInt(p.OutboxIDs[0], 10))
+	}
+	return event, jobs
+}
+
+// waitOnStream waits until n entries wait pending in the stream with
+// nothing left to publish and no job done.
+func (b *testBundle) waitOnStream(t *testing.T, n int64) {
+	t.Helper()
+	hosttest.Eventually(t, 20*time.Second, fmt.Sprintf("%d entries waiting on the stream", n), func() bool {
+		require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE done_at IS NOT NULL`), "a job ran while its kind was paused")
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) == 0 &&
+			hosttest.Pending(t, b.rdb, b.stream, "usher") == n
+	})
+}
+
+// A job on the stream that no host has started (its kind paused, so its
+// entry waits there, read and parked) is cancelled: 'stream', and
+// 'already' when asked again. The host settles it cancelled at its next
+// reclaim, while the kind is still paused (a cancelled entry needs no
+// plugin), and acks it; resumed, the other jobs apply and the cancelled
+// one never runs: no counter_applies row, its seats not counted, no
+// processed job id. Its history and operator actions tell the cancel,
+// and a cancel after it settled is 'already' too.
+func TestCancelOnStreamNeverRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := b.config()
+	cfg.PausePollInterval = 100 * time.Millisecond
+	_, _, err := pause.Pause(ctx, b.pool, counterKind, "test", "hold the entries on the stream")
+	require.NoError(t, err)
+	event, jobs := b.placeHeld(t, 2, 3, 4)
+	h := hosttest.Start(t, cfg)
+	b.waitOnStream(t, 3)
+	cancelled := jobs[1]
+
+	c, err := jobctl.Cancel(ctx, b.pool, cancelled, "ada", "refunded at the desk")
+	require.NoError(t, err)
+	require.Equal(t, jobctl.WasStream, c.Was)
+	require.Contains(t, c.String(), "`host jobs show "+cancelled+"` tells which")
+	c, err = jobctl.Cancel(ctx, b.pool, cancelled, "ada", "")
+	require.NoError(t, err)
+	require.Equal(t, jobctl.WasCancelled, c.Was, "asked twice before the host settled it")
+	hosttest.Eventually(t, 5*time.Second, "the host to hear the cancel", func() bool { return h.Cancelled(cancelled) })
+	hosttest.Eventually(t, 20*time.Second, "the cancelled job settled while its kind is paused", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE id = $1 AND outcome = 'cancelled' AND done_at IS NOT NULL`, cancelled) == 1
+	})
+	require.True(t, h.Paused(counterKind))
+	require.EqualValues(t, 2, hosttest.Pending(t, b.rdb, b.stream, "usher"), "the cancelled entry acked, the others waiting")
+	c, err = jobctl.Cancel(ctx, b.pool, cancelled, "ada", "")
+	require.NoError(t, err)
+	require.Equal(t, jobctl.WasCancelled, c.Was, "asked again after it settled")
+
+	_, err = pause.Resume(ctx, b.pool, counterKind, "test")
+	require.NoError(t, err)
+	b.waitDrained(t, 2)
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies WHERE job_id = $1`, cancelled), "its handler never ran")
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM processed_jobs WHERE job_id = $1`, cancelled))
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies WHERE job_id = ANY($1)`, []string{jobs[0], jobs[2]}))
+	b.requireCounters(t, map[int64]int64{event: 2 + 4})
+	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE id = $1 AND outcome = 'cancelled'`, cancelled))
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE id = ANY($1) AND outcome = 'applied'`, []int64{mustInt(t, jobs[0]), mustInt(t, jobs[2])}))
+	require.Zero(t, hosttest.Pending(t, b.rdb, b.stream, "usher"))
+
+	j, err := history.GetJob(ctx, b.pool, cancelled)
+	require.NoError(t, err)
+	require.Equal(t, history.Cancelled, j.State)
+	require.NotEmpty(t, j.History)
+	for _, r := range j.History {
+		require.Equal(t, "cancelled", string(r.Verdict), "every delivery of it settled cancelled")
+		require.Contains(t, r.Reason, "cancelled by an operator while on the stream")
+	}
+	require.Len(t, j.Actions, 1, "the repeats record nothing")
+	require.Equal(t, jobctl.ActionCancel, j.Actions[0].Action)
+	require.Equal(t, "ada", j.Actions[0].Actor)
+	require.Equal(t, "was stream; refunded at the desk", j.Actions[0].Detail)
+}
+
+func mustInt(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 64)
+	require.NoError(t, err)
+	return n
+}
+
+// A cancel asked while two hosts run reaches both by its notification:
+// their poll interval is 30 s here, so only the NOTIFY can bring it
+// within the 5 s allowed. The time from the cancel's commit to each host
+// holding it is logged. The job is then settled cancelled by whichever
+// host reclaims its entry first, and never runs.
+func TestCancelOnStreamReachesEveryHost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := b.config()
+	cfg.PausePollInterval = 30 * time.Second
+	_, _, err := pause.Pause(ctx, b.pool, counterKind, "test", "hold the entries on the stream")
+	require.NoError(t, err)
+	_, jobs := b.placeHeld(t, 1, 1)
+	hosts := []*hosttest.Running{hosttest.Start(t, cfg), hosttest.Start(t, cfg)}
+	b.waitOnStream(t, 2)
+	job := jobs[0]
+	for _, h := range hosts {
+		require.False(t, h.Cancelled(job))
+	}
+
+	var wg sync.WaitGroup
+	heard := make([]time.Duration, len(hosts))
+	asked := time.Now()
+	c, err := jobctl.Cancel(ctx, b.pool, job, "ada", "")
+	require.NoError(t, err)
+	committed := time.Since(asked)
+	require.Equal(t, jobctl.WasStream, c.Was)
+	for i, h := range hosts {
+		wg.Go(func() {
+			for !h.Cancelled(job) && time.Since(asked) < 5*time.Second {
+				time.Sleep(200 * time.Microsecond)
+			}
+			heard[i] = time.Since(asked)
+		})
+	}
+	wg.Wait()
+	for i, d := range heard {
+		require.Less(t, d, 5*time.Second, "host %d never heard the cancel", i)
+		require.True(t, hosts[i].Cancelled(job))
+	}
+	t.Logf("cancel committed in %s; heard by host 0 after %s, host 1 after %s (from the call)",
+		committed.Round(time.Microsecond), heard[0].Round(time.Microsecond), heard[1].Round(time.Microsecond))
+
+	hosttest.Eventually(t, 20*time.Second, "the cancelled job settled and acked", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE id = $1 AND outcome = 'cancelled'`, job) == 1 &&
+			hosttest.Pending(t, b.rdb, b.stream, "usher") == 1
+	})
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`), "nothing ran: the other job's kind is still paused")
+}
+
+// Jobs published while no host runs, each twice (a relay that crashed
+// between publish and mark), one of them cancelled then: the host that
+// starts holds the cancel before it reads the stream, settles both of
+// that job's entries cancelled and acks them, and never runs it; the
+// other jobs apply once each, their duplicates absorbed.
+func TestCancelOnStreamDuplicatesNeverRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	event, jobs := b.placeHeld(t, 1, 2, 3)
+	published := map[int64]bool{}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Redis: b.rdb, Stream: b.stream, Key: hosttest.SigningKey(t, b.pool),
+		BatchSize: 1, PollInterval: time.Millisecond,
+		AfterPublish: func(ids []int64) error {
+			if !published[ids[0]] {
+				published[ids[0]] = true
+				return errors.New("relay crashed between publish and mark")
+			}
+			return nil
+		}})
+	require.NoError(t, err)
+	for hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) > 0 {
+		_, _ = relay.RelayOnce(ctx)
+	}
+	require.EqualValues(t, 6, b.rdb.XLen(ctx, b.stream).Val(), "each job's entry twice on the stream")
+	cancelled := jobs[1]
+	c, err := jobctl.Cancel(ctx, b.pool, cancelled, "ada", "")
+	require.NoError(t, err)
+	require.Equal(t, jobctl.WasStream, c.Was)
+
+	cfg := b.config()
+	cfg.DisableRelay = true
+	hosttest.Start(t, cfg)
+	b.waitDrained(t, 2)
+	hosttest.Eventually(t, 30*time.Second, "both entries of the cancelled job settled", func() bool {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE job_id = $1 AND verdict = 'cancelled'`, cancelled) >= 2
+	})
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies WHERE job_id = $1`, cancelled), "its handler never ran")
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE job_id = $1 AND verdict <> 'cancelled'`, cancelled))
+	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM outbox WHERE id = $1 AND outcome = 'cancelled'`, cancelled))
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies`), "one apply for each other order")
+	b.requireCounters(t, map[int64]int64{event: 1 + 3})
+	require.Zero(t, hosttest.Pending(t, b.rdb, b.stream, "usher"))
 }

@@ -70,6 +70,12 @@ func (h *Host) Kinds() []string { return h.fleet.Kinds() }
 // wait in the stream.
 func (h *Host) Paused(kind string) bool { return h.pauses.Paused(kind) }
 
+// Cancelled reports whether this host holds job id cancelled on the
+// stream now (its cancel watcher's last read: at once after the cancel's
+// notification, at most PausePollInterval old without it): no delivery
+// of it runs here.
+func (h *Host) Cancelled(id string) bool { return h.cancels.Cancelled(id) }
+
 // Plugins reports the loaded plugins.
 func (h *Host) Plugins() []PluginStatus { return h.fleet.Plugins() }
 

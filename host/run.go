@@ -92,11 +92,12 @@ func (h *Host) phases() ([]lifecycle.Phase, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Started once the paused kinds and the kinds' limits are read: the
-	// stream phase after them runs no entry of a paused kind and holds
-	// every limit.
+	// Started once the paused kinds, the kinds' limits and the cancels of
+	// jobs on the stream are read: the stream phase after them runs no
+	// entry of a paused kind or of a job cancelled before this host
+	// started, and holds every limit.
 	background = append(background, lifecycle.Func("retention", ret.Run), lifecycle.FuncReady("pauses", h.pauses.Run),
-		lifecycle.FuncReady("limits", h.limits.Run))
+		lifecycle.FuncReady("limits", h.limits.Run), lifecycle.FuncReady("cancels", h.cancels.Run))
 	phases := []lifecycle.Phase{
 		{Name: "plugins", Services: []lifecycle.Service{lifecycle.Func("fleet", h.fleet.Run)}},
 		{Name: "background", Services: background},

@@ -12,11 +12,15 @@ import (
 	"github.com/usherhq/usher/host/jobctl"
 )
 
-const cancelHelp = `A job is cancelled where it waits before any host can have it: a scheduled
-run, or an outbox row the relay has not published; the cancel takes the
-row's lock as the scheduler and the relay do, so a job cancelled never
-runs. A job on the stream is refused (a host may be running it; it
-finishes under its guard; pause its kind to hold it), as is a job that
+const cancelHelp = `A job is cancelled where it waits before any host has started it. A
+scheduled run, or an outbox row the relay has not published: the cancel
+takes the row's lock as the scheduler and the relay do, so a job
+cancelled there never runs. A job on the stream: the cancel is a request
+every host hears at once (LISTEN/NOTIFY, and a poll every second) and no
+host starts it from then on; it is settled cancelled when next
+delivered. A host that started it before it heard lets the run finish
+under its guard, and the job ends applied: ` + "`host jobs show ID`" + ` tells
+which (its state, and each delivery's verdict). Refused for a job that
 ended, is dead-lettered (discard its letter) or is a workflow's (cancel
 the workflow). Recorded in operator_actions with --by and the database
 login; ` + "`host jobs show ID`" + ` lists it.`

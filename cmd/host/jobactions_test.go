@@ -20,9 +20,10 @@ import (
 // host jobs cancel and run-now, host deadletters discard and requeue of a
 // chosen set, as an operator types them, against the database: a job is
 // cancelled where no host can have it (unpublished, scheduled); one on
-// the stream (published, or started), ended, missing or dead-lettered is
-// refused with why; every action is in operator_actions and in `jobs
-// show`; wrong command lines exit 2.
+// the stream is cancelled by request (job_cancels), saying a run already
+// started finishes; one started (its start mark), ended, missing or
+// dead-lettered is refused with why; every action is in operator_actions
+// and in `jobs show`; wrong command lines exit 2.
 func TestJobActionsCLI(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -67,8 +68,10 @@ func TestJobActionsCLI(t *testing.T) {
 		{[]string{"jobs", "cancel", pending, "--reason", "order refunded"}, 0, []string{"cancelled job " + pending + ": it was not published"}},
 		{[]string{"jobs", "cancel", pending}, 0, []string{"job " + pending + " was cancelled before: nothing more recorded"}},
 		{[]string{"jobs", "show", pending}, 0, []string{"state       cancelled", "operator actions", "cancel_job", "grace@", "was pending; order refunded"}},
-		{[]string{"jobs", "cancel", published, "--by", "ada"}, 1, []string{"job " + published + " is on the stream", "pause its kind (host kinds pause update_sales_counter)"}},
-		{[]string{"jobs", "cancel", started}, 1, []string{"job " + started + " is on the stream", "finishes under its guard"}},
+		{[]string{"jobs", "cancel", published, "--by", "ada"}, 0, []string{"cancel requested for job " + published + " on the stream: no host will start it from now on; a run already started finishes under its guard; `host jobs show " + published + "` tells which"}},
+		{[]string{"jobs", "cancel", published}, 0, []string{"job " + published + " was cancelled before: nothing more recorded"}},
+		{[]string{"jobs", "show", published}, 0, []string{"state       running", "cancel_job", "ada", "was stream"}},
+		{[]string{"jobs", "cancel", started}, 1, []string{"job " + started + " has started", "finishes under its guard"}},
 		{[]string{"jobs", "cancel", applied}, 1, []string{"job " + applied + " has ended (applied)"}},
 		{[]string{"jobs", "cancel", "999999"}, 1, []string{"no job 999999"}},
 		{[]string{"jobs", "cancel", "dl-0"}, 1, []string{"job dl-0 is dead-lettered", "discard its dead letter"}},
@@ -124,16 +127,18 @@ func TestJobActionsCLI(t *testing.T) {
 	// The database: each cancel settled where the job waited, the
 	// refused ones untouched, the scheduled runs moved or due.
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE id = $1 AND outcome = 'cancelled' AND published_at IS NOT NULL AND started_at IS NULL`, pending))
-	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE id = $1 AND outcome IS NULL AND done_at IS NULL`, publishedRow))
+	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE id = $1 AND outcome IS NULL AND done_at IS NULL`, publishedRow),
+		"on the stream: a request, the row the host's to settle")
+	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM job_cancels WHERE job_id = $1 AND outbox_id = $2`, published, publishedRow))
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE id = $1 AND outcome IS NULL AND done_at IS NULL`, startedRow))
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM scheduled_jobs WHERE job_id = $1 AND enqueued_at IS NOT NULL`, scheduled))
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE job_id = $1 AND outcome = 'cancelled'`, scheduled))
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM scheduled_jobs WHERE job_id = $1 AND run_at <= now() AND enqueued_at IS NULL`, soon))
 	require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE id = $1 AND discarded_at IS NOT NULL AND discard_reason = 'test order'`, letters[2]))
 	require.EqualValues(t, 2, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE job_id IN ('dl-0', 'dl-1')`))
-	require.EqualValues(t, 7, hosttest.Count(t, pool, `SELECT count(*) FROM operator_actions`),
-		"3 cancels, a run-now, 2 requeues, a discard (the repeat and the refusals record nothing)")
-	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM operator_actions WHERE target = $1`, published), "a refused cancel records nothing")
+	require.EqualValues(t, 8, hosttest.Count(t, pool, `SELECT count(*) FROM operator_actions`),
+		"4 cancels, a run-now, 2 requeues, a discard (the repeats and the refusals record nothing)")
+	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM operator_actions WHERE target = $1`, started), "a refused cancel records nothing")
 }
 
 // The README's job actions, run as written by sh on a fresh database:
@@ -183,14 +188,14 @@ func TestJobActionFunctionsArePrivate(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool, _ := hosttest.DB(t)
-	funcs := []string{"usher_cancel_job", "usher_run_job_now", "usher_discard_dead_letter", "usher_job_start", "usher_jobs_start"}
+	funcs := []string{"usher_cancel_job", "usher_run_job_now", "usher_discard_dead_letter", "usher_job_start", "usher_jobs_start", "usher_settle_cancel"}
 	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
 		WHERE p.proname = ANY($1) AND a.grantee = 0`, funcs), "PUBLIC has no EXECUTE")
 	require.EqualValues(t, len(funcs), hosttest.Count(t, pool, `SELECT count(*) FROM pg_proc WHERE proname = ANY($1)`, funcs))
 	plugin := hosttest.RawPool(t, pool, 1)
 	for _, call := range []string{`SELECT usher_cancel_job('1', '')`, `SELECT usher_run_job_now('1')`,
 		`SELECT usher_discard_dead_letter(1, '')`, `SELECT usher_job_start(1, '1', false)`,
-		`SELECT usher_jobs_start('{1}', '{1}', '{false}')`} {
+		`SELECT usher_jobs_start('{1}', '{1}', '{false}')`, `SELECT usher_settle_cancel(1, '1', 'k')`} {
 		_, err := plugin.Exec(ctx, call)
 		require.ErrorContains(t, err, "permission denied for function", call)
 	}

@@ -23,7 +23,7 @@ func (cl *cli) jobControlCommands() []*command {
 		{name: "enqueue", args: "KIND JSON", summary: "enqueue a job of KIND with payload JSON, as an application does (--dedup-key: once per key; --priority 1-5)",
 			flags: cl.jobsEnqueue},
 		{name: "list", summary: "jobs, newest first, by --kind and --state; says when --limit cut the list", flags: cl.jobsList},
-		{name: "cancel", args: "ID", summary: "cancel a job that has not started (pending, scheduled, or waiting in the stream): it never runs",
+		{name: "cancel", args: "ID", summary: "cancel a job no host has started (pending, scheduled, or on the stream): it never runs; a run already started finishes",
 			help: cancelHelp, flags: cl.jobsCancel},
 		{name: "run-now", args: "ID", summary: "make a scheduled job (waiting to retry, or scheduled for later) due now", flags: cl.jobsRunNow},
 	}

@@ -14,7 +14,8 @@ import (
 )
 
 // The actions an operator takes on jobs, dead letters, kinds and plugins:
-// cancel a job that has not started, run a scheduled job now, discard a
+// cancel a job no host has started (one on the stream by request: a run
+// already started finishes), run a scheduled job now, discard a
 // dead letter, requeue a chosen set, pause and resume a kind, roll back a
 // plugin. Each is also in the CLI (`host jobs cancel|run-now`, `host
 // deadletters discard|requeue ID...`, `host kinds pause|resume`, `host

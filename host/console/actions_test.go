@@ -113,19 +113,20 @@ func TestConsoleActionsInBrowser(t *testing.T) {
 		require.Regexp(t, `(?m)^update_sales_counter\s+\S+\s+console`, cli("kinds", "paused"))
 		hosttest.Eventually(t, 10*time.Second, "the host to see the pause", func() bool { return h.Paused("update_sales_counter") })
 
-		keep := place(orders.Jobs{Counter: true})
-		keepJob := strconv.FormatInt(keep.OutboxIDs[0], 10)
-		hosttest.Eventually(t, 10*time.Second, "the entry in the stream, waiting", func() bool {
-			return hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE id = $1 AND published_at IS NOT NULL AND done_at IS NULL`,
-				keep.OutboxIDs[0]) == 1 && hosttest.Pending(t, rdb, stream, "usher") == 1
+		keep, gone := place(orders.Jobs{Counter: true}), place(orders.Jobs{Counter: true})
+		keepJob, goneJob := strconv.FormatInt(keep.OutboxIDs[0], 10), strconv.FormatInt(gone.OutboxIDs[0], 10)
+		hosttest.Eventually(t, 10*time.Second, "the entries in the stream, waiting", func() bool {
+			return hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE id = ANY($1) AND published_at IS NOT NULL AND done_at IS NULL`,
+				[]int64{keep.OutboxIDs[0], gone.OutboxIDs[0]}) == 2 && hosttest.Pending(t, rdb, stream, "usher") == 2
 		})
-		// A job on the stream is refused: a host may be starting it.
-		run("the waiting job", chromedp.Navigate(base+"/console/jobs?id="+keepJob), chromedp.WaitVisible(chromedp.ID("cancel-job")))
+		// A job on the stream is cancelled by request: no host starts it
+		// from then on, and the flash says what it cannot promise.
+		run("a waiting job", chromedp.Navigate(base+"/console/jobs?id="+goneJob), chromedp.WaitVisible(chromedp.ID("cancel-job")))
 		confirmAll()
-		run("try to cancel it", chromedp.Click(chromedp.CSS("#cancel-job button")), chromedp.WaitVisible(chromedp.ID("flash")))
-		require.Contains(t, text("#flash"), "job "+keepJob+" is on the stream")
-		require.Contains(t, text("#flash"), "pause its kind")
-		require.Zero(t, consoleActions("cancel_job", keepJob), "a refused cancel records nothing")
+		run("cancel it", chromedp.Click(chromedp.CSS("#cancel-job button")), chromedp.WaitVisible(chromedp.ID("flash")))
+		require.Contains(t, text("#flash"), "cancel requested for job "+goneJob+" on the stream: no host will start it from now on")
+		require.Contains(t, text("#flash"), "a run already started finishes under its guard")
+		require.EqualValues(t, 1, consoleActions("cancel_job", goneJob))
 		// A job waiting for its scheduled run is cancelled: it never runs.
 		drop := place(orders.Jobs{})
 		dropJob, err := schedule.NewJob(ctx, pool, "update_sales_counter", json.RawMessage(fmt.Sprintf(`{"order_id":%d}`, drop.ID)),
@@ -157,9 +158,11 @@ func TestConsoleActionsInBrowser(t *testing.T) {
 		require.Zero(t, count(kind+" .paused"))
 		require.EqualValues(t, 1, consoleActions("resume_kind", "update_sales_counter"))
 		require.Contains(t, cli("kinds", "paused"), "no kind is paused")
-		hosttest.Eventually(t, 30*time.Second, "the waiting job applied once resumed", func() bool {
+		hosttest.Eventually(t, 30*time.Second, "the waiting job applied once resumed, the cancelled one settled", func() bool {
 			return applied(keepJob) == 1 && hosttest.Pending(t, rdb, stream, "usher") == 0
 		})
+		require.Zero(t, applied(goneJob), "a job cancelled on the stream never runs")
+		require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE id = $1 AND outcome = 'cancelled'`, gone.OutboxIDs[0]))
 		require.Zero(t, applied(dropJob), "a cancelled job never runs")
 		require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM scheduled_jobs WHERE job_id = $1 AND enqueued_at IS NULL`, dropJob), "nothing left to schedule")
 	}()

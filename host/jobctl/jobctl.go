@@ -1,5 +1,5 @@
 // Package jobctl is what an operator does to one job or dead letter:
-// cancel a job no host has yet, run a scheduled job now, discard a
+// cancel a job no host has started, run a scheduled job now, discard a
 // dead letter, requeue a chosen set of dead letters. The CLI (`host jobs
 // cancel|run-now`, `host deadletters discard|requeue`), the admin API and
 // the console all call these functions. Each action commits with its row
@@ -10,9 +10,16 @@
 // Cancel is final while a job waits where no host can have it (a
 // scheduled run, an outbox row the relay has not published: the cancel
 // and the scheduler or relay take the same row lock), so a job is never
-// both cancelled and run. A job whose entry is on the stream is refused,
-// with how to hold it instead (pause its kind): a host may be starting it,
-// and telling that apart would cost every job a write before it runs.
+// both cancelled and run. A job whose entry is on the stream is cancelled
+// by request (job_cancels, notified to every host at commit): each host
+// holds the requests in memory (CancelWatcher) and settles a requested
+// job's delivery as cancelled instead of running it, with no write or
+// query per job. That is not exact: a host that started the job before
+// the request reached it (within milliseconds by the notification, a
+// second at most by the watcher's poll) lets the run finish under its
+// guard, and the job's outcome then says applied; `host jobs show` tells
+// which. Telling the two apart exactly would cost every job a write before
+// it runs, which only workflow steps pay (Start).
 package jobctl
 
 import (
@@ -48,6 +55,10 @@ const (
 	WasScheduled = "scheduled"
 	// WasPending: an outbox row the relay had not published.
 	WasPending = "pending"
+	// WasStream: its entry was on the stream; the cancel is a request
+	// every host heeds from when it hears it (CancelWatcher). A run a host
+	// started before finishes under its guard.
+	WasStream = "stream"
 	// WasCancelled: it was cancelled before; nothing changed.
 	WasCancelled = "already"
 )
@@ -58,8 +69,9 @@ type Beginner = pause.Beginner
 // Cancelled is what Cancel did.
 type Cancelled struct {
 	JobID string `json:"job_id"`
-	// Was is where the job waited (WasScheduled, WasPending), or
-	// WasCancelled when it was cancelled before and nothing was recorded.
+	// Was is where the job waited (WasScheduled, WasPending, WasStream),
+	// or WasCancelled when it was cancelled before and nothing was
+	// recorded.
 	Was string `json:"was"`
 }
 
@@ -70,15 +82,18 @@ func (c Cancelled) String() string {
 		return fmt.Sprintf("job %s was cancelled before: nothing more recorded", c.JobID)
 	case WasScheduled:
 		return fmt.Sprintf("cancelled job %s: its scheduled run never runs", c.JobID)
+	case WasStream:
+		return fmt.Sprintf("cancel requested for job %s on the stream: no host will start it from now on; a run already started finishes under its guard; `host jobs show %s` tells which", c.JobID, c.JobID)
 	}
 	return fmt.Sprintf("cancelled job %s: it was not published, and never will be", c.JobID)
 }
 
-// Cancel cancels job id before any host has it, on behalf of actor (who,
-// as the tool names them: required), with reason. It fails, with why, for
-// a job that does not exist, is on the stream (a host may be running it;
-// it finishes under its guard), ended, is dead-lettered, or belongs to a
-// workflow.
+// Cancel cancels job id before any host has started it, on behalf of
+// actor (who, as the tool names them: required), with reason. A job on
+// the stream is cancelled by request (WasStream): a run a host started
+// before it heard finishes under its guard. It fails, with why, for a job
+// that does not exist, has started (a start mark says so), ended, is
+// dead-lettered, or belongs to a workflow.
 func Cancel(ctx context.Context, db Beginner, id, actor, reason string) (Cancelled, error) {
 	c := Cancelled{JobID: id}
 	if err := check(id, actor); err != nil {

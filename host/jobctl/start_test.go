@@ -17,7 +17,7 @@ import (
 // cancelled jobs false, the others true and marked started, whichever
 // batch carried them. (A host asks only for workflow steps; the answers
 // are the same for any outbox row, which is what this checks. The rows
-// are cancelled before they are published: once published, a cancel is
+// are cancelled before they are published; once started, a cancel is
 // refused.)
 func TestStarterAnswersEachStart(t *testing.T) {
 	t.Parallel()
@@ -57,7 +57,8 @@ func TestStarterAnswersEachStart(t *testing.T) {
 	}
 	require.EqualValues(t, n-len(cancelled), hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE started_at IS NOT NULL AND outcome IS NULL`))
 	_, err = jobctl.Cancel(ctx, pool, strconv.FormatInt(ids[1], 10), "test", "")
-	require.ErrorContains(t, err, "is on the stream")
+	require.ErrorContains(t, err, "has started")
+	require.ErrorContains(t, err, "a run finishes under its guard")
 	run, err := s.Start(ctx, ids[0], strconv.FormatInt(ids[0], 10), false)
 	require.NoError(t, err)
 	require.False(t, run, "alone too")

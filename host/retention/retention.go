@@ -16,6 +16,9 @@
 //     no open dead letter of it could be requeued.
 //   - A done outbox row, a delayed run moved to the outbox and a dead letter
 //     are deleted only past their retention and the stream's low-water mark.
+//   - A cancel asked while its job was on the stream (job_cancels) goes
+//     with the Outbox window, under a job id's rule: no outbox row or
+//     delayed run of its job is live.
 //
 // Retention windows are off (rows kept for ever) unless configured. A
 // table rows were deleted from is vacuumed right after, so its space is
@@ -415,6 +418,8 @@ func (r *Retainer) Purge(ctx context.Context, streamBefore time.Time) (map[strin
 		window time.Duration
 		sql    string
 	}{
+		// Before the outbox rows it is read against.
+		{"job_cancels", r.cfg.Outbox, deleteCancels},
 		{"outbox", r.cfg.Outbox, deleteOutbox},
 		{"scheduled_jobs", r.cfg.Outbox, deleteScheduled},
 		{"dead_letters", r.cfg.DeadLetters, deleteDeadLetters},
@@ -484,6 +489,19 @@ DELETE FROM dead_letters l USING doomed d WHERE l.id = d.id`
 	// relay would publish it again) or done or published within the
 	// window.
 	liveRow = `(o.done_at IS NULL OR o.published_at IS NULL OR greatest(o.done_at, o.published_at) >= ` + cutoff + `)`
+
+	// A cancel asked while its job was on the stream (job_cancels) is kept
+	// as a job id is: a redelivery of the job's entry must find it.
+	deleteCancels = `
+WITH doomed AS (
+	SELECT c.job_id FROM job_cancels c
+	WHERE c.requested_at < ` + cutoff + `
+	  AND NOT EXISTS (SELECT 1 FROM outbox o
+	                  WHERE o.id = CASE WHEN c.job_id ~ '^[0-9]{1,18}$' THEN c.job_id::bigint END AND ` + liveRow + `)
+	  AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.job_id = c.job_id AND ` + liveRow + `)
+	  AND NOT EXISTS (SELECT 1 FROM scheduled_jobs s WHERE s.job_id = c.job_id AND (s.enqueued_at IS NULL OR s.enqueued_at >= ` + cutoff + `))
+	ORDER BY c.requested_at LIMIT $3 FOR UPDATE OF c SKIP LOCKED)
+DELETE FROM job_cancels c USING doomed d WHERE c.job_id = d.job_id`
 
 	deleteProcessed = `
 WITH doomed AS (

@@ -328,6 +328,51 @@ func TestPurgeKeepsWhatCouldComeBack(t *testing.T) {
 	require.ElementsMatch(t, []string{unpublished, unfinished, young, republishedLate, "s-retried", "s-waiting", "fresh"}, left())
 }
 
+// A cancel asked while its job was on the stream (job_cancels) goes with
+// the Outbox window only when nothing of its job is live: kept while the
+// job's row is unfinished or done within the window (a redelivery of a
+// cancelled job's entry must still find it), or while a delayed run of it
+// waits; deleted before the rows it is read against.
+func TestPurgeKeepsLiveCancels(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	old, recent := `now() - interval '3 hours'`, `now() - interval '10 minutes'`
+	row := func(done, outcome string) string {
+		var id int64
+		require.NoError(t, b.pool.QueryRow(ctx, fmt.Sprintf(`INSERT INTO outbox (kind, payload, done_at, published_at, outcome)
+			VALUES ('k', '{}', %s, %s, %s) RETURNING id`, done, old, outcome)).Scan(&id))
+		return fmt.Sprint(id)
+	}
+	cancel := func(job, at string) {
+		_, err := b.pool.Exec(ctx, `INSERT INTO job_cancels (job_id, outbox_id, kind, requested_at) VALUES ($1, $2, 'k', `+at+`)`,
+			job, hosttest.Count(t, b.pool, `SELECT coalesce(max(id), 0) FROM outbox`))
+		require.NoError(t, err)
+	}
+	gone := row(old, "'cancelled'")
+	cancel(gone, old)
+	running := row("NULL", "NULL") // cancelled on the stream, not settled yet
+	cancel(running, old)
+	settled := row(recent, "'cancelled'") // settled within the window: a redelivery may come
+	cancel(settled, old)
+	waiting := row(old, "'retry_scheduled'")
+	cancel(waiting, old)
+	_, err := b.pool.Exec(ctx, `INSERT INTO scheduled_jobs (job_id, attempt, kind, payload, run_at) VALUES ($1, 1, 'k', '{}', now() + interval '1 hour')`, waiting)
+	require.NoError(t, err)
+	fresh := row(old, "'applied'")
+	cancel(fresh, recent)
+
+	r := b.retainer(t, retention.Config{Redelivery: retention.Redelivery{ReconcileAfter: time.Hour}, Outbox: time.Hour, Margin: time.Minute})
+	deleted, err := r.Purge(ctx, time.Now())
+	require.NoError(t, err)
+	require.Equal(t, int64(1), deleted["job_cancels"], "%v", deleted)
+	rows, err := b.pool.Query(ctx, `SELECT job_id FROM job_cancels`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{running, settled, waiting, fresh}, left)
+}
+
 // The job history and the swap history are trimmed by the one retainer:
 // records older than their window go, in batches, the others stay.
 func TestCleanupTrimsTheHistories(t *testing.T) {

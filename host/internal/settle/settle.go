@@ -116,6 +116,29 @@ func (s *Settler) Retry(ctx context.Context, d *Delivery, r schedule.Run) (added
 	return added, err
 }
 
+// Cancelled settles a delivery not run because its job was cancelled
+// while its entry was on the stream (usher_settle_cancel): its outbox row
+// is marked cancelled, and its deduplication key freed, only when it has
+// no outcome yet. A row that has one keeps it: the delivery is a
+// duplicate of a job that ended before the cancel reached this host, and
+// is recorded as absorbed, saying so. d's verdict is set to what was
+// recorded; why is the reason of a cancel that won.
+func (s *Settler) Cancelled(ctx context.Context, d *Delivery, why string) error {
+	return s.tx(ctx, d, false, func(ctx context.Context, tx pgx.Tx) error {
+		var was *string
+		if err := tx.QueryRow(ctx, `SELECT usher_settle_cancel($1, $2, $3)`, d.Record.OutboxID, d.Record.JobID, d.Record.Kind).Scan(&was); err != nil {
+			return fmt.Errorf("settle: cancel outbox row %d: %w", d.Record.OutboxID, err)
+		}
+		switch {
+		case was == nil || *was == "" || *was == string(outcome.Cancelled):
+			d.Verdict(outcome.Cancelled, why, "")
+		default:
+			d.Verdict(outcome.Absorbed, fmt.Sprintf("a duplicate: its outbox row was settled %s before the cancel reached this host; nothing ran", *was), "")
+		}
+		return nil
+	})
+}
+
 // WakeClaim makes the retries waiting for the effect claim key due now
 // (schedule.WakeClaim) and returns how many.
 func (s *Settler) WakeClaim(ctx context.Context, key string) (int64, error) {

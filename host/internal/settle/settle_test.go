@@ -2,6 +2,7 @@ package settle_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -108,4 +109,51 @@ func TestSettlementCommitsTogetherOrNotAtAll(t *testing.T) {
 		require.NoError(t, c.settle(d, jobID), c.name+": settled again")
 		check(c.name, jobID, id, c.o, 1)
 	}
+}
+
+// A delivery settled cancelled (its job cancelled on the stream) marks a
+// row with no outcome yet, and frees its job's deduplication key; a row
+// settled already keeps its outcome (a duplicate of a job that applied
+// before the cancel reached the host), and that delivery is recorded as
+// absorbed, saying so. A redelivery of the cancelled one is cancelled
+// again, its row unchanged.
+func TestCancelledNeverOverwritesAnOutcome(t *testing.T) {
+	t.Parallel()
+	pool, _ := hosttest.DB(t)
+	ctx := context.Background()
+	s, err := settle.New(settle.Config{Pool: pool, Consumer: "host-a", Logger: hosttest.Logger(t, 0)})
+	require.NoError(t, err)
+	count := func(sql string, args ...any) int64 { return hosttest.Count(t, pool, sql, args...) }
+	var keyed, applied int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT usher_enqueue_job('update_sales_counter', '{}', 'req', '', 'order-1', interval '1 hour')`).Scan(&keyed))
+	ids, err := outbox.Add(ctx, pool, outbox.Message{Kind: "update_sales_counter", Payload: []byte(`{}`)})
+	require.NoError(t, err)
+	applied = ids[0]
+	_, err = pool.Exec(ctx, `UPDATE outbox SET published_at = now()`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE outbox SET done_at = now(), outcome = 'applied' WHERE id = $1`, applied)
+	require.NoError(t, err)
+	delivery := func(id int64) *settle.Delivery {
+		d := settle.NewDelivery(stream.Entry{StreamID: "1-0", JobID: strconv.FormatInt(id, 10), OutboxID: id, Kind: "update_sales_counter",
+			Payload: []byte(`{}`), Deliveries: 1}, "host-a")
+		d.Served("counters", "1.0.0", "job_id")
+		return d
+	}
+
+	d := delivery(keyed)
+	require.NoError(t, s.Cancelled(ctx, d, "cancelled on the stream"))
+	require.Equal(t, outcome.Cancelled, d.Record.Verdict)
+	require.EqualValues(t, 1, count(`SELECT count(*) FROM outbox WHERE id = $1 AND outcome = 'cancelled' AND done_at IS NOT NULL`, keyed))
+	require.Zero(t, count(`SELECT count(*) FROM job_dedup_keys WHERE dedup_key = 'order-1'`), "the key is free")
+	d = delivery(keyed)
+	require.NoError(t, s.Cancelled(ctx, d, "cancelled on the stream"))
+	require.Equal(t, outcome.Cancelled, d.Record.Verdict, "a redelivery")
+	require.EqualValues(t, 2, count(`SELECT count(*) FROM job_history WHERE job_id = $1 AND verdict = 'cancelled'`, strconv.FormatInt(keyed, 10)))
+
+	d = delivery(applied)
+	require.NoError(t, s.Cancelled(ctx, d, "cancelled on the stream"))
+	require.Equal(t, outcome.Absorbed, d.Record.Verdict)
+	require.Contains(t, d.Record.Reason, "settled applied before the cancel reached this host")
+	require.EqualValues(t, 1, count(`SELECT count(*) FROM outbox WHERE id = $1 AND outcome = 'applied'`, applied), "applied stays applied")
+	require.EqualValues(t, 1, count(`SELECT count(*) FROM job_history WHERE job_id = $1 AND verdict = 'absorbed'`, strconv.FormatInt(applied, 10)))
 }
