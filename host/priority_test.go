@@ -10,6 +10,7 @@ import (
 
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/ops"
 	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/host/stream"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
@@ -49,6 +50,11 @@ func TestPriorityJumpsTheBacklog(t *testing.T) {
 	high := stream.BandKey(b.stream, 1)
 	require.EqualValues(t, urgent, b.rdb.XLen(ctx, high).Val(), "the urgent jobs on their band")
 	require.EqualValues(t, backlog, b.rdb.XLen(ctx, b.stream).Val(), "the backlog on the default band")
+	in, err := ops.Inspect(ctx, b.pool, b.rdb, b.stream, "usher", time.Now())
+	require.NoError(t, err)
+	require.True(t, in.PrioritiesUsed())
+	require.Equal(t, []ops.Band{{Priority: 1, Entries: urgent}, {Priority: 2}, {Priority: 3, Entries: backlog}, {Priority: 4}, {Priority: 5}}, in.Priorities)
+	require.EqualValues(t, backlog+urgent, in.Entries, "inspect sums the bands")
 
 	cfg := b.config()
 	cfg.RetryBackoff = 100 * time.Millisecond

@@ -70,7 +70,7 @@ func TestNoSecretOnTheCommandLine(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, rdb.XGroupCreateMkStream(ctx, stream, "usher", "0").Err())
 	user, pass := "usher_t_"+hosttest.Suffix(), hosttest.Suffix()
-	require.NoError(t, rdb.Do(ctx, "ACL", "SETUSER", user, "on", ">"+pass, "resetkeys", "~"+stream, "-@all",
+	require.NoError(t, rdb.Do(ctx, "ACL", "SETUSER", user, "on", ">"+pass, "resetkeys", "~"+stream+"*", "-@all",
 		"+ping", "+xlen", "+xpending", "+xinfo|groups").Err())
 	t.Cleanup(func() { _ = rdb.Do(context.Background(), "ACL", "DELUSER", user).Err() })
 	pwFile := filepath.Join(t.TempDir(), "redis.password")

@@ -148,7 +148,7 @@ func Inspect(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, b
 				for c, n := range p.Consumers {
 					consumers[c] += n
 				}
-			} else if in.PendingError == "" && (key == shard || !isNoStream(err)) {
+			} else if in.PendingError == "" && (key == shard || !isNoGroup(err)) {
 				// A band no job of its priority has reached yet
 				// may not exist; the shard's own key does.
 				in.PendingError = err.Error()
@@ -270,6 +270,12 @@ func ReadLag(ctx context.Context, q outbox.Querier, rdb redis.UniversalClient, b
 		lag.RelayLag = now.Sub(*oldest)
 	}
 	return lag, nil
+}
+
+// isNoGroup: err is XPENDING's on a key that does not exist or has no
+// such group.
+func isNoGroup(err error) bool {
+	return err != nil && (strings.HasPrefix(err.Error(), "NOGROUP") || isNoStream(err))
 }
 
 func isNoStream(err error) bool {
