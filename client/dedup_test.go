@@ -159,6 +159,32 @@ func TestDedupConcurrent(t *testing.T) {
 // From SQL, as any language's driver calls it: the six-argument form
 // deduplicates, the four-argument form still enqueues every time, and the
 // dedup form has its own grant, which a host refuses on a plugin's role.
+// appConn connects as the application role usher_test_app (made once
+// per cluster), granted EXECUTE on functions in this test's database.
+func appConn(t *testing.T, pool *pgxpool.Pool, dbURL string, functions ...string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, hosttest.AdminURL(t, dbURL))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, `DO $$ BEGIN
+		IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'usher_test_app') THEN CREATE ROLE usher_test_app LOGIN; END IF;
+	EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+	END $$`)
+	require.NoError(t, err)
+	for _, f := range functions {
+		_, err = pool.Exec(ctx, `GRANT EXECUTE ON FUNCTION `+f+` TO usher_test_app`)
+		require.NoError(t, err)
+	}
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User("usher_test_app")
+	app, err := pgx.Connect(ctx, u.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = app.Close(context.Background()) })
+	return app
+}
+
 func TestDedupFromSQL(t *testing.T) {
 	t.Parallel()
 	pool, dbURL := hosttest.DB(t)
@@ -198,22 +224,7 @@ func TestDedupFromSQL(t *testing.T) {
 		"it may call usher_enqueue_job(text, jsonb, text, text, text, interval)")
 
 	// Granted as the client's doc says, an application's role deduplicates.
-	admin, err := pgx.Connect(ctx, hosttest.AdminURL(t, dbURL))
-	require.NoError(t, err)
-	defer admin.Close(ctx)
-	_, err = admin.Exec(ctx, `DO $$ BEGIN
-		IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'usher_test_app') THEN CREATE ROLE usher_test_app LOGIN; END IF;
-	EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-	END $$`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `GRANT EXECUTE ON FUNCTION `+sandbox.AppDedupEnqueueFunction+` TO usher_test_app`)
-	require.NoError(t, err)
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	u.User = url.User("usher_test_app")
-	app, err := pgx.Connect(ctx, u.String())
-	require.NoError(t, err)
-	defer app.Close(ctx)
+	app := appConn(t, pool, dbURL, sandbox.AppDedupEnqueueFunction)
 	f, err := client.Enqueue(ctx, app, client.Job{Kind: "award_points", DedupKey: "order-1"})
 	require.NoError(t, err)
 	require.Equal(t, e, f)

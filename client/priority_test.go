@@ -2,10 +2,8 @@ package client_test
 
 import (
 	"context"
-	"net/url"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
@@ -73,22 +71,7 @@ func TestEnqueuePriority(t *testing.T) {
 
 	// An application granted only the four-argument form is told, by
 	// the server, that a priority needs the other grant.
-	admin, err := pgx.Connect(ctx, hosttest.AdminURL(t, dbURL))
-	require.NoError(t, err)
-	defer admin.Close(ctx)
-	_, err = admin.Exec(ctx, `DO $$ BEGIN
-		IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'usher_test_app') THEN CREATE ROLE usher_test_app LOGIN; END IF;
-	EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-	END $$`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `GRANT EXECUTE ON FUNCTION `+sandbox.AppEnqueueFunction+` TO usher_test_app`)
-	require.NoError(t, err)
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	u.User = url.User("usher_test_app")
-	app, err := pgx.Connect(ctx, u.String())
-	require.NoError(t, err)
-	defer app.Close(ctx)
+	app := appConn(t, pool, dbURL, sandbox.AppEnqueueFunction)
 	_, err = client.Enqueue(ctx, app, client.Job{Kind: "send_tickets"})
 	require.NoError(t, err)
 	_, err = client.Enqueue(ctx, app, client.Job{Kind: "send_tickets", Priority: 1})

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/usherhq/usher/internal/doctest"
 	"github.com/usherhq/usher/plugins/checkout/checkout"
 )
 
@@ -89,7 +90,7 @@ func runShort(t *testing.T, extra ...string) string {
 // build chaos-plugins` does.
 func buildSystem(t *testing.T) string {
 	t.Helper()
-	root := moduleRoot(t)
+	root := doctest.Root(t)
 	bin := t.TempDir()
 	if err := os.Mkdir(filepath.Join(bin, "plugins"), 0o755); err != nil {
 		t.Fatal(err)
@@ -158,24 +159,6 @@ func buildSystem(t *testing.T) string {
 	}
 	t.Logf("built the host, the plugins and the mail provider in %s", time.Since(start).Round(100*time.Millisecond))
 	return bin
-}
-
-func moduleRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the test's directory")
-		}
-		dir = parent
-	}
 }
 
 // lineLogger passes chaos' output to t.Log a line at a time, so a run that
