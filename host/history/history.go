@@ -95,3 +95,15 @@ func TrimRepublishes(ctx context.Context, q outbox.Querier, before time.Time, ba
 	}
 	return tag.RowsAffected(), nil
 }
+
+// TrimLinks deletes the parent links retention kept of jobs whose outbox
+// rows it deleted (job_links) before before, at most batch of them, and
+// returns how many it deleted: they are kept as long as the history.
+func TrimLinks(ctx context.Context, q outbox.Querier, before time.Time, batch int) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM job_links WHERE job_id IN (
+		SELECT job_id FROM job_links WHERE kept_at < $1 ORDER BY kept_at LIMIT $2)`, before, batch)
+	if err != nil {
+		return 0, fmt.Errorf("history: trim links: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

@@ -34,7 +34,8 @@ const (
 	// Discarded: its dead letter was discarded by an operator (kept, not
 	// open); nothing runs it.
 	Discarded = "discarded"
-	// Unknown: only history is left (its outbox rows were trimmed).
+	// Unknown: only history is left (its outbox rows were trimmed), and
+	// its last record does not say how it ended.
 	Unknown = "unknown"
 )
 
@@ -54,7 +55,9 @@ type Job struct {
 	State  string `json:"state"`
 	// Outcome is its latest outbox row's recorded outcome, "" if none.
 	Outcome string `json:"outcome,omitempty"`
-	// Attempts counts its outbox rows (a retry or a requeue adds one).
+	// Attempts counts its runs: its outbox rows (a retry or a requeue
+	// adds one), or, once retention deleted some, one more than the
+	// highest attempt its rows or its history name.
 	Attempts int `json:"attempts"`
 	// Priority is its latest outbox row's, 1 (the highest) to 5; 0 when
 	// no outbox row of it is kept.
@@ -198,9 +201,12 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 		jobs = append(jobs, j)
 		return j
 	}
+	// lastAttempt is the highest attempt a job's rows or records name.
+	lastAttempt := map[string]int{}
 	for _, o := range ors {
 		j := add(o.jobID)
 		j.Kind, j.RequestID, j.Attempts, j.Priority = o.kind, o.requestID, j.Attempts+1, o.priority
+		lastAttempt[o.jobID] = max(lastAttempt[o.jobID], o.attempt)
 		if j.Parent == "" {
 			j.Parent = o.parent
 		}
@@ -231,8 +237,25 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 	for i, j := range jobs {
 		all[i] = j.ID
 	}
+	// The parent of a job whose rows retention deleted (job_links).
+	rows, err := q.Query(ctx, `SELECT job_id, parent_job_id FROM job_links WHERE job_id = ANY($1)`, all)
+	if err != nil {
+		return nil, fmt.Errorf("history: links: %w", err)
+	}
+	if err := eachRow(rows, func(r pgx.Rows) error {
+		var id, parent string
+		if err := r.Scan(&id, &parent); err != nil {
+			return err
+		}
+		if j := byID[id]; j.Parent == "" {
+			j.Parent = parent
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("history: links: %w", err)
+	}
 	// A job born in the scheduler has no outbox row until it is due.
-	rows, err := q.Query(ctx, `SELECT job_id, min(run_at), min(kind), min(request_id) FROM scheduled_jobs
+	rows, err = q.Query(ctx, `SELECT job_id, min(run_at), min(kind), min(request_id) FROM scheduled_jobs
 		WHERE job_id = ANY($1) AND enqueued_at IS NULL GROUP BY job_id`, all)
 	if err != nil {
 		return nil, fmt.Errorf("history: scheduled runs: %w", err)
@@ -292,6 +315,7 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 		h.TookMS = h.Duration().Milliseconds()
 		j := byID[h.JobID]
 		j.History = append(j.History, h)
+		lastAttempt[h.JobID] = max(lastAttempt[h.JobID], h.Attempt)
 		if h.Verdict == Absorbed {
 			j.Absorbed++
 		}
@@ -305,11 +329,33 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 	// A job named by nothing but the caller's id does not exist.
 	kept := jobs[:0]
 	for _, j := range jobs {
-		if j.Kind != "" {
-			kept = append(kept, j)
+		if j.Kind == "" {
+			continue
 		}
+		if n, ok := lastAttempt[j.ID]; ok {
+			j.Attempts = max(j.Attempts, n+1)
+		}
+		if j.State == Unknown && len(j.History) > 0 {
+			// Its rows are gone: its last record says how it ended,
+			// when it ended applied or cancelled.
+			settledFromHistory(j, j.History[len(j.History)-1].Verdict)
+		}
+		kept = append(kept, j)
 	}
 	return kept, nil
+}
+
+// settledFromHistory sets the state of a job that only history names from
+// its last record's verdict v: applied or absorbed is done, cancelled is
+// cancelled. Any other verdict leaves it Unknown: a retry's run or a dead
+// letter would have been found, so what followed it is no longer kept.
+func settledFromHistory(j *Job, v outcome.Outcome) {
+	switch v {
+	case outcome.Applied, outcome.Absorbed:
+		j.State, j.Outcome = Done, string(v)
+	case outcome.Cancelled:
+		j.State, j.Outcome = Cancelled, string(v)
+	}
 }
 
 func eachRow(rows pgx.Rows, f func(pgx.Rows) error) error {

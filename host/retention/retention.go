@@ -200,6 +200,7 @@ func (r *Retainer) trimRecords(ctx context.Context) error {
 	}{
 		{"job_history", r.cfg.History, history.Trim},
 		{"job_republishes", r.cfg.History, history.TrimRepublishes},
+		{"job_links", r.cfg.History, history.TrimLinks},
 		{"workflows", r.cfg.Workflows, workflow.Trim},
 	}
 	for _, t := range batched {
@@ -429,12 +430,11 @@ func (r *Retainer) Purge(ctx context.Context, streamBefore time.Time) (map[strin
 			continue
 		}
 		for ctx.Err() == nil {
-			tag, err := r.cfg.Pool.Exec(ctx, p.sql, p.window.Seconds(), limit, r.cfg.BatchSize)
-			if err != nil {
+			var n int64
+			if err := r.cfg.Pool.QueryRow(ctx, p.sql, p.window.Seconds(), limit, r.cfg.BatchSize).Scan(&n); err != nil {
 				errs = append(errs, fmt.Errorf("retention: delete from %s: %w", p.table, err))
 				break
 			}
-			n := tag.RowsAffected()
 			deleted[p.table] += n
 			if n < int64(r.cfg.BatchSize) {
 				break
@@ -461,7 +461,8 @@ func (r *Retainer) Purge(ctx context.Context, streamBefore time.Time) (map[strin
 
 // The deletes take $1 the window in seconds, $2 the stream's low-water
 // mark less Config.Margin and $3 the batch size; a row goes only when it is
-// older than both. FOR UPDATE SKIP LOCKED lets several hosts purge at once.
+// older than both, and each returns how many went. FOR UPDATE SKIP LOCKED
+// lets several hosts purge at once.
 const (
 	cutoff = `least(now() - make_interval(secs => $1), $2::timestamptz)`
 
@@ -469,21 +470,32 @@ const (
 WITH doomed AS (
 	SELECT id FROM outbox
 	WHERE done_at IS NOT NULL AND published_at IS NOT NULL AND greatest(done_at, published_at) < ` + cutoff + `
-	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED)
-DELETE FROM outbox o USING doomed d WHERE o.id = d.id`
+	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED),
+gone AS (
+	DELETE FROM outbox o USING doomed d WHERE o.id = d.id
+	RETURNING coalesce(o.job_id, o.id::text) AS job_id, o.parent_job_id),
+-- A job's parent outlives its rows, for as long as its history
+-- (job_links, trimmed with it): the request's tree keeps its shape.
+linked AS (
+	INSERT INTO job_links (job_id, parent_job_id)
+	SELECT DISTINCT ON (job_id) job_id, parent_job_id FROM gone WHERE parent_job_id IS NOT NULL
+	ON CONFLICT (job_id) DO NOTHING)
+SELECT count(*) FROM gone`
 
 	deleteScheduled = `
 WITH doomed AS (
 	SELECT job_id, attempt FROM scheduled_jobs
 	WHERE enqueued_at < ` + cutoff + `
-	LIMIT $3 FOR UPDATE SKIP LOCKED)
-DELETE FROM scheduled_jobs s USING doomed d WHERE s.job_id = d.job_id AND s.attempt = d.attempt`
+	LIMIT $3 FOR UPDATE SKIP LOCKED),
+gone AS (DELETE FROM scheduled_jobs s USING doomed d WHERE s.job_id = d.job_id AND s.attempt = d.attempt RETURNING 1)
+SELECT count(*) FROM gone`
 
 	deleteDeadLetters = `
 WITH doomed AS (
 	SELECT id FROM dead_letters WHERE created_at < ` + cutoff + `
-	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED)
-DELETE FROM dead_letters l USING doomed d WHERE l.id = d.id`
+	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED),
+gone AS (DELETE FROM dead_letters l USING doomed d WHERE l.id = d.id RETURNING 1)
+SELECT count(*) FROM gone`
 
 	// An outbox row still live for the job: unfinished, unpublished (the
 	// relay would publish it again) or done or published within the
@@ -500,8 +512,9 @@ WITH doomed AS (
 	                  WHERE o.id = CASE WHEN c.job_id ~ '^[0-9]{1,18}$' THEN c.job_id::bigint END AND ` + liveRow + `)
 	  AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.job_id = c.job_id AND ` + liveRow + `)
 	  AND NOT EXISTS (SELECT 1 FROM scheduled_jobs s WHERE s.job_id = c.job_id AND (s.enqueued_at IS NULL OR s.enqueued_at >= ` + cutoff + `))
-	ORDER BY c.requested_at LIMIT $3 FOR UPDATE OF c SKIP LOCKED)
-DELETE FROM job_cancels c USING doomed d WHERE c.job_id = d.job_id`
+	ORDER BY c.requested_at LIMIT $3 FOR UPDATE OF c SKIP LOCKED),
+gone AS (DELETE FROM job_cancels c USING doomed d WHERE c.job_id = d.job_id RETURNING 1)
+SELECT count(*) FROM gone`
 
 	deleteProcessed = `
 WITH doomed AS (
@@ -512,6 +525,7 @@ WITH doomed AS (
 	  AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.job_id = p.job_id AND ` + liveRow + `)
 	  AND NOT EXISTS (SELECT 1 FROM scheduled_jobs s WHERE s.job_id = p.job_id AND (s.enqueued_at IS NULL OR s.enqueued_at >= ` + cutoff + `))
 	  AND NOT EXISTS (SELECT 1 FROM dead_letters l WHERE l.job_id = p.job_id AND l.requeued_at IS NULL AND l.discarded_at IS NULL)
-	ORDER BY p.processed_at LIMIT $3 FOR UPDATE OF p SKIP LOCKED)
-DELETE FROM processed_jobs p USING doomed d WHERE p.kind = d.kind AND p.job_id = d.job_id`
+	ORDER BY p.processed_at LIMIT $3 FOR UPDATE OF p SKIP LOCKED),
+gone AS (DELETE FROM processed_jobs p USING doomed d WHERE p.kind = d.kind AND p.job_id = d.job_id RETURNING 1)
+SELECT count(*) FROM gone`
 )

@@ -15,6 +15,7 @@ import (
 
 	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/outcome"
 	"github.com/usherhq/usher/host/retention"
 	"github.com/usherhq/usher/host/swaps"
 )
@@ -328,6 +329,70 @@ func TestPurgeKeepsWhatCouldComeBack(t *testing.T) {
 	require.ElementsMatch(t, []string{unpublished, unfinished, young, republishedLate, "s-retried", "s-waiting", "fresh"}, left())
 }
 
+// A request's jobs read the same after retention deleted their outbox
+// rows as before, from their history: the tree keeps its shape (the
+// parent link is kept in job_links by the delete itself), each job is done
+// with its attempts counted, and a job whose last record does not say how
+// it ended stays unknown.
+func TestRequestTreeOutlivesOutboxRetention(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	old := time.Now().Add(-3 * time.Hour)
+	row := func(kind string, jobID, parent any, attempt int) int64 {
+		var id int64
+		require.NoError(t, b.pool.QueryRow(ctx, `INSERT INTO outbox (kind, payload, request_id, job_id, parent_job_id, attempt, done_at, published_at, outcome)
+			VALUES ($1, '{}', 'req-1', $2, $3, $4, $5, $5, 'applied') RETURNING id`, kind, jobID, parent, attempt, old).Scan(&id))
+		return id
+	}
+	record := func(job string, outboxID int64, attempt int, v outcome.Outcome) {
+		require.NoError(t, history.Write(ctx, b.pool, history.Record{JobID: job, Kind: "k", OutboxID: outboxID, RequestID: "req-1",
+			Attempt: attempt, Verdict: v, StartedAt: old}))
+	}
+	render := row("render_tickets", nil, nil, 0)
+	renderID := strconv.FormatInt(render, 10)
+	record(renderID, render, 0, history.Applied)
+	send := row("send_tickets", nil, renderID, 0)
+	sendID := strconv.FormatInt(send, 10)
+	record(sendID, send, 0, history.Retry)
+	retried := row("send_tickets", sendID, renderID, 1) // its retry's row, applied
+	record(sendID, retried, 1, history.Applied)
+	record(sendID, retried, 1, history.Absorbed)
+	count := row("update_sales_counter", nil, renderID, 0)
+	countID := strconv.FormatInt(count, 10)
+	record(countID, count, 0, history.Abandoned) // what came after is gone
+
+	before, err := history.GetWorkflow(ctx, b.pool, "req-1")
+	require.NoError(t, err)
+
+	r := b.retainer(t, retention.Config{Redelivery: retention.Redelivery{ReconcileAfter: time.Hour}, Outbox: time.Hour, Margin: time.Minute})
+	deleted, err := r.Purge(ctx, time.Now())
+	require.NoError(t, err)
+	require.Equal(t, int64(4), deleted["outbox"])
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_links WHERE parent_job_id = $1`, renderID),
+		"one link per job, however many of its rows went")
+
+	after, err := history.GetWorkflow(ctx, b.pool, "req-1")
+	require.NoError(t, err)
+	require.Len(t, after.Jobs, 1, "one root: the render")
+	root := after.Jobs[0]
+	require.Equal(t, renderID, root.ID)
+	require.Equal(t, history.Done, root.State)
+	require.Equal(t, 1, root.Attempts)
+	require.Len(t, root.Children, 2, "the send and the count still under the render")
+	byID := map[string]*history.Job{}
+	for _, c := range root.Children {
+		byID[c.ID] = c
+	}
+	require.Equal(t, history.Done, byID[sendID].State)
+	require.Equal(t, 2, byID[sendID].Attempts, "its first run and its retry")
+	require.Equal(t, 1, byID[sendID].Absorbed)
+	require.Equal(t, history.Unknown, byID[countID].State, "abandoned, and nothing after it kept")
+	require.Equal(t, before.Count, after.Count)
+	require.Equal(t, map[string]int{history.Done: 2, history.Unknown: 1}, after.States)
+	require.Equal(t, map[string]int{history.Done: 3}, before.States)
+}
+
 // A cancel asked while its job was on the stream (job_cancels) goes with
 // the Outbox window only when nothing of its job is live: kept while the
 // job's row is unfinished or done within the window (a redelivery of a
@@ -387,8 +452,11 @@ func TestCleanupTrimsTheHistories(t *testing.T) {
 		require.NoError(t, swaps.Record(ctx, b.pool, swaps.Swap{Host: "h", Plugin: "p", Action: swaps.Swapped, From: "1", To: strconv.Itoa(i), Cause: swaps.CauseReload}))
 		_, err = b.pool.Exec(ctx, `UPDATE plugin_swaps SET at = $1 WHERE to_version = $2`, now.Add(-age), strconv.Itoa(i))
 		require.NoError(t, err)
-		// The reconciler's record of a republish goes with the history.
+		// The reconciler's record of a republish goes with the history,
+		// and so does the parent link retention kept of a deleted row.
 		_, err = b.pool.Exec(ctx, `INSERT INTO job_republishes (outbox_id, job_id, kind, republished_at) VALUES ($1, 'j', 'k', $2)`, i+1, now.Add(-age))
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, `INSERT INTO job_links (job_id, parent_job_id, kept_at) VALUES ($1, 'p', $2)`, strconv.Itoa(i), now.Add(-age))
 		require.NoError(t, err)
 	}
 	deleted := map[string]int64{}
@@ -397,8 +465,9 @@ func TestCleanupTrimsTheHistories(t *testing.T) {
 		OnDeleted: func(table string, n int64) { deleted[table] += n }})
 	require.NoError(t, err)
 	require.NoError(t, r.Cleanup(ctx))
-	require.Equal(t, map[string]int64{"job_history": 3, "job_republishes": 3, "plugin_swaps": 3}, deleted)
+	require.Equal(t, map[string]int64{"job_history": 3, "job_republishes": 3, "job_links": 3, "plugin_swaps": 3}, deleted)
 	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_republishes`))
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_links`))
 	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history`))
 	require.EqualValues(t, 0, hosttest.Count(t, b.pool, `SELECT count(*) FROM job_history WHERE finished_at < $1`, now.Add(-48*time.Hour)))
 	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM plugin_swaps`))
