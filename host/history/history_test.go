@@ -50,6 +50,8 @@ func TestPluginRoleCannotWriteHistory(t *testing.T) {
 	denied(`TRUNCATE job_history`)
 	denied(`SELECT count(*) FROM job_republishes`)
 	denied(`INSERT INTO job_republishes (outbox_id, job_id, kind) VALUES (1, '1', 'update_sales_counter')`)
+	denied(`SELECT count(*) FROM job_links`)
+	denied(`INSERT INTO job_links (job_id, parent_job_id) VALUES ('1', '2')`)
 	const logged = `SELECT usher_applied_logged($1, $2, $3, 0, 1, '', '', '', '', '', '', now())`
 	// Another plugin's kind, and a job id that is not the row's.
 	denied(logged, ids[1], "render_tickets", "2")
