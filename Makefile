@@ -131,9 +131,10 @@ generate:
 check-generate: generate
 	@git diff --exit-code -- proto/ || { echo "generated protobuf code is stale: run make generate and commit" >&2; exit 1; }
 
-# usher-vet (cmd/usher-vet) on the shipped plugins, as the README's "Vet
-# your plugin" runs it: no effect outside its phase, no KeyForTest outside
-# tests, no claim effect that ignores its key.
+# usher-vet (cmd/usher-vet) on the shipped plugins, as go vet's tool
+# built first (a plugin module of its own runs it as docs/plugins.md's
+# "Vet your plugin" says): no effect outside its phase, no KeyForTest
+# outside tests, no claim effect that ignores its key.
 vet-plugins:
 	$(GO) build -o $(BIN)/usher-vet ./cmd/usher-vet
 	cd plugins && $(GO) vet -vettool=$(CURDIR)/$(BIN)/usher-vet ./...

@@ -55,6 +55,14 @@ func Serve(p *Plugin) {
 	})
 }
 
+// ManifestOnly reports whether the host started this process only to read
+// its manifest (`host plugins manifest`): it will invoke no job, and passes
+// none of the settings `host run --plugin-env` would. A plugin that stops
+// at start when a setting is missing (its provider's URL, a directory)
+// checks them only when ManifestOnly is false; its name, version and
+// kinds must not depend on them.
+func ManifestOnly() bool { return os.Getenv(contract.ManifestOnlyEnv) != "" }
+
 // watchParent exits the process when the host that started it has died, so a
 // kill -9 of the host leaves no orphaned plugins. go-plugin alone does not.
 func watchParent(every time.Duration) {

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"text/template"
 
+	"golang.org/x/mod/modfile"
+
 	"github.com/usherhq/usher/host/sandbox"
 )
 
@@ -30,33 +32,55 @@ var pluginTemplate embed.FS
 // usherModule is the module a plugin requires.
 const usherModule = "github.com/usherhq/usher"
 
+// zeroVersion is the version a go.mod requires of a module a replace
+// directive stands in for, or that must be fixed before go mod tidy.
+const zeroVersion = "v0.0.0-00010101000000-000000000000"
+
 // templateData is what the templates see.
 type templateData struct {
 	Name, Module, EnvPrefix string
 	GoVersion, UsherVersion string
-	// UsherUnknown: this host does not know its usher version, and
-	// UsherVersion is the zero pseudo-version a replace must fix.
+	// UsherDir, when set, is the usher checkout the module's go.mod
+	// replaces github.com/usherhq/usher with (an absolute path), and
+	// UsherDirMod the same quoted as go.mod needs.
+	UsherDir, UsherDirMod string
+	// UsherUnknown: this host knows neither its usher version nor a
+	// checkout, and UsherVersion is the zero pseudo-version a replace or
+	// a go get must fix.
 	UsherUnknown bool
 }
 
 func (cl *cli) pluginsInit(fs *flag.FlagSet) runner {
 	dir := fs.String("dir", "", "the directory to write the module to: new, or empty (default ./NAME)")
 	module := fs.String("module", "", "the module path (default example.com/NAME)")
+	usherDir := fs.String("usher-dir", "", "a source checkout of usher, which the module's go.mod replaces github.com/usherhq/usher with "+
+		"(default: for a host built from source, the checkout above its executable or the working directory; for a released host, none: it requires its own version)")
 	return func(ctx context.Context, pos []string) error {
 		if len(pos) != 1 {
-			return usageError{fmt.Sprintf("usage: host plugins init NAME [--dir DIR] [--module PATH]; got %d arguments %q", len(pos), pos)}
+			return usageError{fmt.Sprintf("usage: host plugins init NAME [--dir DIR] [--module PATH] [--usher-dir DIR]; got %d arguments %q", len(pos), pos)}
 		}
 		name := pos[0]
 		if err := sandbox.CheckPluginName(name); err != nil {
 			return usageError{err.Error()}
 		}
 		d := templateData{Name: name, Module: *module, EnvPrefix: strings.ToUpper(name), GoVersion: goVersion()}
-		d.UsherVersion, d.UsherUnknown = usherVersion()
 		if d.Module == "" {
 			d.Module = "example.com/" + name
 		}
 		if err := checkModulePath(d.Module); err != nil {
 			return usageError{err.Error()}
+		}
+		checkout, err := usherSource(*usherDir)
+		if err != nil {
+			return usageError{err.Error()}
+		}
+		switch version, released := releasedVersion(); {
+		case checkout != "":
+			d.UsherVersion, d.UsherDir, d.UsherDirMod = zeroVersion, checkout, modfile.AutoQuote(checkout)
+		case released:
+			d.UsherVersion = version
+		default:
+			d.UsherVersion, d.UsherUnknown = zeroVersion, true
 		}
 		out := *dir
 		if out == "" {
@@ -66,11 +90,72 @@ func (cl *cli) pluginsInit(fs *flag.FlagSet) runner {
 			return err
 		}
 		fmt.Fprintf(cl.stdout, "wrote plugin %s (module %s) to %s\n", name, d.Module, out)
-		if d.UsherUnknown {
-			fmt.Fprintf(cl.stdout, "this host does not know its usher version: in %s, go get github.com/usherhq/usher@VERSION, or go mod edit -replace github.com/usherhq/usher=/path/to/usher\n", out)
+		switch {
+		case checkout != "":
+			fmt.Fprintf(cl.stdout, "its go.mod replaces %s with the checkout %s\n", usherModule, checkout)
+		case d.UsherUnknown:
+			fmt.Fprintf(cl.stdout, "this host was built from source and found no usher checkout above its executable or the working directory: "+
+				"in %s, go mod edit -replace %s=/path/to/usher (or run init again with --usher-dir /path/to/usher)\n", out, usherModule)
 		}
-		fmt.Fprintf(cl.stdout, "next: cd %s && go mod tidy && make test\n", out)
+		fmt.Fprintf(cl.stdout, "next: cd %s && go mod tidy && make test (make test needs USHER_TEST_DATABASE_URL: its README.md, Test)\n", out)
 		return nil
+	}
+}
+
+// usherSource is the usher checkout a new module's go.mod replaces usher
+// with, as an absolute path: flagDir when given, which must be one; else,
+// for a host built from source, the checkout found above its executable or
+// above the working directory; else none ("").
+func usherSource(flagDir string) (string, error) {
+	if flagDir != "" {
+		abs, err := filepath.Abs(flagDir)
+		if err != nil {
+			return "", fmt.Errorf("--usher-dir %s: %w", flagDir, err)
+		}
+		b, err := os.ReadFile(filepath.Join(abs, "go.mod"))
+		if err != nil {
+			return "", fmt.Errorf("--usher-dir %s is not a source checkout of usher: %w", flagDir, err)
+		}
+		if m := modfile.ModulePath(b); m != usherModule {
+			return "", fmt.Errorf("--usher-dir %s is not a source checkout of usher: its go.mod declares module %q, not %s", flagDir, m, usherModule)
+		}
+		return abs, nil
+	}
+	if _, released := releasedVersion(); released {
+		return "", nil
+	}
+	var starts []string
+	if exe, err := os.Executable(); err == nil {
+		if exe, err := filepath.EvalSymlinks(exe); err == nil {
+			starts = append(starts, filepath.Dir(exe))
+		}
+	}
+	if wd, err := os.Getwd(); err == nil {
+		starts = append(starts, wd)
+	}
+	for _, start := range starts {
+		if dir := enclosingUsher(start); dir != "" {
+			return dir, nil
+		}
+	}
+	return "", nil
+}
+
+// enclosingUsher is the root of the module dir is in when that module is
+// usher, else "".
+func enclosingUsher(dir string) string {
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil {
+			if modfile.ModulePath(b) == usherModule {
+				return dir
+			}
+			return ""
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
 	}
 }
 
@@ -155,14 +240,27 @@ func goVersion() string {
 	return v
 }
 
-// usherVersion is the version of usher this host was built from when the
-// build knows it (a `go install ...@v1.2.0`); else the zero pseudo-version,
-// which a replace directive or `go get github.com/usherhq/usher@VERSION`
-// must then fix, and unknown is true.
-func usherVersion() (v string, unknown bool) {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Path == usherModule &&
-		strings.HasPrefix(bi.Main.Version, "v") {
-		return bi.Main.Version, false
+// releasedVersion is the version of usher this host was built as when it
+// is a released one (`go install github.com/usherhq/usher/cmd/host@v1.2.0`),
+// which a new module can require. A build in a checkout is not: its
+// version is "(devel)", or one the go command derived from the checkout's
+// commit (vcs.revision), which no module proxy serves.
+func releasedVersion() (v string, released bool) {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "", false
 	}
-	return "v0.0.0-00010101000000-000000000000", true
+	return releasedVersionOf(bi)
+}
+
+func releasedVersionOf(bi *debug.BuildInfo) (v string, released bool) {
+	if bi.Main.Path != usherModule || !strings.HasPrefix(bi.Main.Version, "v") {
+		return "", false
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" {
+			return "", false
+		}
+	}
+	return bi.Main.Version, true
 }

@@ -20,8 +20,8 @@ import (
 )
 
 // The README's set-up commands, as written: only the README's server
-// address and database give way to the test's own database, and bin/ is a
-// directory of the test's.
+// address and database give way to the test's own database, its blob
+// directory to one of the test's, and bin/ is a directory of the test's.
 func TestReadmeSetup(t *testing.T) {
 	t.Parallel()
 	lines := doctest.Block(t, "docs/security.md", "**Set up once, as an administrator:**", "sh")
@@ -80,6 +80,7 @@ func TestReadmeSetup(t *testing.T) {
 	ours = strings.TrimSuffix(strings.TrimPrefix(ours, "postgres://postgres@"), "?sslmode=disable")
 	local := func(line string) []string {
 		line = strings.ReplaceAll(line, "127.0.0.1:5432/stagedoor", ours)
+		line = strings.ReplaceAll(line, "USHER_BLOB_DIR=/var/lib/usher/blobs", "USHER_BLOB_DIR="+filepath.Join(dir, "blobs"))
 		return strings.Fields(strings.ReplaceAll(line, "//usher@", "//"+ownerRole+"@"))
 	}
 

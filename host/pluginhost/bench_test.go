@@ -20,7 +20,7 @@ func BenchmarkInvoke(b *testing.B) {
 	bin := hosttest.Build(b, "./plugins/tickets")
 	inst, err := pluginhost.Start(context.Background(), pluginhost.Config{
 		Path: bin, Host: guard.NewHandles("public", hosttest.Logger(b, 100)), Logger: hosttest.Logger(b, 100),
-		Env: []string{"USHER_BLOB_DIR=" + b.TempDir()},
+		Env: []string{"USHER_BLOB_DIR=" + b.TempDir(), "MAILPROVIDER_URL=http://127.0.0.1:8025"},
 	})
 	if err != nil {
 		b.Fatal(err)

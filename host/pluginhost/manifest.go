@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
@@ -387,7 +388,9 @@ func (p DirPlugin) Same(q DirPlugin) bool {
 
 // Probe starts the binary at path in a scratch directory, reads what it
 // reports (name, version, kinds) and stops it: a manifest written for a
-// binary must say what the binary itself says.
+// binary must say what the binary itself says. The plugin is told it is
+// only asked its manifest (contract.ManifestOnlyEnv), so one that refuses
+// to start without its settings still answers.
 func Probe(ctx context.Context, path string) (Manifest, error) {
 	path, err := filepath.Abs(path) // it runs elsewhere
 	if err != nil {
@@ -398,7 +401,7 @@ func Probe(ctx context.Context, path string) (Manifest, error) {
 		return Manifest{}, err
 	}
 	defer os.RemoveAll(dir)
-	inst, err := Start(ctx, Config{Path: path, Dir: dir, Host: usherv1.UnimplementedHostServer{},
+	inst, err := Start(ctx, Config{Path: path, Dir: dir, Host: usherv1.UnimplementedHostServer{}, Env: []string{contract.ManifestOnlyEnv + "=1"},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		return Manifest{}, err

@@ -38,6 +38,12 @@ var Handshake = plugin.HandshakeConfig{
 // so that a plugin whose host died (kill -9 included) exits by itself.
 const ParentPIDEnv = "USHER_HOST_PID"
 
+// ManifestOnlyEnv is set (to 1) in the environment of a plugin the host
+// starts only to read its manifest (`host plugins manifest`): no job will
+// be invoked, and the plugin gets none of the settings a host passes with
+// --plugin-env (sdk.ManifestOnly).
+const ManifestOnlyEnv = "USHER_MANIFEST_ONLY"
+
 // CPUProfileEnv names a file: a plugin started with it set profiles its
 // CPU into that file between one SIGUSR1 and the next (sdk.Serve), so a
 // benchmark can profile the plugin over the window it measures.

@@ -8,9 +8,12 @@
 //     (order_id, kind); the effect sends through the mail provider with the
 //     idempotency key tickets-<order id>; the host marks sent_at.
 //
-// Environment: USHER_BLOB_DIR (where PDFs are stored, default ./blobs),
-// MAILPROVIDER_URL (default http://127.0.0.1:8025), TICKETS_CLAIM_LEASE
-// (the send claim's lease, default 2m).
+// Settings, passed with host run --plugin-env (docs/operating.md):
+// USHER_BLOB_DIR (where PDFs are stored and sent from, required),
+// MAILPROVIDER_URL (the mail provider's base URL, required),
+// TICKETS_CLAIM_LEASE (the send claim's lease, default 2m). Without a
+// required one it exits at start with an error naming it, which the host
+// reports as the reason it did not load the plugin.
 //
 // plugins/tickets/chaos is the same plugin with faults injected from
 // outside, for tests, the demo and the chaos suite.
