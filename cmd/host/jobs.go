@@ -15,6 +15,7 @@ import (
 
 	"github.com/usherhq/usher/client"
 	"github.com/usherhq/usher/host/history"
+	"github.com/usherhq/usher/host/ops"
 )
 
 func (cl *cli) jobCommands() []*command {
@@ -160,7 +161,7 @@ func printHistory(out io.Writer, indent string, recs []history.Record) error {
 		if r.Error != "" && r.Error != r.Reason && !strings.Contains(r.Reason, r.Error) {
 			why = strings.TrimPrefix(why+"; error: "+r.Error, "; ")
 		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.FinishedAt.UTC().Format(time.RFC3339), r.Attempt, r.Deliveries,
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.FinishedAt.UTC().Format(time.RFC3339), ops.Attempt(r.Attempt), r.Deliveries,
 			dash(r.Consumer), dash(plugin), dash(r.Guard), r.Verdict, r.Duration().Round(time.Millisecond), dash(truncate(why, 120)))
 	}
 	if err := w.Flush(); err != nil {

@@ -22,17 +22,20 @@ import (
 
 var funcs = template.FuncMap{
 	"svg": func(s string) template.HTML { return template.HTML(s) }, // drawChart escapes its text
-	"ago": func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
-	"dur": humanDuration,
+	"ago": func(t time.Time) string { return ops.HumanDuration(time.Since(t)) },
+	"dur": ops.HumanDuration,
 	"utc": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 	"ms":  func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + " ms" },
 	// outcomes are the outcomes the host writes on an outbox row, offered
 	// by the jobs search.
 	"outcomes": func() []string { return []string{"applied", "absorbed", "retry_scheduled", "dead_letter", "cancelled"} },
-	"human":    humanDuration,
-	"cap":      func() string { return strconv.Itoa(payloadCap) },
-	"since":    func(from, to time.Time) time.Duration { return to.Sub(from) },
-	"wfpath":   workflowPath,
+	"human":    ops.HumanDuration,
+	// attempt names an attempt by its number and ordinal, "0 (1st)", as
+	// the CLI does.
+	"attempt": ops.Attempt,
+	"cap":     func() string { return strconv.Itoa(payloadCap) },
+	"since":   func(from, to time.Time) time.Duration { return to.Sub(from) },
+	"wfpath":  workflowPath,
 	// wfnode carries a workflow's job and the prefix into the recursive
 	// template that draws the tree.
 	"wfnode": func(j *history.Job, prefix string) map[string]any { return map[string]any{"J": j, "Prefix": prefix} },

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/usherhq/usher/host/ops"
 	"github.com/usherhq/usher/host/recurring"
 	"github.com/usherhq/usher/host/workflow"
 	"github.com/usherhq/usher/internal/wfmsg"
@@ -282,11 +283,11 @@ func drawTimeline(t timeline) string {
 	h := tlTop + tlRow*len(t.Lanes) + 20
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg class="timeline" id="timeline-svg" role="img" viewBox="0 0 %d %d" xmlns="http://www.w3.org/2000/svg"><title>%s</title>`,
-		tlW, h, html.EscapeString("timeline over "+humanDuration(span)))
+		tlW, h, html.EscapeString("timeline over "+ops.HumanDuration(span)))
 	for i := 0; i <= 4; i++ {
 		at := t.Start.Add(span * time.Duration(i) / 4)
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/><text x="%.1f" y="14" font-size="10" text-anchor="middle">+%s</text>`,
-			x(at), tlTop-8, x(at), h-10, x(at), html.EscapeString(humanDuration(at.Sub(t.Start))))
+			x(at), tlTop-8, x(at), h-10, x(at), html.EscapeString(ops.HumanDuration(at.Sub(t.Start))))
 	}
 	for i, l := range t.Lanes {
 		y := tlTop + i*tlRow
@@ -295,33 +296,13 @@ func drawTimeline(t timeline) string {
 			`<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"><title>%s</title></rect></g>`,
 			html.EscapeString(l.Name), html.EscapeString(l.State), y+14, html.EscapeString(l.Name),
 			x(l.From), y+3, w, tlRow-8, laneColors[l.State],
-			html.EscapeString(fmt.Sprintf("%s (%s): %s, %s", l.Name, l.Kind, l.State, humanDuration(l.To.Sub(l.From)))))
+			html.EscapeString(fmt.Sprintf("%s (%s): %s, %s", l.Name, l.Kind, l.State, ops.HumanDuration(l.To.Sub(l.From)))))
 	}
 	for _, m := range t.Marks {
 		fmt.Fprintf(&b, `<line class="mark" data-mark="%s" x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#000" stroke-dasharray="2,2"><title>%s</title></line>`,
 			html.EscapeString(m.Type), x(m.At), tlTop-8, x(m.At), h-10,
-			html.EscapeString(strings.TrimSpace(m.Type+" "+m.Name)+" at +"+humanDuration(m.At.Sub(t.Start))))
+			html.EscapeString(strings.TrimSpace(m.Type+" "+m.Name)+" at +"+ops.HumanDuration(m.At.Sub(t.Start))))
 	}
 	b.WriteString(`</svg>`)
 	return b.String()
-}
-
-// humanDuration prints d the way a person reads it: 0s, 850µs, 340ms,
-// 2.4s, 3m12s, 5h03m, 2d4h.
-func humanDuration(d time.Duration) string {
-	switch {
-	case d == 0:
-		return "0s"
-	case d < time.Millisecond:
-		return fmt.Sprintf("%dµs", d.Microseconds())
-	case d < time.Second:
-		return fmt.Sprintf("%dms", d.Milliseconds())
-	case d < time.Minute:
-		return fmt.Sprintf("%.1fs", d.Seconds())
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
-	}
-	return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
 }
