@@ -23,12 +23,13 @@ document.addEventListener("submit", function (ev) {
   var every = Math.max(1, parseFloat(parts[0].getAttribute("data-live")) || 2) * 1000;
   var busy = false, held = false, timer;
   var at = document.getElementById("live-at");
+  var last = at ? at.textContent : "";
   function say(text) { if (at) at.textContent = text; }
   function hold(ev) {
     for (var i = 0; i < parts.length; i++) {
       if (parts[i].contains(ev.target)) {
         held = true;
-        say("held while you choose (reload to update)");
+        say(last + ", then held while you choose (reload to update)");
         return;
       }
     }
@@ -56,14 +57,14 @@ document.addEventListener("submit", function (ev) {
           if (part.hasAttribute("data-live")) still.push(part);
         });
         parts = still;
-        var now = new Date().toISOString().slice(11, 19) + " UTC";
+        last = new Date().toISOString().slice(11, 19) + " UTC";
         if (parts.length) {
-          say(now);
+          say(last);
           return;
         }
         clearInterval(timer);
         document.querySelectorAll("[data-while-live]").forEach(function (e) { e.remove(); });
-        say(now + ", final: no longer updated");
+        say(last + ", final: no longer updated");
       })
       .catch(function () {})
       .then(function () { busy = false; });
