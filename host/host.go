@@ -212,6 +212,9 @@ func (h *Host) build(ctx context.Context, schema string) error {
 		PoolSize: cfg.PluginPoolSize, StatementTimeout: cfg.StatementTimeout,
 		LockTimeout: cfg.LockTimeout, IdleInTransactionTimeout: cfg.IdleInTransactionTimeout,
 		RollbackWindow: cfg.RollbackWindow, RollbackMinJobs: cfg.RollbackMinJobs, RollbackFailureShare: cfg.RollbackFailureShare,
+		// A parked entry is read again, here or by another host's
+		// reclaimer, within the reclaim threshold and a scan.
+		ParkedFor:     2*cfg.ReclaimIdle + cfg.ReclaimInterval,
 		RetryInterval: cfg.PluginRetryInterval, Metrics: h.metrics, Logger: h.log,
 	})
 	if err != nil {

@@ -424,8 +424,9 @@ func TestPluginHandlesRunAsRoleUnderTimeout(t *testing.T) {
 }
 
 // A plugin that crash-loops is marked unhealthy; its job waits in the
-// stream (not in dead letters, however long it waits) while the other
-// plugin's jobs flow, and a reload of a fixed binary runs it.
+// stream (not in dead letters, however long it waits; parked now once,
+// however often it was parked) while the other plugin's jobs flow, and a
+// reload of a fixed binary runs it.
 func TestUnhealthyPluginWaitsInStream(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -455,6 +456,7 @@ func TestUnhealthyPluginWaitsInStream(t *testing.T) {
 	hosttest.Eventually(t, 30*time.Second, "the raw job parked 8 times", func() bool {
 		return pluginStatus(t, h, "flaky").Parked >= 8
 	})
+	require.EqualValues(t, 1, pluginStatus(t, h, "flaky").ParkedNow, "one entry waits, however often it was parked")
 	b.requireCountersEventually(t, want)
 	require.EqualValues(t, 0, hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`), "no dead letter while unhealthy")
 	pending, err := b.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: b.stream, Group: "usher", Start: "-", End: "+", Count: 10}).Result()
@@ -472,6 +474,8 @@ func TestUnhealthyPluginWaitsInStream(t *testing.T) {
 			hosttest.Count(t, b.pool, `SELECT coalesce(sum(count), 0) FROM absorbed_duplicates WHERE kind = 'raw_job'`) == 1
 	})
 	require.EqualValues(t, 0, hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`))
+	require.Zero(t, pluginStatus(t, h, "flaky").ParkedNow, "run: parked no longer")
+	require.GreaterOrEqual(t, pluginStatus(t, h, "flaky").Parked, int64(8), "the total stays")
 }
 
 func (b *testBundle) requireCountersEventually(t *testing.T, want map[int64]int64) {

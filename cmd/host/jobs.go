@@ -15,6 +15,7 @@ import (
 
 	"github.com/usherhq/usher/client"
 	"github.com/usherhq/usher/host/history"
+	"github.com/usherhq/usher/host/ops"
 )
 
 func (cl *cli) jobCommands() []*command {
@@ -109,7 +110,7 @@ func printJob(out io.Writer, j *history.Job) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	if err := printHistory(out, "", j.History); err != nil {
+	if err := printHistory(out, "", j.History, time.Time{}); err != nil {
 		return err
 	}
 	return printActions(out, j)
@@ -142,16 +143,25 @@ func stateText(j *history.Job) string {
 	return j.State
 }
 
-// printHistory prints records as a table, each line after indent.
-func printHistory(out io.Writer, indent string, recs []history.Record) error {
+// printHistory prints records as a table, each line after indent. With
+// an origin (a request's first delivery), each record starts with its
+// start's offset from it: the rows of a request's jobs read on one time
+// axis, as the console's timeline draws them.
+func printHistory(out io.Writer, indent string, recs []history.Record, origin time.Time) error {
 	if len(recs) == 0 {
 		_, err := fmt.Fprintf(out, "%sno deliveries recorded\n", indent)
 		return err
 	}
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	if !origin.IsZero() {
+		fmt.Fprint(w, "+START\t")
+	}
 	fmt.Fprintln(w, "FINISHED\tATTEMPT\tDELIVERY\tCONSUMER\tPLUGIN\tGUARD\tVERDICT\tTOOK\tREASON / ERROR")
 	for _, r := range recs {
+		if !origin.IsZero() {
+			fmt.Fprintf(w, "+%s\t", ops.HumanDuration(r.StartedAt.Sub(origin)))
+		}
 		plugin := r.Plugin
 		if r.PluginVersion != "" {
 			plugin += " " + r.PluginVersion
@@ -160,7 +170,7 @@ func printHistory(out io.Writer, indent string, recs []history.Record) error {
 		if r.Error != "" && r.Error != r.Reason && !strings.Contains(r.Reason, r.Error) {
 			why = strings.TrimPrefix(why+"; error: "+r.Error, "; ")
 		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.FinishedAt.UTC().Format(time.RFC3339), r.Attempt, r.Deliveries,
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.FinishedAt.UTC().Format(time.RFC3339), ops.Attempt(r.Attempt), r.Deliveries,
 			dash(r.Consumer), dash(plugin), dash(r.Guard), r.Verdict, r.Duration().Round(time.Millisecond), dash(truncate(why, 120)))
 	}
 	if err := w.Flush(); err != nil {
@@ -188,7 +198,25 @@ func printWorkflow(out io.Writer, wf *history.Workflow) error {
 		states = append(states, fmt.Sprintf("%s %d", s, n))
 	}
 	sort.Strings(states)
-	if _, err := fmt.Fprintf(out, "workflow %s: %d jobs (%s)\n", wf.RequestID, wf.Count, strings.Join(states, ", ")); err != nil {
+	// The request's first delivery is the origin of every job's rows.
+	var origin time.Time
+	var first func(jobs []*history.Job)
+	first = func(jobs []*history.Job) {
+		for _, j := range jobs {
+			for _, r := range j.History {
+				if origin.IsZero() || r.StartedAt.Before(origin) {
+					origin = r.StartedAt
+				}
+			}
+			first(j.Children)
+		}
+	}
+	first(wf.Jobs)
+	since := ""
+	if !origin.IsZero() {
+		since = ", from its first delivery at " + origin.UTC().Format("2006-01-02T15:04:05.000Z")
+	}
+	if _, err := fmt.Fprintf(out, "workflow %s: %d jobs (%s)%s\n", wf.RequestID, wf.Count, strings.Join(states, ", "), since); err != nil {
 		return err
 	}
 	var walk func(jobs []*history.Job, prefix string) error
@@ -211,7 +239,7 @@ func printWorkflow(out io.Writer, wf *history.Workflow) error {
 			} else {
 				under += "  "
 			}
-			if err := printHistory(out, under, j.History); err != nil {
+			if err := printHistory(out, under, j.History, origin); err != nil {
 				return err
 			}
 			if err := walk(j.Children, prefix+cont); err != nil {

@@ -224,7 +224,9 @@ func withPool(ctx context.Context, conn *connFlags, f func(*pgxpool.Pool) error)
 	return noSchema(f(pool), conn.databaseURL)
 }
 
-// letterShown is a dead letter as list and show print it.
+// letterShown is a dead letter as list and show print it. Attempts
+// counts the job's attempts; Attempt is the last one's number, as the job
+// history numbers them (0 the first run).
 type letterShown struct {
 	ID         int64           `json:"id"`
 	JobID      string          `json:"job_id"`
@@ -235,6 +237,7 @@ type letterShown struct {
 	Reason     string          `json:"reason"`
 	LastError  string          `json:"last_error"`
 	Attempts   int             `json:"attempts"`
+	Attempt    int             `json:"attempt"`
 	StreamID   string          `json:"stream_id"`
 	History    json.RawMessage `json:"history"`
 	CreatedAt  time.Time       `json:"created_at"`
@@ -245,7 +248,7 @@ type letterShown struct {
 func shown(l deadletter.Letter) letterShown {
 	s := letterShown{ID: l.ID, JobID: l.JobID, Kind: l.Kind, Payload: showBytes(l.Payload, len(l.Payload)),
 		RequestID: l.RequestID, Trace: l.Trace, Reason: l.Reason, LastError: l.LastError,
-		Attempts: l.Attempts, StreamID: l.StreamID, History: l.History, CreatedAt: l.CreatedAt, RequeuedAt: l.RequeuedAt}
+		Attempts: l.Attempts, Attempt: l.Attempt(), StreamID: l.StreamID, History: l.History, CreatedAt: l.CreatedAt, RequeuedAt: l.RequeuedAt}
 	if len(s.History) == 0 {
 		s.History = json.RawMessage("null")
 	}
@@ -289,10 +292,10 @@ func (cl *cli) deadLettersList(fs *flag.FlagSet) runner {
 				return err
 			}
 			w := tabwriter.NewWriter(cl.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tJOB\tKIND\tATTEMPTS\tAGE\tREASON")
+			fmt.Fprintln(w, "ID\tJOB\tKIND\tLAST ATTEMPT\tAGE\tREASON")
 			for _, l := range letters {
-				fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\n", l.ID, l.JobID, l.Kind, l.Attempts,
-					cl.now().Sub(l.CreatedAt).Round(time.Second), truncate(l.Reason, 100))
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", l.ID, l.JobID, l.Kind, ops.Attempt(l.Attempt()),
+					ops.HumanDuration(cl.now().Sub(l.CreatedAt).Round(time.Second)), truncate(l.Reason, 100))
 			}
 			if err := w.Flush(); err != nil {
 				return err
@@ -341,8 +344,8 @@ func (s letterShown) print(out io.Writer, now time.Time) error {
 		requeued = s.RequeuedAt.UTC().Format(time.RFC3339)
 	}
 	for _, f := range [][2]string{
-		{"id", strconv.FormatInt(s.ID, 10)}, {"job", s.JobID}, {"kind", s.Kind}, {"attempts", strconv.Itoa(s.Attempts)},
-		{"created", fmt.Sprintf("%s (%s ago)", s.CreatedAt.UTC().Format(time.RFC3339), now.Sub(s.CreatedAt).Round(time.Second))},
+		{"id", strconv.FormatInt(s.ID, 10)}, {"job", s.JobID}, {"kind", s.Kind}, {"last attempt", ops.Attempt(s.Attempt)},
+		{"created", fmt.Sprintf("%s (%s ago)", s.CreatedAt.UTC().Format(time.RFC3339), ops.HumanDuration(now.Sub(s.CreatedAt).Round(time.Second)))},
 		{"requeued", requeued}, {"stream id", s.StreamID}, {"request id", s.RequestID}, {"trace", s.Trace},
 		{"reason", s.Reason}, {"last error", s.LastError}, {"payload", s.Payload}, {"history", string(s.History)},
 	} {

@@ -150,7 +150,7 @@ func (cl *cli) pluginsList(fs *flag.FlagSet) runner {
 // of every plugin, newest first.
 func printPlugins(out io.Writer, list []host.PluginStatus) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NAME\tVERSION\tPROTOCOL\tPID\tHEALTHY\tRESTARTS\tIN FLIGHT\tPARKED\tDB ROLE\tVERIFIED\tKINDS")
+	fmt.Fprintln(w, "NAME\tVERSION\tPROTOCOL\tPID\tHEALTHY\tRESTARTS\tIN FLIGHT\tPARKED NOW/TOTAL\tDB ROLE\tVERIFIED\tKINDS")
 	for _, p := range list {
 		role, verified := p.DBRole, "no manifest"
 		if role == "" {
@@ -159,8 +159,8 @@ func printPlugins(out io.Writer, list []host.PluginStatus) error {
 		if p.SHA256 != "" {
 			verified = "sha256 " + p.SHA256[:min(12, len(p.SHA256))] + "…"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%v\t%d\t%d\t%d\t%s\t%s\t%v\n", p.Name, p.Version, p.Protocol, p.Pid, p.Healthy, p.Restarts,
-			p.InFlight, p.Parked, role, verified, p.Kinds)
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%v\t%d\t%d\t%d/%d\t%s\t%s\t%v\n", p.Name, p.Version, p.Protocol, p.Pid, p.Healthy, p.Restarts,
+			p.InFlight, p.ParkedNow, p.Parked, role, verified, p.Kinds)
 	}
 	if err := w.Flush(); err != nil {
 		return err

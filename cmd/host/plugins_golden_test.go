@@ -32,7 +32,7 @@ func TestPluginsListGolden(t *testing.T) {
 	list := []host.PluginStatus{
 		{Name: "counters", Version: "1.0.0", Protocol: 1, Path: "/srv/usher/plugins/counters",
 			Manifest: "/srv/usher/plugins/counters.plugin.json", SHA256: strings.Repeat("ab", 32),
-			DBRole: "usher_plugin_counters", DBPoolSize: 8, Pid: 4242, Healthy: true, Restarts: 1, Parked: 0, InFlight: 3,
+			DBRole: "usher_plugin_counters", DBPoolSize: 8, Pid: 4242, Healthy: true, Restarts: 1, Parked: 7, ParkedNow: 2, InFlight: 3,
 			Kinds: []string{"update_sales_counter (job id recorded)"},
 			LastRollback: &host.RollbackStatus{At: at(20), From: "2.0.0", To: "1.0.0", Cause: "failures",
 				Reason: "5 of its first 5 jobs failed with errors (crashes, abandoned runs, transient errors) within 1.2s of the swap"},

@@ -203,7 +203,7 @@ func (cl *cli) workflowsList(fs *flag.FlagSet) runner {
 	fs.StringVar(&f.Type, "type", "", "only workflows of this type")
 	fs.StringVar(&f.State, "state", "", "only workflows in this state: "+strings.Join(workflow.States, ", "))
 	fs.DurationVar(&f.OlderThan, "older-than", 0, "only workflows started at least this long ago")
-	fs.IntVar(&f.Limit, "limit", 100, "at most this many")
+	fs.IntVar(&f.Limit, "limit", 100, "at most this many, newest first; a cut list says so")
 	return func(ctx context.Context, pos []string) error {
 		if len(pos) != 0 {
 			return usageError{fmt.Sprintf("workflows list takes no arguments, got %q", pos)}
@@ -211,16 +211,35 @@ func (cl *cli) workflowsList(fs *flag.FlagSet) runner {
 		if f.State != "" && !slices.Contains(workflow.States, f.State) {
 			return usageError{fmt.Sprintf("--state %q: a workflow's state is one of %s", f.State, strings.Join(workflow.States, ", "))}
 		}
+		if f.Limit <= 0 {
+			return usageError{fmt.Sprintf("--limit must be positive, got %d", f.Limit)}
+		}
 		return withPool(ctx, conn, func(pool *pgxpool.Pool) error {
 			ws, err := workflow.List(ctx, pool, f)
 			if err != nil {
+				return err
+			}
+			// Cut: say so, and how to see the rest (on stderr under
+			// --json, whose stdout stays the list).
+			cut := func(out io.Writer) error {
+				if len(ws) < f.Limit {
+					return nil
+				}
+				total, _, err := workflow.Count(ctx, pool, f)
+				if err != nil || total <= int64(len(ws)) {
+					return err
+				}
+				_, err = fmt.Fprintf(out, "the newest %d of %d workflows: --limit %d shows them all\n", len(ws), total, total)
 				return err
 			}
 			if *asJSON {
 				if ws == nil {
 					ws = []workflow.Summary{}
 				}
-				return writeJSON(cl.stdout, ws)
+				if err := writeJSON(cl.stdout, ws); err != nil {
+					return err
+				}
+				return cut(cl.stderr)
 			}
 			if len(ws) == 0 {
 				_, err := fmt.Fprintln(cl.stdout, "no workflows")
@@ -233,7 +252,10 @@ func (cl *cli) workflowsList(fs *flag.FlagSet) runner {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.Type, s.WorkflowID, s.State, s.Events, dash(plugin),
 					s.CreatedAt.UTC().Format(time.RFC3339), s.RequestID)
 			}
-			return w.Flush()
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			return cut(cl.stdout)
 		})
 	}
 }

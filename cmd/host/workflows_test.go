@@ -296,3 +296,37 @@ func flowsDB(t *testing.T) (*pgxpool.Pool, string, *redis.Client, string) {
 	require.NoError(t, err)
 	return pool, dbURL, rdb, stream
 }
+
+// workflows list says when --limit cut it, with the total and the limit
+// that shows them all: after the table, or on stderr under --json (whose
+// stdout stays the list).
+func TestWorkflowsListSaysWhenCut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, dbURL := hosttest.DB(t)
+	_, err := pool.Exec(ctx, `INSERT INTO workflows (type, workflow_id, state, input, request_id, trace, created_at)
+		SELECT 'archived', 'a' || i, 'completed', '{}', 'archived:a' || i, '', now() - i * interval '1 second' FROM generate_series(1, 130) i`)
+	require.NoError(t, err)
+	run := func(args ...string) (string, string) {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		cl := &cli{stdout: &stdout, stderr: &stderr, now: time.Now}
+		require.NoError(t, cl.run(ctx, append(args, "--database-url", dbURL)))
+		return stdout.String(), stderr.String()
+	}
+	out, _ := run("workflows", "list")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 102, "the header, 100 workflows and the cut")
+	require.Contains(t, lines[1], "archived  a1 ", "newest first")
+	require.Equal(t, "the newest 100 of 130 workflows: --limit 130 shows them all", lines[101])
+	out, errOut := run("workflows", "list", "--json", "--limit", "20")
+	var listed []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &listed), "stdout is the list alone")
+	require.Len(t, listed, 20)
+	require.Equal(t, "the newest 20 of 130 workflows: --limit 130 shows them all\n", errOut)
+	out, errOut = run("workflows", "list", "--limit", "130")
+	require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 131, "the header and every workflow, not cut")
+	require.Empty(t, errOut)
+	out, _ = run("workflows", "list", "--type", "archived", "--state", "running")
+	require.Equal(t, "no workflows\n", out)
+}

@@ -89,8 +89,10 @@ func install(t *testing.T, dir, bin, version string) {
 // After a known flow (orders placed, two jobs dead-lettered for orders
 // that do not exist) the console, in Chromium, shows the numbers the
 // database and Redis hold; reloading a plugin from its page swaps it;
-// requeueing one dead letter, then the rest of its kind, puts them back (no
-// longer open) and the jobs run again, on the new version; the job search
+// a dead letter names its last attempt as its job's history does, and
+// links to the job; requeueing one dead letter, then the rest of its kind,
+// puts them back (no longer open) and the jobs run again, on the new
+// version; the job search
 // shows a job's rows, history and workflow; and a POST without the
 // console's Origin or session is refused.
 func TestConsoleInBrowser(t *testing.T) {
@@ -248,10 +250,26 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("dead letters", chromedp.Navigate(base+"/console/deadletters?kind=update_sales_counter"), chromedp.WaitVisible(chromedp.ID("letters")))
 	require.Equal(t, 2, count("#letters tbody tr"))
 	require.Contains(t, text(fmt.Sprintf(`#letters tr[data-job="%s"] .reason`, deadJob)), "does not exist")
+	// The letter names its last attempt as the job's history does, and
+	// its age humanised.
+	letterRow := fmt.Sprintf(`#letters tr[data-job="%s"] `, deadJob)
+	require.Equal(t, "0 (1st)", text(letterRow+".attempt"))
+	require.Regexp(t, `^\d[\d.]*(µs|ms|s|m\d\ds)$`, text(letterRow+".age"))
 	shot("deadletters")
+	// Its job column links to the job's page.
+	jobLink := letterRow + "td:nth-child(3) a"
+	href, err := chromedp.Run(bctx, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector(%q).href`, jobLink)))
+	require.NoError(t, err)
+	require.Equal(t, base+"/console/jobs?id="+deadJob, href)
+	run("the letter's job", chromedp.Click(chromedp.CSS(jobLink)), chromedp.WaitVisible(chromedp.ID("job-state")))
+	require.Equal(t, href, location())
+	require.Equal(t, "dead_lettered", text("#job-state"))
+	require.Equal(t, "0 (1st)", text("#deliveries tbody tr:last-child .attempt"), "the history's attempt, as the letter names it")
+	run("the letters again", chromedp.Navigate(base+"/console/deadletters?kind=update_sales_counter"), chromedp.WaitVisible(chromedp.ID("letters")))
 	run("show the letter", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#letters tr[data-job="%s"] a`, deadJob))),
 		chromedp.WaitVisible(chromedp.ID("letter")))
 	require.Contains(t, text("#letter"), strconv.Itoa(missing))
+	require.Equal(t, "0 (1st), as its history numbers it", text("#letter-attempt"))
 	shot("deadletter")
 
 	// Plugins: 1.0.0 running; a 2.0.0 installed in the plugin directory

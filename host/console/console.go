@@ -31,7 +31,9 @@ type Plugin struct {
 	Pid              int
 	Healthy          bool
 	Restarts         int
-	Parked           int64
+	// Parked counts deliveries parked since the host started; ParkedNow
+	// the entries waiting parked now (fleet.PluginStatus).
+	Parked, ParkedNow int64
 	// InFlight is its jobs running on this host now.
 	InFlight int64
 	Kinds    []PluginKind

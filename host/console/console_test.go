@@ -1,13 +1,16 @@
 package console
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/usherhq/usher/host/history"
 	"github.com/usherhq/usher/host/ops"
+	"github.com/usherhq/usher/host/outcome"
 )
 
 // Every page parses with the layout (a broken template would stop the
@@ -79,4 +82,49 @@ func TestSafeNext(t *testing.T) {
 	} {
 		require.Equal(t, want, safeNext(in), in)
 	}
+}
+
+// A request's jobs on the durable workflows' timeline: a lane per job in
+// the tree's order, a child under its parent, a bar per delivery coloured
+// by its verdict; the axis ends at the last outcome once every job is
+// final, and now while one is not. Names are escaped.
+func TestRequestTimeline(t *testing.T) {
+	t.Parallel()
+	at := func(ms int) time.Time { return time.Unix(1000, 0).Add(time.Duration(ms) * time.Millisecond).UTC() }
+	rec := func(attempt int, verdict outcome.Outcome, from, to int) history.Record {
+		return history.Record{Attempt: attempt, Deliveries: 1, Consumer: "host-a", Verdict: verdict, StartedAt: at(from), FinishedAt: at(to)}
+	}
+	send := &history.Job{ID: "2", Kind: "send<tickets>", State: history.Done, History: []history.Record{rec(0, outcome.Applied, 900, 1000)}}
+	render := &history.Job{ID: "1", Kind: "render_tickets", State: history.Done, Children: []*history.Job{send},
+		History: []history.Record{rec(0, outcome.RetryScheduled, 0, 100), rec(1, outcome.Applied, 500, 600)}}
+	count := &history.Job{ID: "3", Kind: "update_sales_counter", State: history.Done, History: []history.Record{rec(0, outcome.Applied, 50, 80)}}
+	wf := &history.Workflow{RequestID: "req-1", Jobs: []*history.Job{render, count}}
+
+	tl := buildRequestTimeline(wf, at(60_000))
+	require.Equal(t, at(0), tl.Start)
+	require.Equal(t, at(1000), tl.End, "every job final: the last outcome")
+	var lanes []string
+	for _, l := range tl.Lanes {
+		var bars []string
+		for _, b := range l.Bars {
+			bars = append(bars, b.State)
+		}
+		lanes = append(lanes, fmt.Sprintf("%d %s %v", l.Depth, l.Name, bars))
+	}
+	require.Equal(t, []string{"0 render_tickets 1 [retry_scheduled applied]", "1 send<tickets> 2 [applied]", "0 update_sales_counter 3 [applied]"}, lanes)
+	require.Contains(t, tl.Lanes[0].Bars[1].Title, "attempt 1 (2nd), delivery 1: applied after 100ms on host-a")
+	svg := drawTimeline(tl)
+	require.Equal(t, 4, strings.Count(svg, `<rect class="bar"`))
+	require.Contains(t, svg, `data-state="retry_scheduled" x="200.0"`, "the first delivery at the axis' start")
+	require.Contains(t, svg, `fill="#e08214"`)
+	require.Contains(t, svg, `<a href="/console/jobs?id=1">`)
+	require.NotContains(t, svg, "<tickets>")
+	require.Contains(t, svg, `data-depth="1"`)
+
+	send.State, send.History = history.Running, nil
+	tl = buildRequestTimeline(wf, at(60_000))
+	require.Equal(t, at(60_000), tl.End, "a job not final: now")
+	require.Empty(t, tl.Lanes[1].Bars, "no delivery yet, no bar")
+	require.Empty(t, buildRequestTimeline(&history.Workflow{Jobs: []*history.Job{{ID: "4", Kind: "k", State: history.Pending}}}, at(0)).Lanes,
+		"nothing delivered: no timeline")
 }

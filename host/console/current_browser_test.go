@@ -17,6 +17,7 @@ import (
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/hosttest"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/pause"
 	"github.com/usherhq/usher/plugins/stagedoor/faults"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
@@ -28,7 +29,9 @@ import (
 // payload as the outbox holds it, its download link gives the whole value
 // as an attachment, and a job whose row retention deleted says its payload
 // is gone; the jobs search pages with an honest total and finds jobs by
-// their last error, typed into its form.
+// their last error, typed into its form; a job's page follows its job
+// from running to done without a reload and stops there, and the plugins
+// page counts the job parked while its kind was paused.
 func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	t.Parallel()
 	chromium := chromiumPath(t)
@@ -246,4 +249,46 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 		require.Contains(t, strings.ToLower(e), "injected transient error")
 	}
 	shot("jobs-search")
+
+	// A job's page follows its job without a reload and stops once the
+	// job is final. With its kind paused a job waits parked, and the
+	// plugins page counts it parked now; resumed, the job's page goes from
+	// running to done by itself, its cancel form goes and the refresh
+	// stops.
+	_, _, err = pause.Pause(ctx, pool, kind, "test", "hold one job")
+	require.NoError(t, err)
+	hosttest.Eventually(t, 10*time.Second, "the host to see the pause", func() bool { return h.Paused(kind) })
+	ids, err = outbox.Add(ctx, pool, outbox.Message{Kind: kind, Payload: json.RawMessage(fmt.Sprintf(`{"order_id":%d}`, order()))})
+	require.NoError(t, err)
+	held := strconv.FormatInt(ids[0], 10)
+	parkedNow := func() int64 {
+		for _, p := range h.Plugins() {
+			if p.Name == "counters" {
+				return p.ParkedNow
+			}
+		}
+		return -1
+	}
+	hosttest.Eventually(t, 30*time.Second, "the job parked", func() bool { return parkedNow() == 1 })
+	run("plugins", chromedp.Navigate(base+"/console/plugins"), chromedp.WaitVisible(chromedp.ID("plugins-legend")))
+	require.Equal(t, "1", text(`tr[data-plugin="counters"] .parked-now`))
+	require.NotEqual(t, "0", text(`tr[data-plugin="counters"] .parked-total`))
+	require.Contains(t, text("#plugins-legend"), "Restarts: how often this host started the plugin's process again after it crashed")
+	require.Contains(t, eval(`document.querySelector('#plugins th[title*="reclaim"]').textContent`), "parked now")
+	run("the held job", chromedp.Navigate(base+"/console/jobs?id="+held), chromedp.WaitVisible(chromedp.ID("job-state")))
+	require.Equal(t, "running", text("#job-state"))
+	require.Equal(t, "3", eval(`document.getElementById('job-live').dataset.live`))
+	require.Equal(t, "1", eval(`String(document.querySelectorAll('#cancel-job').length)`))
+	_, err = chromedp.Run(bctx, chromedp.Evaluate[bool](`window.notReloaded = true; true`))
+	require.NoError(t, err)
+	_, err = pause.Resume(ctx, pool, kind, "test")
+	require.NoError(t, err)
+	hosttest.Eventually(t, 30*time.Second, "the job's page to say done by itself", func() bool { return text("#job-state") == "done" })
+	require.Equal(t, "true", eval(`String(window.notReloaded === true)`), "no reload")
+	hosttest.Eventually(t, 10*time.Second, "the refresh to stop", func() bool { return strings.HasSuffix(text("#live-at"), "final: no longer updated") })
+	require.Equal(t, "0", eval(`String(document.querySelectorAll('[data-live]').length)`))
+	require.Equal(t, "0", eval(`String(document.querySelectorAll('#cancel-job').length)`), "nothing to cancel in a job done")
+	require.Equal(t, "applied", text("#deliveries tbody tr:last-child .verdict"))
+	require.Equal(t, base+"/console/jobs?id="+held, eval(`location.href`))
+	require.Zero(t, parkedNow(), "run: parked no longer")
 }

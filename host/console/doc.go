@@ -10,15 +10,22 @@
 // buckets; kinds busiest first, the idle ones this host serves last; and
 // the state `host inspect` prints: pending, lag, oldest pending age, relay
 // lag, open dead letters, absorbed duplicates); dead letters (filter by kind, show, requeue one, the ticked
-// ones or every one of a kind, discard one); plugins (version, checksum,
-// health, restarts, in flight, parked, probation and rollback, the swap
-// history of host/swaps; reload, roll back, and pause or resume each
-// kind); and jobs (outbox rows searched by id, kind, outcome, request id,
+// ones or every one of a kind, discard one; 200 a page with the total);
+// plugins (version, checksum, health, restarts, in flight, parked now and
+// in total, probation and rollback, the swap history of host/swaps;
+// reload, roll back, and pause or resume each kind); workflows (200 a
+// page with the total, one workflow's timeline); and jobs (outbox rows
+// searched by id, kind, outcome, request id,
 // creation time and the last error's text, 200 a page with the total, and
 // for one job id its state, its payload (the first 4 KiB pretty-printed,
 // the whole a download; said gone once retention deleted it), every
 // delivery's record and the operator actions on it, with cancel and run
-// now). Every action is the
+// now; for a request id its jobs as a tree and on the durable workflows'
+// timeline, a bar per delivery). The overview, the jobs, a job's, the dead
+// letters' and the workflows' pages refresh their parts in place
+// (console.js, data-live) until what they show is final. Attempts read as
+// the history numbers them, "0 (1st)", and durations humanised
+// (ops.Attempt, ops.HumanDuration), as in the CLI. Every action is the
 // CLI's (host/jobctl, host/pause, the fleet's rollback) and is recorded in
 // operator_actions with actor "console". Every number
 // comes from the functions the CLI uses: host/ops for the state and the

@@ -22,17 +22,20 @@ import (
 
 var funcs = template.FuncMap{
 	"svg": func(s string) template.HTML { return template.HTML(s) }, // drawChart escapes its text
-	"ago": func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
-	"dur": humanDuration,
+	"ago": func(t time.Time) string { return ops.HumanDuration(time.Since(t)) },
+	"dur": ops.HumanDuration,
 	"utc": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 	"ms":  func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + " ms" },
 	// outcomes are the outcomes the host writes on an outbox row, offered
 	// by the jobs search.
 	"outcomes": func() []string { return []string{"applied", "absorbed", "retry_scheduled", "dead_letter", "cancelled"} },
-	"human":    humanDuration,
-	"cap":      func() string { return strconv.Itoa(payloadCap) },
-	"since":    func(from, to time.Time) time.Duration { return to.Sub(from) },
-	"wfpath":   workflowPath,
+	"human":    ops.HumanDuration,
+	// attempt names an attempt by its number and ordinal, "0 (1st)", as
+	// the CLI does.
+	"attempt": ops.Attempt,
+	"cap":     func() string { return strconv.Itoa(payloadCap) },
+	"since":   func(from, to time.Time) time.Duration { return to.Sub(from) },
+	"wfpath":  workflowPath,
 	// wfnode carries a workflow's job and the prefix into the recursive
 	// template that draws the tree.
 	"wfnode": func(j *history.Job, prefix string) map[string]any { return map[string]any{"J": j, "Prefix": prefix} },
@@ -152,6 +155,12 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		"BeyondRetention": c.cfg.HistoryRetention > 0 && rng.Window > c.cfg.HistoryRetention})
 }
 
+// liveEvery is how often, in seconds, the jobs, a job's, the dead
+// letters' and the workflows' pages ask for themselves again (console.js,
+// data-live) while what they show can change; the overview's depends on
+// its range (liveSeconds).
+const liveEvery = 3
+
 // letterPage is how many dead letters one page of the console lists.
 const letterPage = 200
 
@@ -195,7 +204,7 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.render(w, r, "deadletters.html", map[string]any{"Kind": kind, "Letters": letters, "Kinds": in.DeadLetters,
-		"Forged": deadletter.ForgedKind, "Paging": page, "PageSize": letterPage})
+		"Forged": deadletter.ForgedKind, "Paging": page, "PageSize": letterPage, "Live": liveEvery})
 }
 
 func letterID(r *http.Request) (int64, error) {
@@ -379,6 +388,9 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request) {
 	}
 	data := map[string]any{"F": f, "Jobs": jobs, "Paging": page, "PageSize": jobPage,
 		"FromText": q.Get("from"), "ToText": q.Get("to")}
+	// A page searched for one job or request refreshes itself until every
+	// job in it is final; a search of many, always.
+	live := f.ID == "" && f.RequestID == ""
 	// One job searched by id: its state and every delivery's record, as
 	// `host jobs show ID` prints them.
 	if f.ID != "" {
@@ -391,6 +403,8 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request) {
 		default:
 			data["Job"] = job
 			data["Payload"] = viewPayload(job.ID, job.Payload)
+			data["JobLive"] = !history.Final(job.State)
+			live = live || !history.Final(job.State)
 		}
 	}
 	// A request searched: the jobs it started, as a tree (`host workflows
@@ -404,7 +418,28 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request) {
 			return
 		default:
 			data["Workflow"] = wf
+			tl := buildRequestTimeline(wf, c.cfg.Now())
+			if len(tl.Lanes) > 0 {
+				data["Timeline"] = drawTimeline(tl)
+			}
+			for _, n := range flatten(wf.Jobs) {
+				if !history.Final(n.State) {
+					data["WorkflowLive"], live = true, true
+				}
+			}
 		}
 	}
+	if live {
+		data["Live"] = liveEvery
+	}
 	c.render(w, r, "jobs.html", data)
+}
+
+// flatten lists the jobs of a tree, each before its children.
+func flatten(jobs []*history.Job) []*history.Job {
+	var out []*history.Job
+	for _, j := range jobs {
+		out = append(append(out, j), flatten(j.Children)...)
+	}
+	return out
 }

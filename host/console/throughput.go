@@ -175,7 +175,7 @@ func buildCharts(buckets []ops.Bucket, republished []ops.Republished, served []s
 		}
 		out.Kinds = append(out.Kinds, kindChart{Kind: kind, SVG: drawChart(kind+": deliveries per second, by verdict", perSecond, since, until, lines),
 			Took:    drawChart(kind+": mean run duration (started to verdict)", millis, since, until, []series{{Name: "mean", Points: mean}}),
-			Trouble: drawChart(kind+": retries, reclaims, republishes per "+humanDuration(width), eventCount, since, until, troubles)})
+			Trouble: drawChart(kind+": retries, reclaims, republishes per "+ops.HumanDuration(width), eventCount, since, until, troubles)})
 		tot := totals[kind]
 		if tot.Total > 0 {
 			tot.MeanMS = tot.tookMS / float64(tot.Total)

@@ -21,7 +21,8 @@ import (
 // One order of the Stagedoor demo, through both plugins and the mail
 // provider: the console's workflow view shows its three jobs (the render,
 // the send the render enqueued, under it, and the count), each done, with
-// its history.
+// its history, and draws them on a timeline: a lane per job, the send's
+// under the render's, a bar per delivery in its verdict.
 func TestConsoleShowsAnOrdersWorkflow(t *testing.T) {
 	t.Parallel()
 	chromium := chromiumPath(t)
@@ -84,6 +85,32 @@ func TestConsoleShowsAnOrdersWorkflow(t *testing.T) {
 		`document.querySelectorAll('#workflow li[data-job] li[data-job]').length`))
 	require.NoError(t, err)
 	require.Equal(t, 1, nested, "the send under its render")
+	// Its timeline: a lane per job in the tree's order, the send under
+	// its render, a bar per delivery in its verdict, as job_history holds
+	// them.
+	lanes, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll('#request-timeline g.lane')).map(g =>
+		g.dataset.depth + ' ' + g.dataset.lane.split(' ')[0] + ' ' + Array.from(g.querySelectorAll('rect.bar')).map(r => r.dataset.state).join(','))`))
+	require.NoError(t, err)
+	rows, err := pool.Query(ctx, `SELECT kind, string_agg(verdict, ',' ORDER BY finished_at, id) FROM job_history WHERE request_id = $1 GROUP BY job_id, kind`,
+		placed.RequestID)
+	require.NoError(t, err)
+	var want []string
+	for rows.Next() {
+		var kind, verdicts string
+		require.NoError(t, rows.Scan(&kind, &verdicts))
+		depth := "0"
+		if kind == "send_tickets" {
+			depth = "1"
+		}
+		want = append(want, depth+" "+kind+" "+verdicts)
+	}
+	require.NoError(t, rows.Err())
+	require.ElementsMatch(t, want, lanes)
+	for i, l := range lanes {
+		if strings.HasPrefix(l, "1 send_tickets") {
+			require.True(t, i > 0 && strings.HasPrefix(lanes[i-1], "0 render_tickets"), "the send's lane under its render's: %q", lanes)
+		}
+	}
 	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(artifacts(t), "workflow.png"), png, 0o644))

@@ -7,11 +7,15 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/usherhq/usher/host/history"
+	"github.com/usherhq/usher/host/ops"
+	"github.com/usherhq/usher/host/outcome"
 	"github.com/usherhq/usher/host/recurring"
 	"github.com/usherhq/usher/host/workflow"
 	"github.com/usherhq/usher/internal/wfmsg"
@@ -32,20 +36,35 @@ func (c *Console) workflowRoutes(m *http.ServeMux) {
 	m.HandleFunc("POST "+Prefix+"schedules/{name}/{action}", c.authed(c.pauseSchedule))
 }
 
-// workflowsShown is how many workflows the list shows.
-const workflowsShown = 200
+// workflowPage is how many workflows one page of the list shows.
+const workflowPage = 200
 
 func (c *Console) workflows(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := workflow.Filter{Type: q.Get("type"), State: q.Get("state"), Limit: workflowsShown + 1}
+	f := workflow.Filter{Type: q.Get("type"), State: q.Get("state"), Limit: workflowPage}
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			http.Error(w, fmt.Sprintf("after=%q is not a workflow id", v), http.StatusBadRequest)
+			return
+		}
+		f.After = n
+	}
 	list, err := workflow.List(r.Context(), c.cfg.Pool, f)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	cut := len(list) > workflowsShown
-	if cut {
-		list = list[:workflowsShown]
+	total, before, err := workflow.Count(r.Context(), c.cfg.Pool, f)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	// The dead letters' paging: rows From to To (from 1, newest first)
+	// of Total, Next the id the next page starts after (0: none).
+	page := letterPageInfo{From: before + 1, To: before + int64(len(list)), Total: total, After: f.After}
+	if n := len(list); n > 0 && before+int64(n) < total {
+		page.Next = list[n-1].ID
 	}
 	var counts []struct {
 		State string
@@ -62,8 +81,8 @@ func (c *Console) workflows(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	c.render(w, r, "workflows.html", map[string]any{"F": f, "List": list, "Cut": cut, "Shown": workflowsShown,
-		"Counts": counts, "States": workflow.States})
+	c.render(w, r, "workflows.html", map[string]any{"F": f, "List": list, "Paging": page, "PageSize": workflowPage,
+		"Counts": counts, "States": workflow.States, "Live": liveEvery})
 }
 
 func (c *Console) workflow(w http.ResponseWriter, r *http.Request) {
@@ -78,7 +97,11 @@ func (c *Console) workflow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tl := buildTimeline(wf, c.cfg.Now())
-	c.render(w, r, "workflow.html", map[string]any{"W": wf, "T": tl, "SVG": drawTimeline(tl)})
+	data := map[string]any{"W": wf, "T": tl, "SVG": drawTimeline(tl)}
+	if wf.State == "running" { // it refreshes itself until it ends
+		data["Live"] = liveEvery
+	}
+	c.render(w, r, "workflow.html", data)
 }
 
 // workflowPath is a workflow's page.
@@ -195,10 +218,23 @@ type timeline struct {
 	Rows       []eventRow
 }
 
+// lane is one row of a timeline: a durable workflow's step or timer (one
+// bar, From to To), or a request's job (a bar per delivery).
 type lane struct {
 	Name, Kind, State string
 	From, To          time.Time
 	Open              bool // still running at End
+	// Depth indents the lane's name: a job under the job that enqueued
+	// it. Link, when set, is where its name leads.
+	Depth int
+	Link  string
+	Bars  []bar
+}
+
+// bar is one span of a lane: its state colours it, Title is its tooltip.
+type bar struct {
+	From, To     time.Time
+	State, Title string
 }
 
 type mark struct {
@@ -250,11 +286,52 @@ func buildTimeline(wf *workflow.Workflow, now time.Time) timeline {
 		}
 	}
 	for i := range t.Lanes {
-		if t.Lanes[i].Open {
-			t.Lanes[i].To = t.End
+		l := &t.Lanes[i]
+		if l.Open {
+			l.To = t.End
 		}
+		l.Bars = []bar{{From: l.From, To: l.To, State: l.State,
+			Title: fmt.Sprintf("%s (%s): %s, %s", l.Name, l.Kind, l.State, ops.HumanDuration(l.To.Sub(l.From)))}}
 	}
 	sort.SliceStable(t.Marks, func(i, j int) bool { return t.Marks[i].At.Before(t.Marks[j].At) })
+	return t
+}
+
+// buildRequestTimeline lays out the jobs one request started in time: a
+// lane per job, in the tree's order (a job under the job that enqueued
+// it), with a bar per delivery from its start to its outcome, coloured
+// by its verdict. It ends now while a job is not final, else at the last
+// outcome. No delivery recorded: no lanes.
+func buildRequestTimeline(wf *history.Workflow, now time.Time) timeline {
+	var t timeline
+	var open bool
+	var walk func(jobs []*history.Job, depth int)
+	walk = func(jobs []*history.Job, depth int) {
+		for _, j := range jobs {
+			l := lane{Name: j.Kind + " " + j.ID, Kind: j.Kind, State: j.State, Depth: depth, Link: Prefix + "jobs?id=" + url.QueryEscape(j.ID)}
+			open = open || !history.Final(j.State)
+			for _, r := range j.History {
+				l.Bars = append(l.Bars, bar{From: r.StartedAt, To: r.FinishedAt, State: string(r.Verdict),
+					Title: fmt.Sprintf("%s, attempt %s, delivery %d: %s after %s on %s%s", l.Name, ops.Attempt(r.Attempt), r.Deliveries,
+						r.Verdict, ops.HumanDuration(r.Duration()), r.Consumer, strings.TrimPrefix(" ("+r.Reason+")", " ()"))})
+				if t.Start.IsZero() || r.StartedAt.Before(t.Start) {
+					t.Start = r.StartedAt
+				}
+				if r.FinishedAt.After(t.End) {
+					t.End = r.FinishedAt
+				}
+			}
+			t.Lanes = append(t.Lanes, l)
+			walk(j.Children, depth+1)
+		}
+	}
+	walk(wf.Jobs, 0)
+	if t.Start.IsZero() {
+		return timeline{}
+	}
+	if open && now.After(t.End) {
+		t.End = now
+	}
 	return t
 }
 
@@ -263,12 +340,15 @@ const (
 	tlW, tlLabel, tlRow, tlTop = 760, 200, 22, 30
 )
 
-// laneColors by a lane's state (colour-blind safe, as the charts').
+// laneColors by a bar's state: a durable workflow's step or timer, or a
+// delivery's verdict (colour-blind safe, as the charts').
 var laneColors = map[string]string{"completed": "#1b7837", "failed": "#b2182b", "cancelled": "#4d4d4d",
-	"running": "#2166ac", "set": "#e08214", "fired": "#762a83"}
+	"running": "#2166ac", "set": "#e08214", "fired": "#762a83",
+	string(outcome.Applied): "#1b7837", string(outcome.Absorbed): "#5aae61", string(outcome.RetryScheduled): "#e08214",
+	string(outcome.DeadLettered): "#b2182b", string(outcome.Abandoned): "#8c510a"} // outcome.Cancelled is "cancelled"
 
-// drawTimeline draws t as an SVG: a time axis from the workflow's start,
-// a bar per lane and a line per mark, each with a title (its tooltip).
+// drawTimeline draws t as an SVG: a time axis from the timeline's start,
+// each lane's bars and a line per mark, each with a title (its tooltip).
 // Every text is escaped: it is inserted into the page as HTML.
 func drawTimeline(t timeline) string {
 	span := t.End.Sub(t.Start)
@@ -282,46 +362,31 @@ func drawTimeline(t timeline) string {
 	h := tlTop + tlRow*len(t.Lanes) + 20
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg class="timeline" id="timeline-svg" role="img" viewBox="0 0 %d %d" xmlns="http://www.w3.org/2000/svg"><title>%s</title>`,
-		tlW, h, html.EscapeString("timeline over "+humanDuration(span)))
+		tlW, h, html.EscapeString("timeline over "+ops.HumanDuration(span)))
 	for i := 0; i <= 4; i++ {
 		at := t.Start.Add(span * time.Duration(i) / 4)
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/><text x="%.1f" y="14" font-size="10" text-anchor="middle">+%s</text>`,
-			x(at), tlTop-8, x(at), h-10, x(at), html.EscapeString(humanDuration(at.Sub(t.Start))))
+			x(at), tlTop-8, x(at), h-10, x(at), html.EscapeString(ops.HumanDuration(at.Sub(t.Start))))
 	}
 	for i, l := range t.Lanes {
 		y := tlTop + i*tlRow
-		w := max(x(l.To)-x(l.From), 2)
-		fmt.Fprintf(&b, `<g class="lane" data-lane="%s" data-state="%s"><text x="4" y="%d" font-size="11">%s</text>`+
-			`<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"><title>%s</title></rect></g>`,
-			html.EscapeString(l.Name), html.EscapeString(l.State), y+14, html.EscapeString(l.Name),
-			x(l.From), y+3, w, tlRow-8, laneColors[l.State],
-			html.EscapeString(fmt.Sprintf("%s (%s): %s, %s", l.Name, l.Kind, l.State, humanDuration(l.To.Sub(l.From)))))
+		fmt.Fprintf(&b, `<g class="lane" data-lane="%s" data-state="%s" data-depth="%d">`, html.EscapeString(l.Name), html.EscapeString(l.State), l.Depth)
+		name := fmt.Sprintf(`<text x="%d" y="%d" font-size="11">%s</text>`, 4+12*l.Depth, y+14, html.EscapeString(strings.Repeat("└ ", min(l.Depth, 1))+l.Name))
+		if l.Link != "" {
+			name = `<a href="` + html.EscapeString(l.Link) + `">` + name + `</a>`
+		}
+		b.WriteString(name)
+		for _, r := range l.Bars {
+			fmt.Fprintf(&b, `<rect class="bar" data-state="%s" x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"><title>%s</title></rect>`,
+				html.EscapeString(r.State), x(r.From), y+3, max(x(r.To)-x(r.From), 2), tlRow-8, laneColors[r.State], html.EscapeString(r.Title))
+		}
+		b.WriteString(`</g>`)
 	}
 	for _, m := range t.Marks {
 		fmt.Fprintf(&b, `<line class="mark" data-mark="%s" x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#000" stroke-dasharray="2,2"><title>%s</title></line>`,
 			html.EscapeString(m.Type), x(m.At), tlTop-8, x(m.At), h-10,
-			html.EscapeString(strings.TrimSpace(m.Type+" "+m.Name)+" at +"+humanDuration(m.At.Sub(t.Start))))
+			html.EscapeString(strings.TrimSpace(m.Type+" "+m.Name)+" at +"+ops.HumanDuration(m.At.Sub(t.Start))))
 	}
 	b.WriteString(`</svg>`)
 	return b.String()
-}
-
-// humanDuration prints d the way a person reads it: 0s, 850µs, 340ms,
-// 2.4s, 3m12s, 5h03m, 2d4h.
-func humanDuration(d time.Duration) string {
-	switch {
-	case d == 0:
-		return "0s"
-	case d < time.Millisecond:
-		return fmt.Sprintf("%dµs", d.Microseconds())
-	case d < time.Second:
-		return fmt.Sprintf("%dms", d.Milliseconds())
-	case d < time.Minute:
-		return fmt.Sprintf("%.1fs", d.Seconds())
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
-	}
-	return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
 }

@@ -21,8 +21,9 @@ import (
 // timeline (a lane per step and timer) and takes a signal from its form,
 // after which the trip completes, every lane completed or fired; a second
 // trip is cancelled from its page and ends cancelled with its release
-// step; a schedule is paused from the schedules page. Each action is in
-// the database and in operator_actions, actor console.
+// step; a schedule is paused from the schedules page; the list pages by
+// 200 with the total. Each action is in the database and in
+// operator_actions, actor console.
 func TestConsoleWorkflowPages(t *testing.T) {
 	t.Parallel()
 	chromium := chromiumPath(t)
@@ -126,6 +127,21 @@ func TestConsoleWorkflowPages(t *testing.T) {
 	require.Contains(t, text("#flash"), "schedule nightly-trip deleted")
 	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM schedules`))
 	run("no schedules", chromedp.WaitVisible(chromedp.ID("no-schedules")))
+
+	// The list pages by 200 with the total: 230 workflows of a type of
+	// their own, newest first.
+	_, err = pool.Exec(ctx, `INSERT INTO workflows (type, workflow_id, state, input, request_id, trace, created_at)
+		SELECT 'archived', 'a' || i, 'completed', '{}', 'archived:a' || i, '', now() - i * interval '1 second' FROM generate_series(1, 230) i`)
+	require.NoError(t, err)
+	run("the archived", chromedp.Navigate(base+"workflows?type=archived"), chromedp.WaitVisible(chromedp.ID("workflows-page")))
+	require.Equal(t, "1–200", text("#workflows-shown"))
+	require.Equal(t, "230", text("#workflows-total"))
+	require.Equal(t, "a1", evaluate(`[document.querySelector('#workflows tr[data-workflow]').dataset.workflow]`)[0], "newest first")
+	require.Equal(t, []string{"3"}, evaluate(`[document.getElementById('workflows-live').dataset.live]`), "the list refreshes itself")
+	run("the next page", chromedp.Click(chromedp.ID("workflows-next")), chromedp.WaitVisible(chromedp.ID("workflows-first")))
+	require.Equal(t, "201–230", text("#workflows-shown"))
+	require.Len(t, evaluate(`Array.from(document.querySelectorAll('#workflows tr[data-workflow]')).map(r => r.dataset.workflow)`), 30)
+	require.Empty(t, evaluate(`Array.from(document.querySelectorAll('#workflows-next')).map(a => a.id)`), "no page after the last")
 
 	var actions []string
 	rows, err := pool.Query(ctx, `SELECT action || ' ' || target FROM operator_actions WHERE actor = 'console' ORDER BY id`)

@@ -53,6 +53,11 @@ type Letter struct {
 	Priority int
 }
 
+// Attempt is the number of the job's last attempt, the one dead-lettered,
+// as the outbox, the stream entry and the job history number attempts (0
+// the first run). Attempts counts them: it is Attempt + 1.
+func (l Letter) Attempt() int { return max(l.Attempts-1, 0) }
+
 // RawField is one field of an entry as received. NameBytes and ValueBytes
 // are the full lengths: larger than len(Name), len(Value) when only a
 // prefix of an oversized entry was read.

@@ -39,6 +39,17 @@ const (
 	Unknown = "unknown"
 )
 
+// Final reports whether a job in state is waiting for nothing the
+// runtime does: done, cancelled, discarded, dead-lettered (until an
+// operator requeues it) or unknown (only its history is left).
+func Final(state string) bool {
+	switch state {
+	case Pending, Running, WaitingToRetry:
+		return false
+	}
+	return true
+}
+
 // ErrNotFound: no outbox row, dead letter or history names the job or
 // request.
 var ErrNotFound = errors.New("history: not found")

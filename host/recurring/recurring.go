@@ -63,9 +63,11 @@ type Schedule struct {
 	What   string          `json:"what"`
 	Input  json.RawMessage `json:"input"`
 	// Exactly one of Cron (a standard 5-field spec or a descriptor such
-	// as @hourly, in UTC unless it starts with CRON_TZ=) and Every.
+	// as @hourly, in UTC unless it starts with CRON_TZ=) and Every. In
+	// JSON Every is every_ns, in nanoseconds, as the project names its
+	// durations (it was "every", a number that did not say its unit).
 	Cron    string        `json:"cron,omitempty"`
-	Every   time.Duration `json:"every,omitempty"`
+	Every   time.Duration `json:"every_ns,omitempty"`
 	CatchUp string        `json:"catch_up"`
 	Paused  bool          `json:"paused"`
 	// NextAt is the next tick; LastTick the last fired; Fired and

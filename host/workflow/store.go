@@ -59,12 +59,24 @@ type Filter struct {
 	// OlderThan, when positive, keeps workflows created at least that
 	// long ago.
 	OlderThan time.Duration
+	// After, when set, is the id of the last workflow of the page before:
+	// the list goes on with the ones listed after it (0: the first page).
+	// A page after a workflow retention deleted is empty.
+	After int64
 	// Limit defaults to 100.
 	Limit int
 }
 
 const summaryColumns = `id, type, workflow_id, state, request_id, coalesce(plugin, ''), coalesce(plugin_version, ''),
 	last_seq, result::text, coalesce(error, ''), created_at, updated_at, finished_at`
+
+// filtered is the condition of Filter's Type ($1), State ($2) and
+// OlderThan ($3, seconds); listedAfter that of a workflow listed after the
+// one of id $4 (newest first: created_at, then id, descending).
+const (
+	filtered    = `($1 = '' OR type = $1) AND ($2 = '' OR state = $2) AND created_at <= now() - make_interval(secs => $3)`
+	listedAfter = `(created_at, id) < (SELECT created_at, id FROM workflows WHERE id = $4)`
+)
 
 func scanSummary(r pgx.Row) (Summary, error) {
 	var s Summary
@@ -77,14 +89,14 @@ func scanSummary(r pgx.Row) (Summary, error) {
 	return s, err
 }
 
-// List lists the workflows f selects, newest first.
+// List lists the workflows f selects, newest first, from f.After on.
 func List(ctx context.Context, q outbox.Querier, f Filter) ([]Summary, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
 	rows, err := q.Query(ctx, `SELECT `+summaryColumns+` FROM workflows
-		WHERE ($1 = '' OR type = $1) AND ($2 = '' OR state = $2) AND created_at <= now() - make_interval(secs => $3)
-		ORDER BY created_at DESC, id DESC LIMIT $4`, f.Type, f.State, f.OlderThan.Seconds(), f.Limit)
+		WHERE `+filtered+` AND ($4 = 0 OR `+listedAfter+`)
+		ORDER BY created_at DESC, id DESC LIMIT $5`, f.Type, f.State, f.OlderThan.Seconds(), f.After, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("workflow: list: %w", err)
 	}
@@ -93,6 +105,19 @@ func List(ctx context.Context, q outbox.Querier, f Filter) ([]Summary, error) {
 		return nil, fmt.Errorf("workflow: list: %w", err)
 	}
 	return out, nil
+}
+
+// Count counts the workflows f selects (its Type, State and OlderThan):
+// total, and before, how many of them List lists before f.After's page
+// (0 for the first page), so a page is workflows before+1 to
+// before+len(page) of total.
+func Count(ctx context.Context, q outbox.Querier, f Filter) (total, before int64, err error) {
+	err = q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE $4 <> 0 AND NOT `+listedAfter+`) FROM workflows
+		WHERE `+filtered, f.Type, f.State, f.OlderThan.Seconds(), f.After).Scan(&total, &before)
+	if err != nil {
+		return 0, 0, fmt.Errorf("workflow: count: %w", err)
+	}
+	return total, before, nil
 }
 
 // GetByRequestID returns the workflow whose tasks and steps carry request

@@ -242,7 +242,7 @@ func (s *Server) consolePlugins(ctx context.Context) []console.Plugin {
 	var out []console.Plugin
 	for _, p := range s.cfg.Fleet.PluginReport(ctx) {
 		cp := console.Plugin{Name: p.Name, Version: p.Version, Manifest: p.Manifest, SHA256: p.SHA256, Pid: p.Pid,
-			Healthy: p.Healthy, Restarts: p.Restarts, Parked: p.Parked, InFlight: p.InFlight, Swaps: p.Swaps, Previous: p.Previous,
+			Healthy: p.Healthy, Restarts: p.Restarts, Parked: p.Parked, ParkedNow: p.ParkedNow, InFlight: p.InFlight, Swaps: p.Swaps, Previous: p.Previous,
 			ProbationUntil: p.ProbationUntil, Refused: p.Refused, RefusedReason: p.RefusedReason}
 		for _, k := range p.Kinds {
 			// "kind (guard)", as PluginStatus reports it.

@@ -75,6 +75,9 @@ type Config struct {
 	RollbackWindow       time.Duration
 	RollbackMinJobs      int
 	RollbackFailureShare float64
+	// ParkedFor is how long an entry parked and not parked again counts
+	// as parked now (route.Counters.ParkedFor). 0: for ever.
+	ParkedFor time.Duration
 	// RetryInterval is how often plugins refused for a transient reason
 	// are loaded again.
 	RetryInterval time.Duration
@@ -464,6 +467,7 @@ func (f *Fleet) load(ctx context.Context, pcfg pluginhost.Config, file *pluginho
 		}
 	}
 	l := &loaded{name: m.Name, sup: sup, path: pcfg.Path, pcfg: kept, file: file, db: db}
+	l.counters.ParkedFor = f.cfg.ParkedFor
 	// A refusal at start of what loads now is forgotten before its kinds
 	// are served: whoever sees them served sees no refusal of them.
 	source := pcfg.Path
@@ -574,11 +578,14 @@ type PluginStatus struct {
 	Healthy    bool   `json:"healthy"`
 	Restarts   int    `json:"restarts"`
 	// Parked counts deliveries of its kinds left waiting in the stream
-	// while it was unhealthy or restarting; InFlight its jobs running on
-	// this host now.
-	Parked   int64    `json:"parked"`
-	InFlight int64    `json:"in_flight"`
-	Kinds    []string `json:"kinds"`
+	// (it was unhealthy or restarting, or a kind paused or at its limit)
+	// since the host started: it grows each time a waiting entry is read
+	// again. ParkedNow counts the entries waiting now; InFlight its
+	// jobs running on this host now.
+	Parked    int64    `json:"parked"`
+	ParkedNow int64    `json:"parked_now"`
+	InFlight  int64    `json:"in_flight"`
+	Kinds     []string `json:"kinds"`
 	// Previous is the version a rollback would go back to (the one the
 	// last swap replaced); ProbationUntil, while set, is when the running
 	// version stops being judged for an automatic rollback.
@@ -641,7 +648,8 @@ func (f *Fleet) Plugins() []PluginStatus {
 	for name, l := range f.plugins {
 		m := l.sup.Manifest()
 		st := PluginStatus{Name: name, Version: m.Version, Protocol: m.Protocol, Path: l.path, DBRole: l.db.Role, DBPoolSize: l.db.Pool.Config().MaxConns,
-			Pid: l.sup.Pid(), Healthy: l.sup.Healthy(), Restarts: l.sup.Restarts(), Parked: l.counters.Parked.Load(), InFlight: l.counters.InFlight.Load()}
+			Pid: l.sup.Pid(), Healthy: l.sup.Healthy(), Restarts: l.sup.Restarts(), Parked: l.counters.Parked.Load(), ParkedNow: l.counters.ParkedNow(time.Now()),
+			InFlight: l.counters.InFlight.Load()}
 		if l.file != nil {
 			st.Manifest = l.file.ManifestPath
 		}

@@ -185,8 +185,9 @@ func (p *Pipeline) paused(kind string) bool { return p.cfg.Paused != nil && p.cf
 type step struct {
 	outcome outcome.Outcome
 	// written: settled already (in the job's own transaction, or a dead
-	// letter or retry committed by run); ack: the entry may be acked.
-	written, ack bool
+	// letter or retry committed by run); ack: the entry may be acked;
+	// parked: left waiting in the stream by park.
+	written, ack, parked bool
 }
 
 var pending = step{}
@@ -246,6 +247,11 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 		}
 	}
 	rt, _ := p.cfg.Routes.Get(e.Kind)
+	defer func() {
+		if !s.parked {
+			rt.Counters.Unpark(e.Key()) // it ran or was settled: waiting no more
+		}
+	}()
 	m := rt.Plugin.Manifest()
 	d.Served(m.Name, m.Version, telemetry.GuardName(rt.Guard))
 	if p.cfg.Cancelled != nil && p.cfg.Cancelled(e.JobID) {
@@ -259,9 +265,7 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 		// Waits in the stream, its delivery given back, until resumed:
 		// then the redispatcher (or the reclaimer) runs it.
 		d.Arrive()
-		p.park(ctx, e, rt, "its kind is paused")
-		p.redispatch(e, rt)
-		return pending
+		return p.park(ctx, e, rt, "its kind is paused")
 	}
 	if !rt.Plugin.Ready() {
 		d.Arrive()
@@ -269,17 +273,13 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 		// until the plugin is reloaded) or between a crash and its
 		// restart: park gives the delivery back so the wait does not
 		// count towards MaxDeliveries.
-		p.park(ctx, e, rt, "its plugin is not running")
-		p.redispatch(e, rt)
-		return pending
+		return p.park(ctx, e, rt, "its plugin is not running")
 	}
 	if rt.Counters.Stalled.Load() >= p.StalledCap() {
 		// The plugin's stalled jobs hold half the slots: the others'
 		// jobs keep the rest. This one runs when a stalled job ends.
 		d.Arrive()
-		p.park(ctx, e, rt, "its plugin's stalled jobs hold their share of the slots")
-		p.redispatch(e, rt)
-		return pending
+		return p.park(ctx, e, rt, "its plugin's stalled jobs hold their share of the slots")
 	}
 	if e.Deliveries > p.cfg.MaxDeliveries {
 		d.Arrive()
@@ -304,9 +304,7 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 				p.log.Warn("could not ask the kind's limits; the entry waits", "stream_id", e.StreamID, "kind", e.Kind, "err", err)
 			}
 			d.Arrive()
-			p.park(ctx, e, rt, "its kind is at its limit")
-			p.redispatch(e, rt)
-			return pending
+			return p.park(ctx, e, rt, "its kind is at its limit")
 		}
 		defer release()
 	}
@@ -544,7 +542,9 @@ func (p *Pipeline) clearCrashes(ctx context.Context, e stream.Entry) {
 
 // park leaves an entry pending without holding the delivery against it,
 // when its plugin cannot take it: marked unhealthy (crash-looping),
-// crashed and not restarted yet, or at its share of stalled jobs.
+// crashed and not restarted yet, or at its share of stalled jobs (or its
+// kind is paused or at its limit). The entry counts as parked now
+// (route.Counters.ParkedNow) until it runs or is settled here.
 //
 // The host reads one stream for every kind, so an unhealthy plugin's
 // entries are still read (and reclaimed every ReclaimIdle); what stops is
@@ -560,14 +560,14 @@ func (p *Pipeline) clearCrashes(ctx context.Context, e stream.Entry) {
 // whose count could not be read (e.Deliveries left at 1) is given back to
 // 0: it loses its earlier count, the one way this errs towards running an
 // entry more often.
-func (p *Pipeline) park(ctx context.Context, e stream.Entry, rt route.Route, why string) {
-	rt.Counters.Parked.Add(1)
-	n, ok := p.giveBack(ctx, e)
-	if !ok {
-		return
+func (p *Pipeline) park(ctx context.Context, e stream.Entry, rt route.Route, why string) step {
+	rt.Counters.Park(e.Key(), time.Now())
+	if n, ok := p.giveBack(ctx, e); ok {
+		p.log.Debug("entry parked: "+why, "stream_id", e.StreamID, "job_id", e.JobID, "kind", e.Kind,
+			"plugin", rt.Name, "deliveries", n)
 	}
-	p.log.Debug("entry parked: "+why, "stream_id", e.StreamID, "job_id", e.JobID, "kind", e.Kind,
-		"plugin", rt.Name, "deliveries", n)
+	p.redispatch(e, rt)
+	return step{parked: true}
 }
 
 // giveBack gives e's delivery back (stream.Pending.GiveBack); false

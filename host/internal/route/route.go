@@ -6,7 +6,9 @@ package route
 
 import (
 	"sort"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/pluginhost"
@@ -30,12 +32,82 @@ var _ Plugin = (*pluginhost.Supervisor)(nil)
 type Counters struct {
 	// Parked counts the deliveries of the plugin's kinds left waiting in
 	// the stream while it was unhealthy, restarting, or at its share of
-	// stalled jobs.
+	// stalled jobs, or its kind was paused or at its limit: a total since
+	// the host started, which grows each time a waiting entry is read
+	// again. ParkedNow counts the entries waiting now.
 	Parked atomic.Int64
 	// Stalled counts the plugin's jobs in flight for longer than the
 	// host's StalledAfter; InFlight all its jobs running on this host.
 	Stalled  atomic.Int64
 	InFlight atomic.Int64
+
+	// ParkedFor is how long an entry parked here, and not parked again,
+	// still counts as parked now: a parked entry is read again within the
+	// reclaim threshold, here or by another host's reclaimer, so one not
+	// seen again for longer runs elsewhere. 0: for ever.
+	ParkedFor time.Duration
+	mu        sync.Mutex
+	// parked is when each entry parked now (by its stream.Entry.Key) was
+	// parked last; nParked its size, read without the lock; prune the
+	// size at which Park next forgets the entries older than ParkedFor.
+	parked  map[string]time.Time
+	nParked atomic.Int64
+	prune   int
+}
+
+// Park counts a delivery of entry key parked at now (Parked), and the
+// entry as parked now until Unpark.
+func (c *Counters) Park(key string, now time.Time) {
+	c.Parked.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.parked == nil {
+		c.parked = map[string]time.Time{}
+	}
+	c.parked[key] = now
+	if len(c.parked) >= c.prune {
+		c.forget(now)
+		c.prune = max(64, 2*len(c.parked))
+	}
+	c.nParked.Store(int64(len(c.parked)))
+}
+
+// Unpark says entry key is no longer waiting: it ran, or was settled, on
+// this host. Cheap when nothing is parked.
+func (c *Counters) Unpark(key string) {
+	if c.nParked.Load() == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.parked, key)
+	c.nParked.Store(int64(len(c.parked)))
+}
+
+// ParkedNow counts the entries of the plugin's kinds parked on this host
+// as of now and not run or settled here since, forgetting those parked
+// longer than ParkedFor ago.
+func (c *Counters) ParkedNow(now time.Time) int64 {
+	if c.nParked.Load() == 0 {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forget(now)
+	c.nParked.Store(int64(len(c.parked)))
+	return int64(len(c.parked))
+}
+
+// forget drops the entries parked longer than ParkedFor ago; c.mu held.
+func (c *Counters) forget(now time.Time) {
+	if c.ParkedFor <= 0 {
+		return
+	}
+	for k, at := range c.parked {
+		if now.Sub(at) > c.ParkedFor {
+			delete(c.parked, k)
+		}
+	}
 }
 
 // Route is where one kind's jobs go.
