@@ -105,7 +105,7 @@ func TestConsoleActionsInBrowser(t *testing.T) {
 		kind := `div.kind[data-kind="update_sales_counter"]`
 		run("plugins", chromedp.Navigate(base+"/console/plugins"), chromedp.WaitVisible(chromedp.ID("plugins")))
 		confirmAll()
-		run("pause", chromedp.Click(chromedp.CSS(kind+" button.pause")), chromedp.WaitVisible(chromedp.ID("flash")))
+		run("pause", click(kind+" button.pause"), chromedp.WaitVisible(chromedp.ID("flash")))
 		require.Contains(t, text("#flash"), "paused update_sales_counter: every host leaves its deliveries waiting in the stream")
 		require.Equal(t, "paused", text(kind+" .paused"))
 		require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM kind_pauses WHERE kind = 'update_sales_counter' AND resumed_at IS NULL AND paused_by = 'console'`))
@@ -123,7 +123,7 @@ func TestConsoleActionsInBrowser(t *testing.T) {
 		// from then on, and the flash says what it cannot promise.
 		run("a waiting job", chromedp.Navigate(base+"/console/jobs?id="+goneJob), chromedp.WaitVisible(chromedp.ID("cancel-job")))
 		confirmAll()
-		run("cancel it", chromedp.Click(chromedp.CSS("#cancel-job button")), chromedp.WaitVisible(chromedp.ID("flash")))
+		run("cancel it", click("#cancel-job button"), chromedp.WaitVisible(chromedp.ID("flash")))
 		require.Contains(t, text("#flash"), "cancel requested for job "+goneJob+" on the stream: no host will start it from now on")
 		require.Contains(t, text("#flash"), "a run already started finishes under its guard")
 		require.EqualValues(t, 1, consoleActions("cancel_job", goneJob))
@@ -136,7 +136,7 @@ func TestConsoleActionsInBrowser(t *testing.T) {
 		require.Equal(t, "waiting_to_retry", text("#job-state"), "scheduled, not run")
 		confirmAll()
 		run("cancel it", chromedp.SendKeys(chromedp.CSS("#cancel-job input[name=reason]"), "refunded at the desk"),
-			chromedp.Click(chromedp.CSS("#cancel-job button")), chromedp.WaitVisible(chromedp.ID("flash")))
+			click("#cancel-job button"), chromedp.WaitVisible(chromedp.ID("flash")))
 		require.Contains(t, text("#flash"), "cancelled job "+dropJob+": its scheduled run never runs")
 		require.Equal(t, "cancelled", text("#job-state"))
 		require.Equal(t, "cancel_job", text(`#actions tr[data-action="cancel_job"] .action`))
@@ -153,7 +153,7 @@ func TestConsoleActionsInBrowser(t *testing.T) {
 
 		run("plugins", chromedp.Navigate(base+"/console/plugins"), chromedp.WaitVisible(chromedp.ID("plugins")))
 		shot("plugins-paused")
-		run("resume", chromedp.Click(chromedp.CSS(kind+" button.resume")), chromedp.WaitVisible(chromedp.ID("flash")))
+		run("resume", click(kind+" button.resume"), chromedp.WaitVisible(chromedp.ID("flash")))
 		require.Contains(t, text("#flash"), "resumed update_sales_counter")
 		require.Zero(t, count(kind+" .paused"))
 		require.EqualValues(t, 1, consoleActions("resume_kind", "update_sales_counter"))
@@ -175,7 +175,7 @@ func TestConsoleActionsInBrowser(t *testing.T) {
 		require.NoError(t, err)
 		run("the job", chromedp.Navigate(base+"/console/jobs?id="+job), chromedp.WaitVisible(chromedp.ID("run-now")))
 		require.Equal(t, "waiting_to_retry", text("#job-state"))
-		run("run it now", chromedp.Click(chromedp.CSS("#run-now button")), chromedp.WaitVisible(chromedp.ID("flash")))
+		run("run it now", click("#run-now button"), chromedp.WaitVisible(chromedp.ID("flash")))
 		require.Contains(t, text("#flash"), "job "+job+" is due now")
 		require.EqualValues(t, 1, consoleActions("run_job_now", job))
 		hosttest.Eventually(t, 30*time.Second, "the scheduled job applied", func() bool { return applied(job) == 1 })
@@ -210,10 +210,10 @@ func TestConsoleActionsInBrowser(t *testing.T) {
 		run("dead letters", chromedp.Navigate(base+"/console/deadletters"), chromedp.WaitVisible(chromedp.ID("requeue-set")))
 		require.Equal(t, 3, count("#letters input.pick"))
 		for _, j := range jobs[:2] {
-			run("tick "+j, chromedp.Click(chromedp.CSS(fmt.Sprintf(`#letters tr[data-job="%s"] input.pick`, j))))
+			run("tick "+j, click(fmt.Sprintf(`#letters tr[data-job="%s"] input.pick`, j)))
 		}
 		shot("deadletters-ticked")
-		run("requeue the ticked", chromedp.Click(chromedp.CSS("#requeue-set button")), chromedp.WaitVisible(chromedp.ID("flash")))
+		run("requeue the ticked", click("#requeue-set button"), chromedp.WaitVisible(chromedp.ID("flash")))
 		require.Contains(t, text("#flash"), "requeued 2 chosen dead letter(s)")
 		require.Equal(t, 1, count("#letters tbody tr"))
 		require.Equal(t, 1, count(fmt.Sprintf(`#letters tr[data-job="%s"]`, jobs[2])))
@@ -226,7 +226,7 @@ func TestConsoleActionsInBrowser(t *testing.T) {
 		run("the third letter", chromedp.Navigate(fmt.Sprintf("%s/console/deadletters/%d", base, letter(jobs[2]))), chromedp.WaitVisible(chromedp.ID("discard")))
 		confirmAll()
 		run("discard it", chromedp.SendKeys(chromedp.CSS("#discard input[name=reason]"), "test order, never existed"),
-			chromedp.Click(chromedp.CSS("#discard button")), chromedp.WaitVisible(chromedp.ID("no-letters")))
+			click("#discard button"), chromedp.WaitVisible(chromedp.ID("no-letters")))
 		require.Contains(t, text("#flash"), fmt.Sprintf("discarded dead letter %d of job %s", letter(jobs[2]), jobs[2]))
 		require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE job_id = $1 AND discarded_at IS NOT NULL
 			AND requeued_at IS NULL AND discard_reason = 'test order, never existed'`, jobs[2]), "kept, marked discarded")
@@ -248,12 +248,12 @@ func TestConsoleActionsInBrowser(t *testing.T) {
 		row := `tr[data-plugin="counters"] `
 		run("plugins", chromedp.Navigate(base+"/console/plugins"), chromedp.WaitVisible(chromedp.ID("plugins")))
 		require.Zero(t, count(row+"button.rollback"), "nothing to roll back to yet")
-		run("reload", chromedp.Click(chromedp.CSS(row+"button.reload")), chromedp.WaitVisible(chromedp.ID("flash")))
+		run("reload", click(row+"button.reload"), chromedp.WaitVisible(chromedp.ID("flash")))
 		require.Equal(t, "2.0.0", text(row+".version"))
 		require.Equal(t, "Roll back to 1.0.0", text(row+"button.rollback"))
 		run("plugins", chromedp.Navigate(base+"/console/plugins"), chromedp.WaitVisible(chromedp.ID("plugins")))
 		confirmAll()
-		run("roll back", chromedp.Click(chromedp.CSS(row+"button.rollback")), chromedp.WaitVisible(chromedp.ID("flash")))
+		run("roll back", click(row+"button.rollback"), chromedp.WaitVisible(chromedp.ID("flash")))
 		require.Contains(t, text("#flash"), "counters: rolled back (2.0.0 → 1.0.0)")
 		require.Equal(t, "1.0.0", text(row+".version"))
 		for _, p := range h.Plugins() {

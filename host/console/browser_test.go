@@ -261,12 +261,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	href, err := chromedp.Run(bctx, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector(%q).href`, jobLink)))
 	require.NoError(t, err)
 	require.Equal(t, base+"/console/jobs?id="+deadJob, href)
-	run("the letter's job", chromedp.Click(chromedp.CSS(jobLink)), chromedp.WaitVisible(chromedp.ID("job-state")))
+	run("the letter's job", click(jobLink), chromedp.WaitVisible(chromedp.ID("job-state")))
 	require.Equal(t, href, location())
 	require.Equal(t, "dead_lettered", text("#job-state"))
 	require.Equal(t, "0 (1st)", text("#deliveries tbody tr:last-child .attempt"), "the history's attempt, as the letter names it")
 	run("the letters again", chromedp.Navigate(base+"/console/deadletters?kind=update_sales_counter"), chromedp.WaitVisible(chromedp.ID("letters")))
-	run("show the letter", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#letters tr[data-job="%s"] a`, deadJob))),
+	run("show the letter", click(fmt.Sprintf(`#letters tr[data-job="%s"] a`, deadJob)),
 		chromedp.WaitVisible(chromedp.ID("letter")))
 	require.Contains(t, text("#letter"), strconv.Itoa(missing))
 	require.Equal(t, "0 (1st), as its history numbers it", text("#letter-attempt"))
@@ -280,7 +280,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Equal(t, "0", text(`tr[data-plugin="counters"] .in-flight`))
 	require.Equal(t, 1, count(`section.swaps[data-plugin="counters"] .no-swaps`))
 	install(t, dir, v2, "2.0.0")
-	run("reload counters", chromedp.Click(chromedp.CSS(`tr[data-plugin="counters"] button.reload`)),
+	run("reload counters", click(`tr[data-plugin="counters"] button.reload`),
 		chromedp.WaitVisible(chromedp.ID("flash")))
 	require.Contains(t, text("#flash"), "counters: swapped (1.0.0 → 2.0.0)")
 	require.Equal(t, "2.0.0", text(`tr[data-plugin="counters"] .version`))
@@ -317,7 +317,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("requeue the kind", chromedp.Navigate(base+"/console/deadletters?kind=update_sales_counter"), chromedp.WaitVisible(chromedp.ID("requeue-kind")))
 	_, err = chromedp.Run(bctx, chromedp.Evaluate[bool](`window.confirm = () => true; true`)) // the page asks first
 	require.NoError(t, err)
-	run("requeue the kind", chromedp.Click(chromedp.CSS("#requeue-kind button")), chromedp.WaitVisible(chromedp.ID("no-letters")))
+	run("requeue the kind", click("#requeue-kind button"), chromedp.WaitVisible(chromedp.ID("no-letters")))
 	require.Contains(t, text("#flash"), "requeued 1 dead letter(s) of kind update_sales_counter")
 	require.EqualValues(t, 0, hosttest.Count(t, pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL`))
 	hosttest.Eventually(t, 30*time.Second, "the requeued jobs applied by 2.0.0", func() bool {
@@ -380,10 +380,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Equal(t, "450", text("#letters-total"))
 	require.Equal(t, 200, count("#letters tbody tr"))
 	require.Zero(t, count("#letters-first"))
-	run("the second page", chromedp.Click(chromedp.ID("letters-next")), chromedp.WaitVisible(chromedp.ID("letters-first")))
+	run("the second page", click("#letters-next"), chromedp.WaitVisible(chromedp.ID("letters-first")))
 	require.Equal(t, "201–400", text("#letters-shown"))
 	require.Equal(t, "450", text("#letters-total"))
-	run("the last page", chromedp.Click(chromedp.ID("letters-next")), chromedp.WaitVisible(chromedp.ID("letters-first")))
+	run("the last page", click("#letters-next"), chromedp.WaitVisible(chromedp.ID("letters-first")))
 	require.Equal(t, "401–450", text("#letters-shown"))
 	require.Equal(t, 50, count("#letters tbody tr"))
 	require.Zero(t, count("#letters-next"), "no page after the last")
@@ -453,6 +453,29 @@ func checkCSRF(t *testing.T, base, token string) {
 	require.Equal(t, http.StatusUnauthorized, res.StatusCode)
 }
 
+// click clicks the element sel selects, once it is there. The console's
+// live pages swap a part in when it changed: a node queried the moment it
+// is replaced is gone before the click reaches it, and the click is tried
+// again on the new one.
+func click(sel string) chromedp.Action[chromedp.Void] {
+	return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
+		var err error
+		for range 5 {
+			if _, err = chromedp.Click(chromedp.CSS(sel))(ctx, tg); err == nil || !replaced(err) {
+				return chromedp.Void{}, err
+			}
+		}
+		return chromedp.Void{}, err
+	}
+}
+
+// replaced: err is chromedp's for a node the page replaced under it.
+func replaced(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "No node with given id found") || strings.Contains(msg, "Could not compute box model") ||
+		strings.Contains(msg, "Node is detached")
+}
+
 // pageText is the trimmed text of the element sel selects, once it is
 // there. The overview swaps its live parts in every 2 s: a node read the
 // moment it is replaced is gone ("No node with given id found"), and the
@@ -466,7 +489,7 @@ func pageText(t *testing.T, bctx context.Context, sel string) string {
 		if err == nil {
 			return strings.TrimSpace(s)
 		}
-		if !strings.Contains(err.Error(), "No node with given id found") {
+		if !replaced(err) {
 			break
 		}
 	}

@@ -166,7 +166,7 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	// kept by the live refresh.
 	require.Equal(t, "1h", eval(`document.querySelector('#ranges a[aria-current]').dataset.range`))
 	require.Equal(t, "60", eval(`document.getElementById('chart-window').dataset.bucketSeconds`))
-	run("choose 6h", chromedp.Click(chromedp.CSS(`#ranges a[data-range="6h"]`)), chromedp.WaitVisible(chromedp.CSS(`#chart-window[data-range="6h"]`)))
+	run("choose 6h", click(`#ranges a[data-range="6h"]`), chromedp.WaitVisible(chromedp.CSS(`#chart-window[data-range="6h"]`)))
 	require.Equal(t, "360", eval(`document.getElementById('chart-window').dataset.bucketSeconds`), "6h in buckets of 6m")
 	require.Equal(t, "6h", eval(`document.querySelector('#ranges a[aria-current]').dataset.range`))
 	_, err = chromedp.Run(bctx, chromedp.Evaluate[bool](`window.notReloaded = true; true`))
@@ -227,7 +227,7 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	archived := count(`SELECT count(*) FROM outbox WHERE kind = 'archived_kind'`)
 	require.Equal(t, "1–200", text("#jobs-shown"))
 	require.Equal(t, archived, text("#jobs-total"))
-	run("the next page", chromedp.Click(chromedp.ID("jobs-next")), chromedp.WaitVisible(chromedp.ID("jobs-first")))
+	run("the next page", click("#jobs-next"), chromedp.WaitVisible(chromedp.ID("jobs-first")))
 	require.Equal(t, "201–"+archived, text("#jobs-shown"))
 	require.Equal(t, "0", eval(`String(document.querySelectorAll('#jobs-next').length)`))
 	shot("jobs-paging")

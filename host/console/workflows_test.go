@@ -138,7 +138,7 @@ func TestConsoleWorkflowPages(t *testing.T) {
 	require.Equal(t, "230", text("#workflows-total"))
 	require.Equal(t, "a1", evaluate(`[document.querySelector('#workflows tr[data-workflow]').dataset.workflow]`)[0], "newest first")
 	require.Equal(t, []string{"3"}, evaluate(`[document.getElementById('workflows-live').dataset.live]`), "the list refreshes itself")
-	run("the next page", chromedp.Click(chromedp.ID("workflows-next")), chromedp.WaitVisible(chromedp.ID("workflows-first")))
+	run("the next page", click("#workflows-next"), chromedp.WaitVisible(chromedp.ID("workflows-first")))
 	require.Equal(t, "201–230", text("#workflows-shown"))
 	require.Len(t, evaluate(`Array.from(document.querySelectorAll('#workflows tr[data-workflow]')).map(r => r.dataset.workflow)`), 30)
 	require.Empty(t, evaluate(`Array.from(document.querySelectorAll('#workflows-next')).map(a => a.id)`), "no page after the last")
