@@ -75,12 +75,7 @@ func t(s string) string { return deadletter.Text(s) }
 // Trim deletes the records finished before before, at most batch of them
 // (so one pass holds no long lock), and returns how many it deleted.
 func Trim(ctx context.Context, q outbox.Querier, before time.Time, batch int) (int64, error) {
-	tag, err := q.Exec(ctx, `DELETE FROM job_history WHERE id IN (
-		SELECT id FROM job_history WHERE finished_at < $1 ORDER BY finished_at LIMIT $2)`, before, batch)
-	if err != nil {
-		return 0, fmt.Errorf("history: trim: %w", err)
-	}
-	return tag.RowsAffected(), nil
+	return trim(ctx, q, "job_history", "id", "finished_at", before, batch)
 }
 
 // TrimRepublishes deletes the records of republishes (job_republishes,
@@ -88,22 +83,23 @@ func Trim(ctx context.Context, q outbox.Querier, before time.Time, batch int) (i
 // them, and returns how many it deleted. They are kept as long as the
 // records of deliveries.
 func TrimRepublishes(ctx context.Context, q outbox.Querier, before time.Time, batch int) (int64, error) {
-	tag, err := q.Exec(ctx, `DELETE FROM job_republishes WHERE id IN (
-		SELECT id FROM job_republishes WHERE republished_at < $1 ORDER BY republished_at LIMIT $2)`, before, batch)
-	if err != nil {
-		return 0, fmt.Errorf("history: trim republishes: %w", err)
-	}
-	return tag.RowsAffected(), nil
+	return trim(ctx, q, "job_republishes", "id", "republished_at", before, batch)
 }
 
 // TrimLinks deletes the parent links retention kept of jobs whose outbox
 // rows it deleted (job_links) before before, at most batch of them, and
 // returns how many it deleted: they are kept as long as the history.
 func TrimLinks(ctx context.Context, q outbox.Querier, before time.Time, batch int) (int64, error) {
-	tag, err := q.Exec(ctx, `DELETE FROM job_links WHERE job_id IN (
-		SELECT job_id FROM job_links WHERE kept_at < $1 ORDER BY kept_at LIMIT $2)`, before, batch)
+	return trim(ctx, q, "job_links", "job_id", "kept_at", before, batch)
+}
+
+// trim deletes up to batch rows of table whose column at is before before,
+// oldest first, by their key.
+func trim(ctx context.Context, q outbox.Querier, table, key, at string, before time.Time, batch int) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM `+table+` WHERE `+key+` IN (
+		SELECT `+key+` FROM `+table+` WHERE `+at+` < $1 ORDER BY `+at+` LIMIT $2)`, before, batch)
 	if err != nil {
-		return 0, fmt.Errorf("history: trim links: %w", err)
+		return 0, fmt.Errorf("history: trim %s: %w", table, err)
 	}
 	return tag.RowsAffected(), nil
 }
