@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -113,7 +114,9 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 // listening connection is down).
 func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
-	go r.listen(ctx, wake)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.listen(ctx, wake) })
+	defer wg.Wait() // its session closed before Run returns and the pool may close
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {

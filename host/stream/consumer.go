@@ -116,7 +116,7 @@ type Consumer struct {
 	unacked map[string]bool
 	// detached counts the entries running without a slot (Detach).
 	detached int
-	// stopped: Run has drained; no entry starts.
+	// stopped: Run is draining (or has drained); no entry starts.
 	stopped bool
 
 	// work feeds Concurrency long-lived workers (a goroutine per entry
@@ -193,17 +193,19 @@ func ensureGroups(ctx context.Context, rdb redis.UniversalClient, keys []string,
 // starves another; the consumer waits only once a whole round of reads
 // found nothing.
 func (c *Consumer) Run(ctx context.Context) error {
+	// Drained however Run ends: a reclaim or a lease claim may have
+	// started entries before the first read, even when there is none.
+	defer c.drain()
 	bands := make([][]string, len(c.cfg.Streams))
 	for i, s := range c.cfg.Streams {
 		bands[i] = BandKeys(s)
 		if err := ensureGroups(ctx, c.cfg.Redis, bands[i], c.cfg.Group); err != nil {
 			if ctx.Err() != nil {
-				return nil // stopped before it began: nothing read, nothing to drain
+				return nil // stopped before it began: nothing read
 			}
 			return err
 		}
 	}
-	defer c.drain()
 	backoff := 100 * time.Millisecond
 	idle := 5 * time.Millisecond
 	// empty counts the reads in a row that found nothing.
@@ -446,14 +448,20 @@ func (c *Consumer) start(e Entry) {
 		return
 	}
 	if c.stopped {
-		// Run has drained: an entry taken now (a redispatch racing the
-		// shutdown) stays pending for the reclaimer.
+		// Run is draining: an entry taken now (a reclaim, a lease claim
+		// or a redispatch racing the shutdown) stays pending for the
+		// reclaimer.
 		c.mu.Unlock()
 		c.addArriving(-1)
 		c.release(1, held)
 		return
 	}
 	c.running[key] = &running{}
+	// Counted under the lock that drain takes before it waits: an entry
+	// a reclaim or a lease claim hands over while Run drains is either
+	// counted here before drain's Wait, or finds stopped set and stays
+	// pending (never started after the wait, its ack after the acker).
+	c.wg.Add(1)
 	c.mu.Unlock()
 	c.startWorkers.Do(func() {
 		for range c.cfg.Concurrency {
@@ -462,7 +470,6 @@ func (c *Consumer) start(e Entry) {
 		c.ackerDone = make(chan struct{})
 		go c.acker()
 	})
-	c.wg.Add(1)
 	c.work <- e
 }
 
@@ -602,11 +609,12 @@ func (c *Consumer) acker() {
 	}
 }
 
-// ack sends one XACK per shard of batch's entries, in one pipeline (a
-// cluster client sends each to its shard's primary), and returns the
-// error of each shard whose XACK failed.
+// ack sends one XACK per key of batch's entries (a shard's priority band),
+// in one pipeline (a cluster client sends each to its shard's primary),
+// and returns the error of each key whose XACK failed. A batch read from
+// one key, the common case, is one XACK.
 func (c *Consumer) ack(ctx context.Context, batch []ackRequest) map[string]error {
-	if len(c.cfg.Streams) == 1 {
+	if oneStream(batch) {
 		ids := make([]string, len(batch))
 		for i, r := range batch {
 			ids[i] = r.id
@@ -639,7 +647,20 @@ func (c *Consumer) ack(ctx context.Context, batch []ackRequest) map[string]error
 	return failed
 }
 
+// oneStream reports whether every request of batch is for one key.
+func oneStream(batch []ackRequest) bool {
+	for _, r := range batch[1:] {
+		if r.stream != batch[0].stream {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *Consumer) drain() {
+	c.mu.Lock()
+	c.stopped = true // no entry starts from here: none is acked after
+	c.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
 		c.wg.Wait()
@@ -655,10 +676,7 @@ func (c *Consumer) drain() {
 	c.cancelWork()
 	// The acks of what finished: each XACK is bounded by its own timeout.
 	c.acking.Wait()
-	c.mu.Lock()
-	c.stopped = true // no entry starts from here: none is acked after
-	c.mu.Unlock()
-	c.startWorkers.Do(func() {}) // none start later either
+	c.startWorkers.Do(func() {}) // no worker starts later either
 	if c.ackerDone != nil {
 		close(c.acks)
 		<-c.ackerDone

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -270,4 +271,93 @@ func TestCommittedEntrySettlesBeforeDispatchReturns(t *testing.T) {
 	// Every slot back once, not twice: one more read takes one entry's room.
 	require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{"job_id", "3"}}).Err())
 	require.Equal(t, 1, read())
+}
+
+// One shard's entries of several priorities, read in one batch and
+// finished together, are acked each on its own band: acks grouped by the
+// number of shards (one) sent every id to the first entry's band, and the
+// others stayed pending until a reclaim ran them again.
+func TestAcksReachEachBand(t *testing.T) {
+	t.Parallel()
+	rdb, key := hosttest.Redis(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	bands := stream.BandKeys(key)
+	for i := range 8 {
+		band := bands[0] // the highest priority's
+		if i%2 == 1 {
+			band = key // the default's
+		}
+		require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: band, Values: []any{"job_id", fmt.Sprint(i), "kind", "k"}}).Err())
+	}
+	all := make(chan struct{})
+	var started sync.WaitGroup
+	started.Add(8)
+	go func() { started.Wait(); close(all) }()
+	c, err := stream.NewConsumer(stream.ConsumerConfig{
+		Redis: rdb, Streams: []string{key}, Group: "g", Name: "c1", Concurrency: 8, IdlePoll: 20 * time.Millisecond,
+		Dispatch: func(ctx context.Context, e stream.Entry) bool {
+			started.Done()
+			<-all // every entry finishes at once: their acks go in one batch
+			return true
+		},
+	})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	requireClosed(t, all, "the 8 entries of both bands started")
+	hosttest.Eventually(t, 10*time.Second, "nothing pending on either band", func() bool {
+		return hosttest.Pending(t, rdb, bands[0], "g") == 0 && hosttest.Pending(t, rdb, key, "g") == 0
+	})
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// Entries handed to the consumer while Run drains (a reclaim scan or a
+// dead host's claim still in flight at the stop) are never started after
+// the drain's wait, and stay pending for another host: under -race, the
+// drain's wait and a late start were a data race on the consumer's count
+// of running entries.
+func TestTakeWhileDrainingStartsNothingLate(t *testing.T) {
+	t.Parallel()
+	rdb, key := hosttest.Redis(t)
+	for round := range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		var ran atomic.Int64
+		c, err := stream.NewConsumer(stream.ConsumerConfig{
+			Redis: rdb, Streams: []string{key}, Group: "g", Name: "c1", Concurrency: 4, IdlePoll: 5 * time.Millisecond,
+			ShutdownGrace: time.Second,
+			Dispatch: func(ctx context.Context, e stream.Entry) bool {
+				ran.Add(1)
+				return false
+			},
+		})
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+		stop := make(chan struct{})
+		var takers sync.WaitGroup
+		for w := range 2 {
+			takers.Go(func() { // a reclaimer still taking while the host stops
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					_, _ = c.Take(context.Background(), 1, func(ctx context.Context, n int) ([]stream.Entry, error) {
+						return []stream.Entry{{Stream: key, StreamID: fmt.Sprintf("%d-%d", round, w*1_000_000+i), JobID: fmt.Sprint(i), Kind: "k"}}, nil
+					})
+				}
+			})
+		}
+		time.Sleep(time.Duration(round%5) * time.Millisecond)
+		cancel()
+		require.NoError(t, <-done)
+		after := ran.Load()
+		time.Sleep(10 * time.Millisecond) // the takers go on taking
+		close(stop)
+		takers.Wait()
+		require.Equal(t, after, ran.Load(), "round %d: an entry taken after the drain ran", round)
+	}
 }
