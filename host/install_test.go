@@ -48,7 +48,11 @@ func TestRefusedInstallIsNotServed(t *testing.T) {
 			c.tamper(t, &m, d.dir)
 			d.writeManifest(m)
 
-			h := hosttest.Start(t, b.dirConfig(d))
+			cfg := b.dirConfig(d)
+			// Its settings, so that what refuses it is its install, not a
+			// start without them (the plugin stops at start then).
+			cfg.PluginEnv = append(cfg.PluginEnv, "USHER_BLOB_DIR="+t.TempDir(), "MAILPROVIDER_URL=http://127.0.0.1:1")
+			h := hosttest.Start(t, cfg)
 			require.Len(t, h.Refusals(), 1)
 			require.Contains(t, h.Refusals()[0].Error, c.want)
 			require.Contains(t, h.Refusals()[0].Error, "tickets")

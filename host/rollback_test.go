@@ -21,6 +21,10 @@ import (
 // metrics reads the host's Prometheus text from its admin API.
 func metricsText(t testing.TB, h *hosttest.Running) string {
 	t.Helper()
+	// The admin API serves once the host's last phase started (its
+	// address is empty until then): a test may ask before, on a slow
+	// machine.
+	hosttest.Eventually(t, 30*time.Second, "the admin API served", func() bool { return h.AdminAddr() != "" })
 	req, err := http.NewRequest(http.MethodGet, "http://"+h.AdminAddr()+"/metrics", nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+h.AdminToken)
