@@ -50,9 +50,10 @@ func requireTripOnce(t *testing.T, f *flows, order string) {
 	}
 }
 
-// A hot swap does not change the code under running workflows: 500 trips
+// A hot swap does not change the code under running workflows: 150 trips
 // started on 1.0.0 keep being decided by 1.0.0, run beside 2.0.0 under the
-// same role, while 500 started after the swap are decided by 2.0.0; an
+// same role, while 150 started after the swap are decided by 2.0.0 (the
+// thousand of issue 27 are TestCheckoutHotSwapUnderAThousand's checkouts); an
 // operator then moves a set of the old ones to 2.0.0 (one of which refuses
 // to move and stays), and every trip completes with each step applied
 // once. Once no running workflow is pinned to 1.0.0, it is stopped.
@@ -60,7 +61,7 @@ func TestWorkflowsPinnedToTheirVersionAcrossASwap(t *testing.T) {
 	t.Parallel()
 	f, bins := flowsVersions(t, "1.0.0")
 	ctx := context.Background()
-	const half = 500
+	const half = 150
 	trip := func(i int) string { return fmt.Sprintf("v%04d", i) }
 	startTrips := func(from, to int) {
 		for i := from; i < to; i++ {
@@ -73,7 +74,7 @@ func TestWorkflowsPinnedToTheirVersionAcrossASwap(t *testing.T) {
 		}
 	}
 	startTrips(0, half)
-	hosttest.Eventually(t, 120*time.Second, "the first 500 trips pinned to 1.0.0 by their first decision", func() bool {
+	hosttest.Eventually(t, 120*time.Second, fmt.Sprintf("the first %d trips pinned to 1.0.0 by their first decision", half), func() bool {
 		return hosttest.Count(t, f.pool, `SELECT count(*) FROM workflows WHERE plugin_version = '1.0.0'`) == half
 	})
 
@@ -81,7 +82,7 @@ func TestWorkflowsPinnedToTheirVersionAcrossASwap(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "2.0.0", res.To.Version)
 	startTrips(half, 2*half)
-	hosttest.Eventually(t, 120*time.Second, "the next 500 trips pinned to 2.0.0", func() bool {
+	hosttest.Eventually(t, 120*time.Second, fmt.Sprintf("the next %d trips pinned to 2.0.0", half), func() bool {
 		return hosttest.Count(t, f.pool, `SELECT count(*) FROM workflows WHERE plugin_version = '2.0.0'`) == half
 	})
 
@@ -94,7 +95,7 @@ func TestWorkflowsPinnedToTheirVersionAcrossASwap(t *testing.T) {
 		}
 	}
 	signal(10, 2*half)
-	hosttest.Eventually(t, 180*time.Second, "990 trips completed", func() bool {
+	hosttest.Eventually(t, 180*time.Second, fmt.Sprintf("%d trips completed", 2*half-10), func() bool {
 		return hosttest.Count(t, f.pool, `SELECT count(*) FROM workflows WHERE state = 'completed'`) == 2*half-10
 	})
 	require.Equal(t, []string{"flows@1.0.0"}, f.h.Host.PinnedVersions(), "1.0.0 runs beside 2.0.0 while trips are pinned to it")
