@@ -148,7 +148,9 @@ func TestSoak(t *testing.T) {
 		t.Fatalf("soak: only %d samples after the %s warm-up: run more jobs (USHER_SOAK_JOBS) to judge flatness", len(after), warmup)
 	}
 	early, late := after[:len(after)/2], after[len(after)/2:]
-	flat := func(what string, slack int64, v func(soakSample) int64) {
+	// growth requires the second half's peak at most num/den times the
+	// first half's plus slack.
+	growth := func(what string, num, den, slack int64, v func(soakSample) int64) {
 		t.Helper()
 		var peak, latePeak int64
 		for _, s := range early {
@@ -158,7 +160,11 @@ func TestSoak(t *testing.T) {
 			latePeak = max(latePeak, v(s))
 		}
 		t.Logf("soak: %-24s peak after warm-up %9.1f, in the second half %9.1f", what, float64(peak), float64(latePeak))
-		require.LessOrEqual(t, latePeak, peak*3/2+slack, "%s grew after warm-up", what)
+		require.LessOrEqual(t, latePeak, peak*num/den+slack, "%s grew after warm-up", what)
+	}
+	flat := func(what string, slack int64, v func(soakSample) int64) {
+		t.Helper()
+		growth(what, 3, 2, slack, v)
 	}
 	flat("redis used_memory", 16<<20, func(s soakSample) int64 { return s.redisMem })
 	flat("stream memory", 4<<20, func(s soakSample) int64 { return s.streamMem })
@@ -167,9 +173,11 @@ func TestSoak(t *testing.T) {
 	flat("plugin RSS", 32<<20, func(s soakSample) int64 { return s.pluginRSS })
 	for i, tb := range soakTables {
 		// Rows are deleted as they pass their window, and the table
-		// vacuumed: sizes settle a little later than row counts.
+		// vacuumed right after: once its rows are flat its size grows by
+		// at most a MiB (pages split, indexes), however long the soak. A
+		// table trimmed and not vacuumed grew 2.1 to 6.5 MB in 20,000 jobs.
 		flat(tb+" rows", 5*rate, func(s soakSample) int64 { return s.rows[i] })
-		flat(tb+" size", 16<<20, func(s soakSample) int64 { return s.tables[i] })
+		growth(tb+" size", 1, 1, 1<<20, func(s soakSample) int64 { return s.tables[i] })
 	}
 }
 

@@ -190,6 +190,16 @@ func (r *Retainer) Cleanup(ctx context.Context) error {
 	return errors.Join(cerr, perr)
 }
 
+// vacuum vacuums table, whose rows were just deleted: their space is
+// reused once it is, so the table stays flat where autovacuum is off or
+// lags. SKIP_LOCKED: another host vacuuming it is enough.
+func (r *Retainer) vacuum(ctx context.Context, table string) error {
+	if _, err := r.cfg.Pool.Exec(ctx, `VACUUM (SKIP_LOCKED) `+table); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("retention: vacuum %s: %w", table, err)
+	}
+	return nil
+}
+
 // trimRecords applies the History, Workflows and Swaps windows.
 func (r *Retainer) trimRecords(ctx context.Context) error {
 	var errs []error
@@ -218,6 +228,7 @@ func (r *Retainer) trimRecords(ctx context.Context) error {
 			}
 		}
 		if total > 0 {
+			errs = append(errs, r.vacuum(ctx, t.table))
 			if r.cfg.OnDeleted != nil {
 				r.cfg.OnDeleted(t.table, total)
 			}
@@ -445,12 +456,7 @@ func (r *Retainer) Purge(ctx context.Context, streamBefore time.Time) (map[strin
 			delete(deleted, p.table)
 			continue
 		}
-		// The deleted rows' space is reused once the table is vacuumed:
-		// done here so the table stays flat where autovacuum is off or
-		// lags. SKIP_LOCKED: another host vacuuming it is enough.
-		if _, err := r.cfg.Pool.Exec(ctx, `VACUUM (SKIP_LOCKED) `+p.table); err != nil && ctx.Err() == nil {
-			errs = append(errs, fmt.Errorf("retention: vacuum %s: %w", p.table, err))
-		}
+		errs = append(errs, r.vacuum(ctx, p.table))
 		if r.cfg.OnDeleted != nil {
 			r.cfg.OnDeleted(p.table, n)
 		}
