@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/usherhq/usher/host/secretfile"
 	"github.com/usherhq/usher/host/stream"
+	"github.com/usherhq/usher/internal/contract"
 	"github.com/usherhq/usher/internal/entry"
 )
 
@@ -371,6 +373,13 @@ func (c *Config) setDefaults() error {
 	}
 	if n := len(c.SigningKey); n > 0 && n < entry.MinKeyLen {
 		return fmt.Errorf("host: SigningKey is %d bytes; at least %d are needed", n, entry.MinKeyLen)
+	}
+	for _, kv := range c.PluginEnv {
+		// A plugin told it is only asked its manifest serves no job; one
+		// given another parent pid watches the wrong process.
+		if name, _, _ := strings.Cut(kv, "="); name == contract.ManifestOnlyEnv || name == contract.ParentPIDEnv {
+			return fmt.Errorf("host: PluginEnv %s: the host sets it itself (the plugin contract's), never a deployment", name)
+		}
 	}
 	if c.StreamShards < 0 || c.StreamShards > stream.MaxShards {
 		return fmt.Errorf("host: StreamShards %d: must be between 1 and %d (0: the default, 1)", c.StreamShards, stream.MaxShards)

@@ -14,6 +14,7 @@ import (
 	"github.com/usherhq/usher/host/ops"
 	"github.com/usherhq/usher/host/pause"
 	"github.com/usherhq/usher/host/stream"
+	"github.com/usherhq/usher/internal/contract"
 )
 
 // pendingOnShards is the group's pending entries over the first n shards
@@ -149,5 +150,17 @@ func TestStreamShardsOutOfRangeRefused(t *testing.T) {
 	for _, n := range []int{-1, stream.MaxShards + 1} {
 		_, err := host.New(context.Background(), host.Config{DatabaseURL: "postgres://nowhere/db", RedisURL: "redis://nowhere:1", StreamShards: n})
 		require.ErrorContains(t, err, fmt.Sprintf("StreamShards %d: must be between 1 and %d", n, stream.MaxShards))
+	}
+}
+
+// The plugin contract's own variables are the host's to set: a PluginEnv
+// naming one (--plugin-env) is refused before anything is dialled, where
+// a plugin told it is only asked its manifest would run no job.
+func TestPluginEnvRefusesTheContractsVariables(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{contract.ManifestOnlyEnv, contract.ParentPIDEnv} {
+		_, err := host.New(context.Background(), host.Config{DatabaseURL: "postgres://nowhere/db", RedisURL: "redis://nowhere:1",
+			PluginEnv: []string{"MAILPROVIDER_URL=http://x", name + "=1"}})
+		require.ErrorContains(t, err, "PluginEnv "+name+": the host sets it itself")
 	}
 }
