@@ -199,19 +199,7 @@ func printWorkflow(out io.Writer, wf *history.Workflow) error {
 	}
 	sort.Strings(states)
 	// The request's first delivery is the origin of every job's rows.
-	var origin time.Time
-	var first func(jobs []*history.Job)
-	first = func(jobs []*history.Job) {
-		for _, j := range jobs {
-			for _, r := range j.History {
-				if origin.IsZero() || r.StartedAt.Before(origin) {
-					origin = r.StartedAt
-				}
-			}
-			first(j.Children)
-		}
-	}
-	first(wf.Jobs)
+	origin := wf.FirstStart()
 	since := ""
 	if !origin.IsZero() {
 		since = ", from its first delivery at " + origin.UTC().Format("2006-01-02T15:04:05.000Z")

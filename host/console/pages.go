@@ -422,7 +422,7 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request) {
 			if len(tl.Lanes) > 0 {
 				data["Timeline"] = drawTimeline(tl)
 			}
-			for _, n := range flatten(wf.Jobs) {
+			for _, n := range wf.All() {
 				if !history.Final(n.State) {
 					data["WorkflowLive"], live = true, true
 				}
@@ -433,13 +433,4 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request) {
 		data["Live"] = liveEvery
 	}
 	c.render(w, r, "jobs.html", data)
-}
-
-// flatten lists the jobs of a tree, each before its children.
-func flatten(jobs []*history.Job) []*history.Job {
-	var out []*history.Job
-	for _, j := range jobs {
-		out = append(append(out, j), flatten(j.Children)...)
-	}
-	return out
 }

@@ -303,7 +303,10 @@ func buildTimeline(wf *workflow.Workflow, now time.Time) timeline {
 // by its verdict. It ends now while a job is not final, else at the last
 // outcome. No delivery recorded: no lanes.
 func buildRequestTimeline(wf *history.Workflow, now time.Time) timeline {
-	var t timeline
+	t := timeline{Start: wf.FirstStart()}
+	if t.Start.IsZero() {
+		return timeline{}
+	}
 	var open bool
 	var walk func(jobs []*history.Job, depth int)
 	walk = func(jobs []*history.Job, depth int) {
@@ -314,9 +317,6 @@ func buildRequestTimeline(wf *history.Workflow, now time.Time) timeline {
 				l.Bars = append(l.Bars, bar{From: r.StartedAt, To: r.FinishedAt, State: string(r.Verdict),
 					Title: fmt.Sprintf("%s, attempt %s, delivery %d: %s after %s on %s%s", l.Name, ops.Attempt(r.Attempt), r.Deliveries,
 						r.Verdict, ops.HumanDuration(r.Duration()), r.Consumer, strings.TrimPrefix(" ("+r.Reason+")", " ()"))})
-				if t.Start.IsZero() || r.StartedAt.Before(t.Start) {
-					t.Start = r.StartedAt
-				}
 				if r.FinishedAt.After(t.End) {
 					t.End = r.FinishedAt
 				}
@@ -326,9 +326,6 @@ func buildRequestTimeline(wf *history.Workflow, now time.Time) timeline {
 		}
 	}
 	walk(wf.Jobs, 0)
-	if t.Start.IsZero() {
-		return timeline{}
-	}
 	if open && now.After(t.End) {
 		t.End = now
 	}

@@ -99,6 +99,35 @@ type Workflow struct {
 	States map[string]int `json:"states"`
 }
 
+// All lists w's jobs, each before the jobs it enqueued.
+func (w *Workflow) All() []*Job {
+	var out []*Job
+	var walk func(jobs []*Job)
+	walk = func(jobs []*Job) {
+		for _, j := range jobs {
+			out = append(out, j)
+			walk(j.Children)
+		}
+	}
+	walk(w.Jobs)
+	return out
+}
+
+// FirstStart is when the first delivery of any of w's jobs started; zero
+// when none is recorded. A request's deliveries are read on one time axis
+// from it.
+func (w *Workflow) FirstStart() time.Time {
+	var first time.Time
+	for _, j := range w.All() {
+		for _, r := range j.History {
+			if first.IsZero() || r.StartedAt.Before(first) {
+				first = r.StartedAt
+			}
+		}
+	}
+	return first
+}
+
 // outboxRow is what a job's state is read from.
 type outboxRow struct {
 	jobID, kind, requestID, parent, outcome string
@@ -223,15 +252,13 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 		}
 		// Rows come in id order: the last one is the latest attempt.
 		j.Outcome = o.outcome
-		switch {
+		switch state, ended := endedAs(outcome.Outcome(o.outcome)); {
 		case !o.published:
 			j.State = Pending
 		case !o.done:
 			j.State = Running
-		case o.outcome == "applied" || o.outcome == "absorbed":
-			j.State = Done
-		case o.outcome == string(outcome.Cancelled):
-			j.State = Cancelled
+		case ended:
+			j.State = state
 		default:
 			// retry_scheduled or dead_letter: settled below from the
 			// scheduled run or the dead letter.
@@ -347,26 +374,30 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 			j.Attempts = max(j.Attempts, n+1)
 		}
 		if j.State == Unknown && len(j.History) > 0 {
-			// Its rows are gone: its last record says how it ended,
-			// when it ended applied or cancelled.
-			settledFromHistory(j, j.History[len(j.History)-1].Verdict)
+			// Its rows are gone: its last record says how it ended, as
+			// a row's outcome would. Any other verdict leaves it
+			// Unknown: a retry's run or a dead letter would have been
+			// found, so what followed it is no longer kept.
+			v := j.History[len(j.History)-1].Verdict
+			if state, ended := endedAs(v); ended {
+				j.State, j.Outcome = state, string(v)
+			}
 		}
 		kept = append(kept, j)
 	}
 	return kept, nil
 }
 
-// settledFromHistory sets the state of a job that only history names from
-// its last record's verdict v: applied or absorbed is done, cancelled is
-// cancelled. Any other verdict leaves it Unknown: a retry's run or a dead
-// letter would have been found, so what followed it is no longer kept.
-func settledFromHistory(j *Job, v outcome.Outcome) {
-	switch v {
+// endedAs is the state of a job whose latest row or record ended with o,
+// when o ends it: applied or absorbed is Done, cancelled is Cancelled.
+func endedAs(o outcome.Outcome) (state string, ended bool) {
+	switch o {
 	case outcome.Applied, outcome.Absorbed:
-		j.State, j.Outcome = Done, string(v)
+		return Done, true
 	case outcome.Cancelled:
-		j.State, j.Outcome = Cancelled, string(v)
+		return Cancelled, true
 	}
+	return "", false
 }
 
 func eachRow(rows pgx.Rows, f func(pgx.Rows) error) error {
