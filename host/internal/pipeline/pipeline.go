@@ -249,7 +249,7 @@ func (p *Pipeline) run(ctx context.Context, e stream.Entry, d *settle.Delivery) 
 	rt, _ := p.cfg.Routes.Get(e.Kind)
 	defer func() {
 		if !s.parked {
-			rt.Counters.Unpark(e.Key()) // it ran or was settled: waiting no more
+			rt.Counters.Unpark(e.Stream, e.StreamID) // it ran or was settled: waiting no more
 		}
 	}()
 	m := rt.Plugin.Manifest()
@@ -561,7 +561,7 @@ func (p *Pipeline) clearCrashes(ctx context.Context, e stream.Entry) {
 // 0: it loses its earlier count, the one way this errs towards running an
 // entry more often.
 func (p *Pipeline) park(ctx context.Context, e stream.Entry, rt route.Route, why string) step {
-	rt.Counters.Park(e.Key(), time.Now())
+	rt.Counters.Park(e.Stream, e.StreamID, time.Now())
 	if n, ok := p.giveBack(ctx, e); ok {
 		p.log.Debug("entry parked: "+why, "stream_id", e.StreamID, "job_id", e.JobID, "kind", e.Kind,
 			"plugin", rt.Name, "deliveries", n)

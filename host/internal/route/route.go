@@ -47,24 +47,27 @@ type Counters struct {
 	// seen again for longer runs elsewhere. 0: for ever.
 	ParkedFor time.Duration
 	mu        sync.Mutex
-	// parked is when each entry parked now (by its stream.Entry.Key) was
+	// parked is when each entry parked now (by its stream key and id) was
 	// parked last; nParked its size, read without the lock; prune the
 	// size at which Park next forgets the entries older than ParkedFor.
-	parked  map[string]time.Time
+	parked  map[entryAt]time.Time
 	nParked atomic.Int64
 	prune   int
 }
 
-// Park counts a delivery of entry key parked at now (Parked), and the
-// entry as parked now until Unpark.
-func (c *Counters) Park(key string, now time.Time) {
+// entryAt names an entry: the stream key it was read from, and its id.
+type entryAt struct{ stream, id string }
+
+// Park counts a delivery of entry id of stream parked at now (Parked),
+// and the entry as parked now until Unpark.
+func (c *Counters) Park(stream, id string, now time.Time) {
 	c.Parked.Add(1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.parked == nil {
-		c.parked = map[string]time.Time{}
+		c.parked = map[entryAt]time.Time{}
 	}
-	c.parked[key] = now
+	c.parked[entryAt{stream, id}] = now
 	if len(c.parked) >= c.prune {
 		c.forget(now)
 		c.prune = max(64, 2*len(c.parked))
@@ -72,15 +75,16 @@ func (c *Counters) Park(key string, now time.Time) {
 	c.nParked.Store(int64(len(c.parked)))
 }
 
-// Unpark says entry key is no longer waiting: it ran, or was settled, on
-// this host. Cheap when nothing is parked.
-func (c *Counters) Unpark(key string) {
+// Unpark says entry id of stream is no longer waiting: it ran, or was
+// settled, on this host. Cheap when nothing is parked: it runs for every
+// job.
+func (c *Counters) Unpark(stream, id string) {
 	if c.nParked.Load() == 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.parked, key)
+	delete(c.parked, entryAt{stream, id})
 	c.nParked.Store(int64(len(c.parked)))
 }
 
