@@ -31,6 +31,10 @@ func TestReadmeSetup(t *testing.T) {
 	require.True(t, strings.HasPrefix(migrate, "PGPASSFILE=pgpass bin/host migrate "), migrate)
 	require.True(t, strings.HasPrefix(install, "PGPASSFILE=pgpass bin/host plugins install "), install)
 	require.True(t, strings.HasPrefix(run, "PGPASSFILE=pgpass bin/host run "), run)
+	// docs/operating.md's run with the tickets plugin's settings is this
+	// run, its database read from DATABASE_URL: what runs below is it.
+	require.Equal(t, []string{strings.Replace(strings.TrimPrefix(run, "PGPASSFILE=pgpass "), " --database-url postgres://usher@127.0.0.1:5432/stagedoor", "", 1)},
+		doctest.Block(t, "docs/operating.md", "**A plugin's settings.**", "text"))
 
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, hosttest.DatabaseURL())
