@@ -67,6 +67,12 @@ type clientShim struct {
 type grpcPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
 	host usherv1.HostServer
+	// serving counts the callback servers still running: Kill closes
+	// their brokers and waits for them, so no goroutine of an instance
+	// (nor a callback it was answering) outlives its Kill.
+	serving sync.WaitGroup
+	mu      sync.Mutex
+	brokers []*plugin.GRPCBroker
 }
 
 func (p *grpcPlugin) GRPCServer(*plugin.GRPCBroker, *grpc.Server) error {
@@ -78,12 +84,17 @@ func (p *grpcPlugin) GRPCServer(*plugin.GRPCBroker, *grpc.Server) error {
 // server per call would leak listeners and cost a handshake per job.
 func (p *grpcPlugin) GRPCClient(_ context.Context, broker *plugin.GRPCBroker, conn *grpc.ClientConn) (any, error) {
 	id := broker.NextId()
-	go broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
-		s := grpc.NewServer(append(opts,
-			grpc.MaxRecvMsgSize(contract.MaxMessageBytes),
-			grpc.MaxSendMsgSize(contract.MaxMessageBytes))...)
-		usherv1.RegisterHostServer(s, p.host)
-		return s
+	p.mu.Lock()
+	p.brokers = append(p.brokers, broker)
+	p.mu.Unlock()
+	p.serving.Go(func() {
+		broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
+			s := grpc.NewServer(append(opts,
+				grpc.MaxRecvMsgSize(contract.MaxMessageBytes),
+				grpc.MaxSendMsgSize(contract.MaxMessageBytes))...)
+			usherv1.RegisterHostServer(s, p.host)
+			return s
+		})
 	})
 	return &clientShim{rpc: usherv1.NewPluginClient(conn), brokerID: id}, nil
 }
@@ -152,6 +163,7 @@ func Environ(env []string) []string {
 // Instance is one running plugin process.
 type Instance struct {
 	client   *plugin.Client
+	served   *grpcPlugin
 	shim     *clientShim
 	manifest Manifest
 	pid      int
@@ -207,9 +219,10 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 	if len(cfg.SHA256) > 0 {
 		secure = &plugin.SecureConfig{Checksum: cfg.SHA256, Hash: newSHA256()}
 	}
+	served := &grpcPlugin{host: cfg.Host}
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  contract.Handshake,
-		VersionedPlugins: protocols(cfg.Host),
+		VersionedPlugins: protocols(served),
 		Cmd:              cmd,
 		// cmd.Env is all a plugin gets of the host's environment.
 		SkipHostEnv:      true,
@@ -227,9 +240,9 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 			grpc.MaxCallRecvMsgSize(contract.MaxMessageBytes),
 			grpc.MaxCallSendMsgSize(contract.MaxMessageBytes))},
 	})
-	inst, err := connect(ctx, client, cfg)
+	inst, err := connect(ctx, client, served, cfg)
 	if err != nil {
-		client.Kill() // waits for the stderr copy to finish
+		kill(client, served) // waits for the stderr copy to finish
 		if t := tail.String(); errors.Is(err, errExitedAtStart) && t != "" {
 			err = fmt.Errorf("%w; the plugin's stderr ends with: %s", err, t)
 		}
@@ -261,7 +274,7 @@ func (w *tailWriter) String() string {
 	return strings.Join(strings.Fields(strings.ToValidUTF8(string(w.buf), "")), " ")
 }
 
-func connect(ctx context.Context, client *plugin.Client, cfg Config) (*Instance, error) {
+func connect(ctx context.Context, client *plugin.Client, served *grpcPlugin, cfg Config) (*Instance, error) {
 	proto, err := client.Client()
 	if err != nil {
 		return nil, explainStartError(err, cfg)
@@ -287,7 +300,7 @@ func connect(ctx context.Context, client *plugin.Client, cfg Config) (*Instance,
 		return nil, fmt.Errorf("the binary reports plugin %q version %q, its manifest says %q version %q; refusing it",
 			manifest.Name, manifest.Version, cfg.Name, cfg.Version)
 	}
-	inst := &Instance{client: client, shim: shim, manifest: manifest, host: cfg.Host, minLevel: leastLevel(cfg.Logger)}
+	inst := &Instance{client: client, served: served, shim: shim, manifest: manifest, host: cfg.Host, minLevel: leastLevel(cfg.Logger)}
 	if rc := client.ReattachConfig(); rc != nil {
 		inst.pid = rc.Pid
 	}
@@ -361,8 +374,24 @@ func (i *Instance) Exited() bool { return i.client != nil && i.client.Exited() }
 // Kill stops the plugin process (gracefully first, then forcibly).
 func (i *Instance) Kill() {
 	if i.client != nil {
-		i.client.Kill()
+		kill(i.client, i.served)
 	}
+}
+
+// kill stops the plugin's process and waits for what go-plugin runs for
+// it (the stderr copy) and for its callback server: Kill returned, nothing
+// of the instance logs or answers any more.
+func kill(client *plugin.Client, served *grpcPlugin) {
+	client.Kill()
+	// go-plugin's Kill closes the broker when it had a connection, and
+	// does not wait for the server on it. Closing is idempotent; done
+	// here, it also covers a Kill that found none.
+	served.mu.Lock()
+	for _, b := range served.brokers {
+		_ = b.Close()
+	}
+	served.mu.Unlock()
+	served.serving.Wait()
 }
 
 // Invoke sends a batch of phase calls to the plugin. An error means the

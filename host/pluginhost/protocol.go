@@ -10,7 +10,6 @@ import (
 	"github.com/hashicorp/go-plugin"
 
 	"github.com/usherhq/usher/internal/contract"
-	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
 // protocols maps every host-plugin protocol version this host speaks to
@@ -20,16 +19,16 @@ import (
 // Adding protocol 2 is adding an entry (with its own shim when the contract
 // changed); protocol 1's entry stays, so plugins built with an older SDK
 // keep loading until 1 is removed on purpose.
-func protocols(host usherv1.HostServer) map[int]plugin.PluginSet {
+func protocols(p *grpcPlugin) map[int]plugin.PluginSet {
 	return map[int]plugin.PluginSet{
-		1: {contract.PluginName: &grpcPlugin{host: host}},
+		1: {contract.PluginName: p},
 	}
 }
 
 // Protocols lists the protocol versions this host speaks, oldest first.
 func Protocols() []int {
 	var out []int
-	for v := range protocols(nil) {
+	for v := range protocols(&grpcPlugin{}) {
 		out = append(out, v)
 	}
 	sort.Ints(out)

@@ -6,7 +6,6 @@ package runtest
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -70,12 +69,12 @@ func TestAdminPortTakenFailsNew(t *testing.T) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer taken.Close()
-	var logs strings.Builder
+	var logs syncWriter
 	before := goleak.IgnoreCurrent()
 	_, err = host.New(context.Background(), host.Config{
 		DatabaseURL: dbURL, RedisURL: hosttest.RedisURL(), Stream: stream, Plugins: []string{counters},
 		AdminAddr: taken.Addr().String(), AdminTokenFile: filepath.Join(t.TempDir(), "token"),
-		Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil)),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	})
 	require.ErrorContains(t, err, "admin listener")
 	require.ErrorContains(t, err, "address already in use")
@@ -83,16 +82,23 @@ func TestAdminPortTakenFailsNew(t *testing.T) {
 	goleak.VerifyNone(t, before)
 }
 
-// syncWriter serialises writes to w.
+// syncWriter keeps what is written to it; a goroutine may write while
+// another reads.
 type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu  sync.Mutex
+	buf strings.Builder
 }
 
 func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.w.Write(p)
+	return s.buf.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
 }
 
 // Run under a context that ends, after it ran jobs, stops every service
