@@ -107,7 +107,14 @@ func runOne(ctx context.Context, cfg config, rt string, inflight int, first bool
 			}
 		}()
 		env.dbURL = dbURL
-		env.pool, err = newPool(ctx, dbURL, inflight)
+		conns, err := poolSize(ctx, dbURL, inflight)
+		if err != nil {
+			return err
+		}
+		if conns < inflight {
+			env.note("handlers' pool %d connections, not %d: the server's max_connections leaves no more (usher's plugin pool is bounded the same way)", conns, inflight)
+		}
+		env.pool, err = newPool(ctx, dbURL, conns)
 		if err != nil {
 			return err
 		}

@@ -137,6 +137,28 @@ func createDatabase(ctx context.Context, adminURL, label string) (string, func(c
 	return u.String(), drop, nil
 }
 
+// poolSize is the handlers' pool for inflight workers: one connection
+// each, as far as the server's max_connections leaves room beside the
+// connections open now and a reserve for the runtime's own (River's pool
+// of 10, the verification). Asked for more, a pool fails its workers with
+// "too many clients" and a run at 256 in flight measured the server's
+// refusals instead of the runtime.
+func poolSize(ctx context.Context, dbURL string, inflight int) (int, error) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	var room int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('max_connections')::int
+		- current_setting('superuser_reserved_connections')::int
+		- (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int`).Scan(&room); err != nil {
+		return 0, fmt.Errorf("connection room: %w", err)
+	}
+	const reserve = 16
+	return max(1, min(inflight, room-reserve)), nil
+}
+
 func newPool(ctx context.Context, dbURL string, maxConns int) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
