@@ -139,8 +139,19 @@ func stateText(j *history.Job) string {
 		return fmt.Sprintf("%s (dead letter %d: %s)", j.State, j.DeadLetter, truncate(j.DeadLetterReason, 100))
 	case j.State == history.Discarded:
 		return fmt.Sprintf("%s (dead letter %d, kept: %s)", j.State, j.DeadLetter, truncate(j.DeadLetterReason, 100))
+	case j.HeldBy != nil:
+		return fmt.Sprintf("%s, held: kind %s paused by %s since %s%s; no host starts it until `host kinds resume %s`",
+			j.State, j.HeldBy.Kind, j.HeldBy.PausedBy, j.HeldBy.PausedAt.UTC().Format(time.RFC3339), reasonText(j.HeldBy.Reason), j.HeldBy.Kind)
 	}
 	return j.State
+}
+
+// reasonText is a pause's reason after its other facts, "" for none.
+func reasonText(reason string) string {
+	if reason == "" {
+		return ""
+	}
+	return " (" + truncate(reason, 100) + ")"
 }
 
 // printHistory prints records as a table, each line after indent. With

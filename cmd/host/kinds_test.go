@@ -2,18 +2,21 @@ package main
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/outbox"
 	"github.com/usherhq/usher/internal/doctest"
 )
 
 // host kinds pause, resume and paused, as an operator types them: each
 // change recorded with who (--by, else $USER@hostname) and the database
 // login, a repeat reported and not recorded, inspect showing the paused
-// kind, and wrong command lines refused with exit status 2.
+// kind, a job of it shown as held by the pause (and no longer once
+// resumed), and wrong command lines refused with exit status 2.
 func TestPauseCLI(t *testing.T) {
 	t.Parallel()
 	pool, db := hosttest.DB(t)
@@ -21,17 +24,24 @@ func TestPauseCLI(t *testing.T) {
 	require.NoError(t, rdb.XGroupCreateMkStream(t.Context(), stream, "usher", "0").Err())
 	bin := hosttest.Build(t, "./cmd/host")
 	env := []string{"DATABASE_URL=" + db, "USHER_STREAM=" + stream, "REDIS_URL=" + hosttest.RedisURL(), "USER=grace"}
+	ids, err := outbox.Add(t.Context(), pool, outbox.Message{Kind: "update_sales_counter", Payload: []byte(`{"order_id":1}`)})
+	require.NoError(t, err)
+	job := strconv.FormatInt(ids[0], 10)
+	held := "state       pending, held: kind update_sales_counter paused by ada since "
 	for _, tc := range []struct {
 		args []string
 		code int
 		want []string
 	}{
 		{[]string{"kinds", "paused"}, 0, []string{"no kind is paused"}},
+		{[]string{"jobs", "show", job}, 0, []string{"state       pending\n"}},
 		{[]string{"kinds", "pause", "update_sales_counter", "--by", "ada", "--reason", "provider outage"}, 0, []string{"paused update_sales_counter: every host"}},
+		{[]string{"jobs", "show", job}, 0, []string{held, " (provider outage); no host starts it until `host kinds resume update_sales_counter`"}},
 		{[]string{"kinds", "pause", "update_sales_counter"}, 0, []string{"update_sales_counter is paused already, since ", " by ada"}},
 		{[]string{"kinds", "paused"}, 0, []string{"update_sales_counter", "ada", "provider outage", "last 1 operator action(s)", "pause_kind"}},
 		{[]string{"inspect"}, 0, []string{"paused kinds (their deliveries wait in the stream)", "update_sales_counter", "provider outage"}},
 		{[]string{"kinds", "resume", "update_sales_counter"}, 0, []string{"resumed update_sales_counter"}},
+		{[]string{"jobs", "show", job}, 0, []string{"state       pending\n"}},
 		{[]string{"kinds", "resume", "update_sales_counter"}, 0, []string{"update_sales_counter was not paused"}},
 		{[]string{"kinds", "paused"}, 0, []string{"no kind is paused", "last 2 operator action(s)", "resume_kind", "grace@"}},
 		{[]string{"kinds", "pause"}, 2, []string{"kinds pause takes one kind, got []"}},

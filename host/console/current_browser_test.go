@@ -252,7 +252,8 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 
 	// A job's page follows its job without a reload and stops once the
 	// job is final. With its kind paused a job waits parked, and the
-	// plugins page counts it parked now; resumed, the job's page goes from
+	// plugins page counts it parked now and its page says the pause holds
+	// it; resumed, the job's page goes from
 	// running to done by itself, its cancel form goes and the refresh
 	// stops.
 	_, _, err = pause.Pause(ctx, pool, kind, "test", "hold one job")
@@ -277,6 +278,8 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	require.Contains(t, eval(`document.querySelector('#plugins th[title*="reclaim"]').textContent`), "parked now")
 	run("the held job", chromedp.Navigate(base+"/console/jobs?id="+held), chromedp.WaitVisible(chromedp.ID("job-state")))
 	require.Equal(t, "running", text("#job-state"))
+	require.Contains(t, text("#job-held"), "Held: its kind "+kind+" is paused (by test, ")
+	require.Contains(t, text("#job-held"), ": hold one job); no host starts it until the kind is resumed.")
 	require.Equal(t, "3", eval(`document.getElementById('job-live').dataset.live`))
 	require.Equal(t, "1", eval(`String(document.querySelectorAll('#cancel-job').length)`))
 	_, err = chromedp.Run(bctx, chromedp.Evaluate[bool](`window.notReloaded = true; true`))
@@ -288,6 +291,7 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	hosttest.Eventually(t, 10*time.Second, "the refresh to stop", func() bool { return strings.HasSuffix(text("#live-at"), "final: no longer updated") })
 	require.Equal(t, "0", eval(`String(document.querySelectorAll('[data-live]').length)`))
 	require.Equal(t, "0", eval(`String(document.querySelectorAll('#cancel-job').length)`), "nothing to cancel in a job done")
+	require.Equal(t, "0", eval(`String(document.querySelectorAll('#job-held').length)`), "resumed: held no longer")
 	require.Equal(t, "applied", text("#deliveries tbody tr:last-child .verdict"))
 	require.Equal(t, base+"/console/jobs?id="+held, eval(`location.href`))
 	require.Zero(t, parkedNow(), "run: parked no longer")

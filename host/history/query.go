@@ -78,6 +78,10 @@ type Job struct {
 	// DeadLetter is its open (or discarded) dead letter's id and reason.
 	DeadLetter       int64  `json:"dead_letter_id,omitempty"`
 	DeadLetterReason string `json:"dead_letter_reason,omitempty"`
+	// HeldBy is the pause on its kind, when it is pending or running and
+	// its kind is paused: no host starts it (its entry is parked) until
+	// the kind is resumed. GetJob fills it in.
+	HeldBy *pause.Paused `json:"held_by_pause,omitempty"`
 	// Actions are what operators did to it (cancel, run now, discard,
 	// requeue), oldest first; GetJob fills them in.
 	Actions []pause.Action `json:"actions,omitempty"`
@@ -168,6 +172,11 @@ func GetJob(ctx context.Context, q outbox.Querier, id string) (*Job, error) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
 	j := jobs[0]
+	if j.State == Pending || j.State == Running {
+		if j.HeldBy, err = pause.Of(ctx, q, j.Kind); err != nil {
+			return nil, err
+		}
+	}
 	if j.Actions, err = pause.Actions(ctx, q, j.ID, 100); err != nil {
 		return nil, err
 	}

@@ -132,6 +132,19 @@ func List(ctx context.Context, q outbox.Querier) ([]Paused, error) {
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[Paused])
 }
 
+// Of returns the pause in force on kind, nil when kind runs.
+func Of(ctx context.Context, q outbox.Querier, kind string) (*Paused, error) {
+	rows, err := q.Query(ctx, `SELECT kind, paused_at, paused_by, reason FROM kind_pauses WHERE kind = $1 AND resumed_at IS NULL`, kind)
+	if err != nil {
+		return nil, fmt.Errorf("pause of %s: %w", kind, err)
+	}
+	ps, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Paused])
+	if err != nil || len(ps) == 0 {
+		return nil, err
+	}
+	return &ps[0], nil
+}
+
 // Actions returns the operator actions on target (every target when
 // empty), newest first, at most limit.
 func Actions(ctx context.Context, q outbox.Querier, target string, limit int) ([]Action, error) {
