@@ -158,12 +158,21 @@ func TestEnqueueFromPsqlAndPython(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "COMMIT")
 
+	py, ok := python()
+	if !ok {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no python3 imports psycopg2 and CI is set: .ci/tools installs Debian's python3-psycopg2")
+		}
+		b.waitSeats(t, 2)
+		require.EqualValues(t, 1, b.count(t, `SELECT count(*) FROM outbox WHERE request_id = 'req-psql'`))
+		t.Skip("psql's enqueue ran; Python's skips: no python3 imports psycopg2 (apt-get install python3-psycopg2, as make test's tools step does where it can)")
+	}
 	dir := t.TempDir()
 	script := strings.Join(doctest.Block(t, "docs/plugins.md", "**Python, psycopg2**", "python"), "\n") + "\n"
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "enqueue.py"), []byte(script), 0o644))
-	py := exec.Command(python(t), "enqueue.py")
-	py.Dir, py.Env = dir, env(order(3))
-	out, err = py.CombinedOutput()
+	pyCmd := exec.Command(py, "enqueue.py")
+	pyCmd.Dir, pyCmd.Env = dir, env(order(3))
+	out, err = pyCmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	pyJob, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
 	require.NoError(t, err, "it prints the job's outbox id: %s", out)
@@ -178,16 +187,14 @@ func TestEnqueueFromPsqlAndPython(t *testing.T) {
 
 // python is a python3 that imports psycopg2: the one on PATH, else
 // Debian's (.ci/tools installs python3-psycopg2 there; a python3 of
-// pyenv's or a virtualenv's does not see it).
-func python(t *testing.T) string {
-	t.Helper()
+// pyenv's or a virtualenv's does not see it). ok is false when neither does.
+func python() (path string, ok bool) {
 	for _, p := range []string{"python3", "/usr/bin/python3"} {
 		if exec.Command(p, "-c", "import psycopg2").Run() == nil {
-			return p
+			return p, true
 		}
 	}
-	t.Fatal("no python3 imports psycopg2: install Debian's python3-psycopg2 (.ci/tools does)")
-	return ""
+	return "", false
 }
 
 // Only the roles an operator grants it to may call usher_enqueue_job:

@@ -86,6 +86,9 @@ func (cl *cli) kindsAction(fs *flag.FlagSet, resume bool) runner {
 type pausedShown struct {
 	Paused  []pause.Paused `json:"paused"`
 	Actions []pause.Action `json:"actions"`
+	// ActionsTotal counts every operator action; Actions holds the last
+	// --limit of them.
+	ActionsTotal int `json:"actions_total"`
 }
 
 func (cl *cli) kindsPaused(fs *flag.FlagSet) runner {
@@ -106,7 +109,7 @@ func (cl *cli) kindsPaused(fs *flag.FlagSet) runner {
 			if out.Paused, err = pause.List(ctx, pool); err != nil {
 				return err
 			}
-			if out.Actions, err = pause.Actions(ctx, pool, "", *limit); err != nil {
+			if out.Actions, out.ActionsTotal, err = pause.Actions(ctx, pool, "", *limit); err != nil {
 				return err
 			}
 			if *asJSON {
@@ -122,7 +125,11 @@ func (cl *cli) kindsPaused(fs *flag.FlagSet) runner {
 				}
 			}
 			if len(out.Actions) > 0 {
-				fmt.Fprintf(w, "\nlast %d operator action(s)\n", len(out.Actions))
+				if len(out.Actions) < out.ActionsTotal {
+					fmt.Fprintf(w, "\nthe last %d of %d operator actions: --limit %d shows them all\n", len(out.Actions), out.ActionsTotal, out.ActionsTotal)
+				} else {
+					fmt.Fprintf(w, "\n%d operator action(s)\n", len(out.Actions))
+				}
 				fmt.Fprintln(w, "AT\tACTION\tTARGET\tBY\tDB USER\tDETAIL")
 				for _, a := range out.Actions {
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", a.At.UTC().Format(time.RFC3339), a.Action, a.Target, a.Actor, a.DBUser, a.Detail)

@@ -177,7 +177,8 @@ func GetJob(ctx context.Context, q outbox.Querier, id string) (*Job, error) {
 			return nil, err
 		}
 	}
-	if j.Actions, err = pause.Actions(ctx, q, j.ID, 100); err != nil {
+	// A job's actions are few (each is an operator's), so all of them.
+	if j.Actions, _, err = pause.Actions(ctx, q, j.ID, 0); err != nil {
 		return nil, err
 	}
 	slices.Reverse(j.Actions)

@@ -146,14 +146,21 @@ func Of(ctx context.Context, q outbox.Querier, kind string) (*Paused, error) {
 }
 
 // Actions returns the operator actions on target (every target when
-// empty), newest first, at most limit.
-func Actions(ctx context.Context, q outbox.Querier, target string, limit int) ([]Action, error) {
-	rows, err := q.Query(ctx, `SELECT id, at, actor, db_user::text, action, target, detail FROM operator_actions
-		WHERE $1 = '' OR target = $1 ORDER BY id DESC LIMIT $2`, target, limit)
+// empty), newest first, at most limit (every one when limit is 0), and
+// how many there are in all.
+func Actions(ctx context.Context, q outbox.Querier, target string, limit int) ([]Action, int, error) {
+	rows, err := q.Query(ctx, `SELECT id, at, actor, db_user::text, action, target, detail, count(*) OVER () FROM operator_actions
+		WHERE $1 = '' OR target = $1 ORDER BY id DESC LIMIT NULLIF($2, 0)`, target, limit)
 	if err != nil {
-		return nil, fmt.Errorf("operator actions: %w", err)
+		return nil, 0, fmt.Errorf("operator actions: %w", err)
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[Action])
+	var total int
+	as, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Action, error) {
+		var a Action
+		err := row.Scan(&a.ID, &a.At, &a.Actor, &a.DBUser, &a.Action, &a.Target, &a.Detail, &total)
+		return a, err
+	})
+	return as, total, err
 }
 
 // WatcherConfig configures a Watcher.
