@@ -82,9 +82,10 @@ func TestPauseTwoHostsLosesNothing(t *testing.T) {
 	b.requireCounters(t, before)
 	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters`))
 
-	acts, err := pause.Actions(ctx, b.pool, counterKind, 10)
+	acts, total, err := pause.Actions(ctx, b.pool, counterKind, 10)
 	require.NoError(t, err)
 	require.Len(t, acts, 2)
+	require.Equal(t, 2, total)
 	require.Equal(t, pause.ActionResume, acts[0].Action)
 	require.Equal(t, "grace", acts[0].Actor)
 	require.Equal(t, pause.ActionPause, acts[1].Action)

@@ -2,15 +2,10 @@ package hosttest
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,17 +14,13 @@ import (
 	"github.com/usherhq/usher/internal/localcluster"
 )
 
-// RedisCluster is a Redis Cluster of the test's own: 3 primaries with a
-// replica each, on free loopback ports, started from the machine's
-// redis-server (Debian's redis-server package) in a temporary directory,
-// and stopped when the test ends.
+// RedisCluster is a Redis Cluster of the test's own (localcluster's: 3
+// primaries with a replica each, on free loopback ports, from the
+// machine's redis-server, in a temporary directory), stopped when the test
+// ends. Its methods fail the test where localcluster's return an error.
 type RedisCluster struct {
-	tb  testing.TB
-	dir string
-	mu  sync.Mutex
-	// nodes by port.
-	nodes map[int]*localcluster.Node
-	ports []int
+	tb      testing.TB
+	cluster *localcluster.Cluster
 }
 
 // NodeTimeout is the cluster-node-timeout the test clusters run with: a
@@ -46,67 +37,39 @@ func StartRedisCluster(tb testing.TB) *RedisCluster {
 			tb.Fatalf("hosttest: %s not found (Debian's redis-server package has it): %v", bin, err)
 		}
 	}
-	c := &RedisCluster{tb: tb, dir: tb.TempDir(), nodes: map[int]*localcluster.Node{}}
+	cluster, err := localcluster.Start(tb.TempDir())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c := &RedisCluster{tb: tb, cluster: cluster}
 	tb.Cleanup(c.stop)
-	var err error
-	if c.ports, err = localcluster.Ports(localcluster.Nodes); err != nil {
-		tb.Fatal(err)
-	}
-	for _, p := range c.ports {
-		c.start(p)
-	}
-	if err := localcluster.Create(c.ports); err != nil {
-		tb.Fatal(err)
-	}
-	c.WaitHealthy(30 * time.Second)
 	return c
 }
 
-// start runs the node on port (again, after Kill: it rejoins with its
-// nodes.conf, as a replica if it was failed over meanwhile).
-func (c *RedisCluster) start(port int) {
-	c.tb.Helper()
-	n, err := localcluster.StartNode(c.dir, port)
-	if err != nil {
-		c.tb.Fatal(err)
-	}
-	c.mu.Lock()
-	c.nodes[port] = n
-	c.mu.Unlock()
-}
-
+// stop stops the nodes and, when the test failed, logs the end of each
+// node's log.
 func (c *RedisCluster) stop() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, n := range c.nodes {
-		_ = n.Cmd.Process.Kill()
-		<-n.Done
+	c.cluster.Stop()
+	if !c.tb.Failed() {
+		return
 	}
-	if c.tb.Failed() {
-		for _, p := range c.ports {
-			log, _ := os.ReadFile(filepath.Join(c.dir, strconv.Itoa(p), "redis.log"))
-			if len(log) > 4000 {
-				log = log[len(log)-4000:]
-			}
-			c.tb.Logf("redis cluster node %d's log ends:\n%s", p, log)
+	for _, a := range c.cluster.Addrs() {
+		log, _ := os.ReadFile(filepath.Join(c.cluster.Dir(a), "redis.log"))
+		if len(log) > 4000 {
+			log = log[len(log)-4000:]
 		}
+		c.tb.Logf("redis cluster node %s's log ends:\n%s", a, log)
 	}
 }
 
 // Addrs are the nodes' addresses, host:port.
-func (c *RedisCluster) Addrs() []string {
-	out := make([]string, len(c.ports))
-	for i, p := range c.ports {
-		out[i] = fmt.Sprintf("127.0.0.1:%d", p)
-	}
-	return out
-}
+func (c *RedisCluster) Addrs() []string { return c.cluster.Addrs() }
 
 // URL is the redis-cluster:// URL naming addrs as seeds (all nodes when
 // none are given).
 func (c *RedisCluster) URL(addrs ...string) string {
 	if len(addrs) == 0 {
-		addrs = c.Addrs()
+		return c.cluster.URL()
 	}
 	return "redis-cluster://" + strings.Join(addrs, ",")
 }
@@ -118,34 +81,14 @@ func (c *RedisCluster) Client() *redis.ClusterClient {
 	return cl
 }
 
-// node is a client of the node at addr alone.
-func node(addr string) *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
-}
-
-// PrimaryFor is the address of the primary that serves key's slot, asked
-// of a live node.
+// PrimaryFor is the address of the primary that serves key's slot, as the
+// first live node that answers sees it (during a failover, the nodes may
+// disagree for a while; a test polling for the promotion wants any one).
 func (c *RedisCluster) PrimaryFor(key string) string {
 	c.tb.Helper()
-	slot := slotOf(key)
-	for _, a := range c.liveAddrs() {
-		cl := node(a)
-		shards, err := cl.ClusterShards(context.Background()).Result()
-		_ = cl.Close()
-		if err != nil {
-			continue
-		}
-		for _, sh := range shards {
-			for _, r := range sh.Slots {
-				if r.Start > slot || slot > r.End {
-					continue
-				}
-				for _, n := range sh.Nodes {
-					if n.Role == "master" {
-						return fmt.Sprintf("%s:%d", n.IP, n.Port)
-					}
-				}
-			}
+	for _, a := range c.cluster.LiveAddrs() {
+		if p, err := localcluster.PrimarySeenBy(context.Background(), a, key); err == nil {
+			return p
 		}
 	}
 	c.tb.Fatalf("hosttest: no live node knows who serves %q", key)
@@ -157,8 +100,8 @@ func (c *RedisCluster) PrimaryFor(key string) string {
 func (c *RedisCluster) NotServing(key string) string {
 	c.tb.Helper()
 	owner := c.PrimaryFor(key)
-	for _, a := range c.liveAddrs() {
-		cl := node(a)
+	for _, a := range c.cluster.LiveAddrs() {
+		cl := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
 		role, err := cl.Do(context.Background(), "ROLE").Slice()
 		_ = cl.Close()
 		if err == nil && len(role) > 0 && role[0] == "master" && a != owner {
@@ -169,44 +112,21 @@ func (c *RedisCluster) NotServing(key string) string {
 	return ""
 }
 
-func slotOf(key string) int64 { return int64(crc16(hashTag(key)) % 16384) }
-
-func (c *RedisCluster) liveAddrs() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []string
-	for _, p := range c.ports {
-		n := c.nodes[p]
-		select {
-		case <-n.Done:
-		default:
-			out = append(out, fmt.Sprintf("127.0.0.1:%d", p))
-		}
-	}
-	return out
-}
-
 // Kill sends SIGKILL to the node at addr and waits for it to exit.
 func (c *RedisCluster) Kill(addr string) {
 	c.tb.Helper()
-	_, ps, _ := net.SplitHostPort(addr)
-	p, _ := strconv.Atoi(ps)
-	c.mu.Lock()
-	n := c.nodes[p]
-	c.mu.Unlock()
-	if n == nil {
-		c.tb.Fatalf("hosttest: no cluster node %s", addr)
+	if err := c.cluster.Kill(addr); err != nil {
+		c.tb.Fatal(err)
 	}
-	_ = n.Cmd.Process.Signal(syscall.SIGKILL)
-	<-n.Done
 }
 
-// Restart starts the node at addr again after Kill.
+// Restart starts the node at addr again after Kill: it rejoins with its
+// nodes.conf, as a replica if it was failed over meanwhile.
 func (c *RedisCluster) Restart(addr string) {
 	c.tb.Helper()
-	_, ps, _ := net.SplitHostPort(addr)
-	p, _ := strconv.Atoi(ps)
-	c.start(p)
+	if err := c.cluster.Restart(addr); err != nil {
+		c.tb.Fatal(err)
+	}
 }
 
 // WaitHealthy waits until every live node reports cluster_state:ok and
@@ -214,44 +134,7 @@ func (c *RedisCluster) Restart(addr string) {
 // primary.
 func (c *RedisCluster) WaitHealthy(within time.Duration) {
 	c.tb.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, why := c.healthy()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.tb.Fatalf("hosttest: redis cluster not healthy after %s: %s", within, why)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := c.cluster.WaitHealthy(within); err != nil {
+		c.tb.Fatal(err)
 	}
-}
-
-func (c *RedisCluster) healthy() (bool, string) { return localcluster.Healthy(c.liveAddrs()) }
-
-// hashTag is the part of key Redis Cluster hashes: the first {...} with
-// something inside, else the whole key.
-func hashTag(key string) string {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			return key[i+1 : i+1+j]
-		}
-	}
-	return key
-}
-
-// crc16 is Redis Cluster's CRC16 (XMODEM).
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for b := 0; b < 8; b++ {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
 }

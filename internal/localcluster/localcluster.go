@@ -343,6 +343,15 @@ func (c *Cluster) PrimaryFor(ctx context.Context, key string) (string, error) {
 	return primary, nil
 }
 
+// PrimarySeenBy is the address of the primary serving key's slot as the
+// node at addr alone sees it: during a failover another node may still
+// disagree (PrimaryFor says so).
+func PrimarySeenBy(ctx context.Context, addr, key string) (string, error) {
+	cl := client(addr)
+	defer cl.Close()
+	return primaryFor(ctx, cl, key)
+}
+
 // primaryFor asks one node who serves key's slot (CLUSTER KEYSLOT, CLUSTER
 // SHARDS).
 func primaryFor(ctx context.Context, cl *redis.Client, key string) (string, error) {
