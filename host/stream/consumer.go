@@ -173,6 +173,23 @@ func EnsureGroup(ctx context.Context, rdb redis.UniversalClient, streamKey, grou
 	return nil
 }
 
+// transient reports whether err may pass by itself: the network, or a
+// cluster failing a primary over or resharding (CLUSTERDOWN, TRYAGAIN,
+// MOVED, ASK, LOADING, MASTERDOWN, READONLY). Any other reply, such as
+// NOPERM or WRONGTYPE, is an operator's to mend.
+func transient(err error) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return true
+	}
+	for _, p := range []string{"CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK", "LOADING", "MASTERDOWN", "READONLY"} {
+		if strings.HasPrefix(reply.Error(), p) {
+			return true
+		}
+	}
+	return false
+}
+
 // ensureGroups is EnsureGroup on each of keys.
 func ensureGroups(ctx context.Context, rdb redis.UniversalClient, keys []string, group string) error {
 	for _, k := range keys {
@@ -197,16 +214,30 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// started entries before the first read, even when there is none.
 	defer c.drain()
 	bands := make([][]string, len(c.cfg.Streams))
+	backoff := 100 * time.Millisecond
 	for i, s := range c.cfg.Streams {
 		bands[i] = BandKeys(s)
-		if err := ensureGroups(ctx, c.cfg.Redis, bands[i], c.cfg.Group); err != nil {
+		for {
+			err := ensureGroups(ctx, c.cfg.Redis, bands[i], c.cfg.Group)
 			if ctx.Err() != nil {
 				return nil // stopped before it began: nothing read
 			}
-			return err
+			if err == nil {
+				break
+			}
+			if !transient(err) {
+				return err
+			}
+			// A host started while a cluster fails a primary over (or
+			// Redis restarts) waits for it, as its reads would, instead
+			// of exiting (/healthz, which probes each shard's primary,
+			// reports it meanwhile).
+			c.cfg.Logger.Warn("stream: creating the group failed; retrying", "stream", s, "err", err, "backoff", backoff)
+			wait(ctx, backoff)
+			backoff = min(backoff*2, 5*time.Second)
 		}
 	}
-	backoff := 100 * time.Millisecond
+	backoff = 100 * time.Millisecond
 	idle := 5 * time.Millisecond
 	// empty counts the reads in a row that found nothing.
 	shard, empty := 0, 0
