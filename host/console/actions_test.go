@@ -256,7 +256,7 @@ func TestConsoleActionsInBrowser(t *testing.T) {
 			return applied(t, keepJob) == 1 && hosttest.Pending(t, rdb, stream, "usher") == 0
 		})
 		require.Zero(t, applied(t, goneJob), "a job cancelled on the stream never runs")
-		require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE job_id = $1 AND outcome = 'cancelled'`, goneJob))
+		require.EqualValues(t, 1, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE id::text = $1 AND outcome = 'cancelled'`, goneJob))
 		require.Zero(t, applied(t, dropJob), "a cancelled job never runs")
 		require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM scheduled_jobs WHERE job_id = $1 AND enqueued_at IS NULL`, dropJob), "nothing left to schedule")
 	})
