@@ -7,7 +7,7 @@ BIN     := bin
 PLUGINS := $(BIN)/plugins
 CHAOS_PLUGINS := $(BIN)/chaos-plugins
 
-.PHONY: all build plugins chaos-plugins demo test test-short bench chaos soak generate check-generate lint vet-plugins services tools clean
+.PHONY: all build plugins chaos-plugins demo test test-short bench chaos soak generate check-generate lint vet-plugins services tools clean screenshots
 
 all: build
 
@@ -126,6 +126,17 @@ BENCH_PKGS  := $(sort $(patsubst %/,./%,$(dir $(shell grep -rl '^func Benchmark'
 bench: services build
 	$(BIN)/bench --plugin-dir $(PLUGINS) --json bench-results/bench.json $(BENCH_FLAGS)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCH_TIME) -count 1 $(BENCH_PKGS)
+
+# The console's screenshots in docs/console, made by its browser tests
+# (Chromium; CI=true makes them fail rather than skip without it) with
+# their artifact directory pointed there: a test writes into docs/console
+# only the shots docs/*.md show, so what was there before is removed
+# first and what is left is exactly what the docs link.
+# TestDocShotsComeFromTests checks every linked picture is one a test writes.
+BROWSER_TESTS := InBrowser|^TestConsoleShowsAnOrdersWorkflow$$|^TestConsoleWorkflowPages$$
+screenshots: services
+	rm -f docs/console/*.png
+	CI=true USHER_ARTIFACTS=$(CURDIR)/docs/console $(GO) test -count=1 -timeout 20m -run '$(BROWSER_TESTS)' ./host/console/
 
 generate:
 	cd proto/usher/v1 && $(GO) generate ./...

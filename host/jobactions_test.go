@@ -99,6 +99,72 @@ func TestJobActionsAdminAPI(t *testing.T) {
 	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM scheduled_jobs WHERE job_id = $1 AND run_at <= now()`, later))
 }
 
+// A chosen set of dead letters requeued through the admin API
+// (/deadletters/requeue?id=A&id=B): both put back through the outbox with
+// their identities kept, each applied once, each requeue recorded with who
+// asked; asked again, the set is refused (no longer open) and nothing more
+// is recorded or run. The letter not named stays open.
+func TestRequeueSetAdminAPI(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.placeOrders(t, 3, 1)
+	// The three jobs are dead letters, never applied.
+	rows, err := b.pool.Query(ctx, `SELECT id::text, payload::text FROM outbox ORDER BY id LIMIT 3`)
+	require.NoError(t, err)
+	var jobs []string
+	var letters []int64
+	for rows.Next() {
+		var id, payload string
+		require.NoError(t, rows.Scan(&id, &payload))
+		jobs = append(jobs, id)
+		_, err := deadletter.Add(ctx, b.pool, deadletter.Letter{JobID: id, Kind: "update_sales_counter", Payload: []byte(payload),
+			Reason: "test", LastError: "test", Attempts: 1, StreamID: fmt.Sprintf("0-%d", len(jobs))})
+		require.NoError(t, err)
+	}
+	require.NoError(t, rows.Err())
+	for _, j := range jobs {
+		letters = append(letters, hosttest.Count(t, b.pool, `SELECT id FROM dead_letters WHERE job_id = $1`, j))
+	}
+	require.Len(t, jobs, 3)
+	_, err = b.pool.Exec(ctx, `UPDATE outbox SET published_at = now()`)
+	require.NoError(t, err)
+	cfg := b.config()
+	cfg.AdminAddr = "127.0.0.1:0"
+	h := hosttest.Start(t, cfg)
+	hosttest.Eventually(t, 10*time.Second, "the admin API listening", func() bool { return h.AdminAddr() != "" })
+	call := func(path string) (int, string) {
+		t.Helper()
+		code, _, body := adminCall{method: "POST", path: path, token: h.AdminToken}.do(t, h.AdminAddr())
+		return code, body
+	}
+	applied := func(job string) int64 {
+		return hosttest.Count(t, b.pool, `SELECT count(*) FROM counter_applies WHERE job_id = $1`, job)
+	}
+
+	set := fmt.Sprintf("/deadletters/requeue?id=%d&id=%d&by=ops", letters[0], letters[1])
+	code, body := call(set)
+	require.Equal(t, 200, code, body)
+	var resp struct{ Jobs []string }
+	require.NoError(t, json.Unmarshal([]byte(body), &resp))
+	require.ElementsMatch(t, jobs[:2], resp.Jobs, "the chosen letters' jobs, identities kept")
+	hosttest.Eventually(t, 30*time.Second, "the requeued set applied", func() bool { return applied(jobs[0])+applied(jobs[1]) == 2 })
+
+	code, body = call(set)
+	require.Equal(t, 422, code, "a set already requeued: %s", body)
+	b.waitDrained(t, 2)
+	for _, j := range jobs[:2] {
+		require.EqualValues(t, 1, applied(j), "job %s applied once", j)
+		require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM operator_actions WHERE action = 'requeue_dead_letter'
+			AND target = $1 AND actor LIKE 'ops via the admin API from 127.0.0.1:%'`, j), "job %s: one requeue recorded, with who", j)
+	}
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM operator_actions`), "the refused second call recorded nothing")
+	require.EqualValues(t, 2, hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NOT NULL AND id = ANY($1)`, letters[:2]))
+	require.EqualValues(t, 1, hosttest.Count(t, b.pool, `SELECT count(*) FROM dead_letters WHERE requeued_at IS NULL AND discarded_at IS NULL AND id = $1`, letters[2]),
+		"the letter not named stays open")
+	require.Zero(t, applied(jobs[2]))
+}
+
 // placeHeld commits n orders of seats[i] seats each for one new event,
 // each with its counter job, and returns the event and the jobs' ids.
 func (b *testBundle) placeHeld(t *testing.T, seats ...int) (event int64, jobs []string) {

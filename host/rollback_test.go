@@ -189,7 +189,8 @@ func TestBadSwapRollsBack(t *testing.T) {
 	}
 }
 
-// A rollback asked for through the admin API: back to the version before,
+// A rollback asked for through the admin API: refused (401, nothing
+// rolled back or recorded) without the token; back to the version before,
 // counted as requested, and refused again when there is nothing to roll
 // back to. A changed manifest is taken by the watcher.
 func TestRollbackOnRequest(t *testing.T) {
@@ -232,6 +233,23 @@ func TestRollbackOnRequest(t *testing.T) {
 	})
 	st := pluginStatus(t, h, "counters")
 	require.NotNil(t, st.ProbationUntil)
+
+	// Without the token, or with a wrong one: refused, nothing rolled
+	// back, nothing recorded.
+	for _, token := range []string{"", strings.Repeat("0", 64)} {
+		req, err := http.NewRequest(http.MethodPost, "http://"+h.AdminAddr()+"/plugins/rollback?name=counters&by=mallory", nil)
+		require.NoError(t, err)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "token %q", token)
+	}
+	require.Equal(t, "2.0.0", pluginStatus(t, h, "counters").Version, "not rolled back")
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM plugin_swaps WHERE action = 'rolled back'`))
+	require.Zero(t, hosttest.Count(t, b.pool, `SELECT count(*) FROM operator_actions`), "a refused call is not recorded")
 
 	code, out = post("?name=counters")
 	require.Equal(t, http.StatusOK, code, out.Error)

@@ -20,10 +20,8 @@ import (
 // plugin. Each is also in the CLI (`host jobs cancel|run-now`, `host
 // deadletters discard|requeue ID...`, `host kinds pause|resume`, `host
 // plugins rollback`) and the admin API, and is recorded in
-// operator_actions with actor "console", as the workflow actions are.
-
-// actor is who the console says acts.
-const actor = "console"
+// operator_actions with who acted (Console.actor: "NAME via the console
+// from ADDR"), as the workflow actions are.
 
 func (c *Console) actionRoutes(m *http.ServeMux) {
 	m.HandleFunc("POST "+Prefix+"jobs/{id}/cancel", c.authed(c.cancelJob))
@@ -43,7 +41,7 @@ func (c *Console) cancelJob(w http.ResponseWriter, r *http.Request) {
 	if reason == "" {
 		reason = "cancelled from the console"
 	}
-	res, err := jobctl.Cancel(r.Context(), c.cfg.Pool, id, actor, reason)
+	res, err := jobctl.Cancel(r.Context(), c.cfg.Pool, id, c.actor(r), reason)
 	msg := res.String()
 	if err != nil {
 		msg = "cancel failed: " + err.Error()
@@ -54,7 +52,7 @@ func (c *Console) cancelJob(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) runJobNow(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	was, err := jobctl.RunNow(r.Context(), c.cfg.Pool, id, actor)
+	was, err := jobctl.RunNow(r.Context(), c.cfg.Pool, id, c.actor(r))
 	msg := fmt.Sprintf("job %s is due now (was due %s): the scheduler moves it to the outbox within a second", id, was.UTC().Format(time.RFC3339))
 	if err != nil {
 		msg = "run now failed: " + err.Error()
@@ -69,7 +67,7 @@ func (c *Console) discardLetter(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
-	job, err := jobctl.Discard(r.Context(), c.cfg.Pool, id, actor, strings.TrimSpace(r.PostFormValue("reason")))
+	job, err := jobctl.Discard(r.Context(), c.cfg.Pool, id, c.actor(r), strings.TrimSpace(r.PostFormValue("reason")))
 	if err != nil {
 		back(w, r, Prefix+"deadletters/"+strconv.FormatInt(id, 10), "discard failed: "+err.Error())
 		return
@@ -89,7 +87,7 @@ func (c *Console) requeueSet(w http.ResponseWriter, r *http.Request) {
 	case len(ids) == 0:
 		err = fmt.Errorf("tick the letters to requeue first")
 	default:
-		_, err = jobctl.Requeue(r.Context(), c.cfg.Pool, ids, actor)
+		_, err = jobctl.Requeue(r.Context(), c.cfg.Pool, ids, c.actor(r))
 	}
 	to := Prefix + "deadletters"
 	if k := r.PostFormValue("kind"); k != "" {
@@ -111,14 +109,14 @@ func (c *Console) pauseKind(w http.ResponseWriter, r *http.Request) {
 	case "pause":
 		var changed bool
 		var p pause.Paused
-		p, changed, err = pause.Pause(r.Context(), c.cfg.Pool, kind, actor, strings.TrimSpace(r.PostFormValue("reason")))
+		p, changed, err = pause.Pause(r.Context(), c.cfg.Pool, kind, c.actor(r), strings.TrimSpace(r.PostFormValue("reason")))
 		msg = fmt.Sprintf("paused %s: every host leaves its deliveries waiting in the stream within a second", kind)
 		if err == nil && !changed {
 			msg = fmt.Sprintf("%s is paused already, since %s by %s", kind, p.PausedAt.UTC().Format(time.RFC3339), p.PausedBy)
 		}
 	case "resume":
 		var changed bool
-		changed, err = pause.Resume(r.Context(), c.cfg.Pool, kind, actor)
+		changed, err = pause.Resume(r.Context(), c.cfg.Pool, kind, c.actor(r))
 		msg = fmt.Sprintf("resumed %s: its waiting deliveries run on every host within seconds", kind)
 		if err == nil && !changed {
 			msg = kind + " was not paused"
@@ -144,7 +142,7 @@ func (c *Console) rollback(w http.ResponseWriter, r *http.Request) {
 		msg += ": " + res.Error
 	}
 	if err == nil {
-		err = jobctl.Record(ctx, c.cfg.Pool, actor, jobctl.ActionRollback, name, fmt.Sprintf("%s → %s", res.From, res.To))
+		err = jobctl.Record(ctx, c.cfg.Pool, c.actor(r), jobctl.ActionRollback, name, fmt.Sprintf("%s → %s", res.From, res.To))
 	}
 	if err != nil {
 		msg = "rollback failed: " + err.Error()

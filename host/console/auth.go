@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -15,39 +16,47 @@ import (
 // cookieName is the console's session cookie.
 const cookieName = "usher_console"
 
-// sessions are the logged-in browsers, by cookie value, with their expiry.
+// sessions are the logged-in browsers, by cookie value.
 type sessions struct {
 	mu  sync.Mutex
 	ttl time.Duration
 	now func() time.Time
-	by  map[string]time.Time
+	by  map[string]session
+}
+
+// session is one logged-in browser: when it expires, and the name its
+// operator gave at login ("" if none).
+type session struct {
+	expires time.Time
+	name    string
 }
 
 func newSessions(ttl time.Duration, now func() time.Time) *sessions {
-	return &sessions{ttl: ttl, now: now, by: map[string]time.Time{}}
+	return &sessions{ttl: ttl, now: now, by: map[string]session{}}
 }
 
-func (s *sessions) create() string {
+func (s *sessions) create(name string) string {
 	b := make([]byte, 32)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
 	id := hex.EncodeToString(b)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	for k, exp := range s.by { // forget expired ones, so the map stays small
-		if now.After(exp) {
+	for k, ss := range s.by { // forget expired ones, so the map stays small
+		if now.After(ss.expires) {
 			delete(s.by, k)
 		}
 	}
-	s.by[id] = now.Add(s.ttl)
+	s.by[id] = session{expires: now.Add(s.ttl), name: name}
 	return id
 }
 
-func (s *sessions) valid(id string) bool {
+// get is the session id names, if it is valid.
+func (s *sessions) get(id string) (session, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	exp, ok := s.by[id]
-	return ok && s.now().Before(exp)
+	ss, ok := s.by[id]
+	return ss, ok && s.now().Before(ss.expires)
 }
 
 func (s *sessions) end(id string) {
@@ -73,7 +82,30 @@ func (c *Console) session(r *http.Request) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	return ck.Value, c.sessions.valid(ck.Value)
+	_, ok := c.sessions.get(ck.Value)
+	return ck.Value, ok
+}
+
+// defaultOperator is who acts in the console when no name was given at
+// login or on the form.
+const defaultOperator = "operator"
+
+// actor is who acts in the console, as operator_actions records it (and
+// kind_pauses' paused_by): the name given on the action's form (by=), else
+// the one given at login, else "operator", and the caller's address, as
+// the admin API records "NAME via the admin API from ADDR".
+func (c *Console) actor(r *http.Request) string {
+	name := strings.TrimSpace(r.PostFormValue("by"))
+	if name == "" {
+		if ck, err := r.Cookie(cookieName); err == nil {
+			ss, _ := c.sessions.get(ck.Value)
+			name = ss.name
+		}
+	}
+	if name == "" {
+		name = defaultOperator
+	}
+	return fmt.Sprintf("%.200s via the console from %s", name, r.RemoteAddr)
 }
 
 // sameOriginPost reports whether a POST shows it comes from the console's
@@ -126,9 +158,10 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.renderStatus(w, r, http.StatusUnauthorized, "login.html", map[string]any{"Next": next, "Error": "That is not this host's admin token."})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: c.sessions.create(), Path: Prefix,
+	name := strings.TrimSpace(r.PostFormValue("name"))
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: c.sessions.create(name), Path: Prefix,
 		MaxAge: int(c.cfg.SessionTTL / time.Second), HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
-	c.log.Info("console: logged in", "remote", r.RemoteAddr)
+	c.log.Info("console: logged in", "name", name, "remote", r.RemoteAddr)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 

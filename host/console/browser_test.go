@@ -21,8 +21,10 @@ import (
 	"github.com/usherhq/usher/host"
 	"github.com/usherhq/usher/host/deadletter"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/jobctl"
 	"github.com/usherhq/usher/host/ops"
 	"github.com/usherhq/usher/host/outbox"
+	"github.com/usherhq/usher/host/pause"
 	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/plugins/stagedoor/orders"
 )
@@ -137,17 +139,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	})
 	letterID := hosttest.Count(t, pool, `SELECT id FROM dead_letters WHERE job_id = $1`, deadJob)
 
-	shots := artifacts(t)
 	bctx := browser(t, chromium, 1000, 3*time.Minute)
 	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		require.NoError(t, chromedp.Do(bctx, steps...), what)
-	}
-	shot := func(name string) {
-		t.Helper()
-		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
-		require.NoError(t, err, "screenshot "+name)
-		require.NoError(t, os.WriteFile(filepath.Join(shots, name+".png"), png, 0o644))
 	}
 	text := func(sel string) string {
 		t.Helper()
@@ -224,27 +219,40 @@ func TestConsoleInBrowser(t *testing.T) {
 		return err == nil && strconv.FormatInt(now.Entries, 10) == text("#entries")
 	})
 	// The run time's and queue wait's percentiles, from the same
-	// deliveries as SQL reads them.
-	var p50, p99 float64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at)),
-		percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at))
-		FROM job_history WHERE kind = 'update_sales_counter'`).Scan(&p50, &p99))
-	cell := `#totals tr[data-kind="update_sales_counter"] td.run-p`
+	// deliveries as SQL reads them: run time over every delivery, queue
+	// wait from the outbox row's commit over first deliveries.
 	attr := func(sel, name string) string {
 		t.Helper()
 		v, err := chromedp.Run(bctx, chromedp.Evaluate[string](fmt.Sprintf("document.querySelector(%q).getAttribute(%q)", sel, name)))
 		require.NoError(t, err)
 		return v
 	}
-	require.Equal(t, strconv.FormatInt(time.Duration(p50*float64(time.Second)).Microseconds(), 10), attr(cell, "data-p50"))
-	require.Equal(t, strconv.FormatInt(time.Duration(p99*float64(time.Second)).Microseconds(), 10), attr(cell, "data-p99"))
-	require.Regexp(t, `^\S+ / \S+ / \S+$`, text(cell))
+	micros := func(seconds float64) string {
+		return strconv.FormatInt(time.Duration(seconds*float64(time.Second)).Microseconds(), 10)
+	}
+	var runP, waitP [3]float64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at)),
+		percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at)),
+		percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at))
+		FROM job_history WHERE kind = 'update_sales_counter'`).Scan(&runP[0], &runP[1], &runP[2]))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM h.started_at - o.created_at)),
+		percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM h.started_at - o.created_at)),
+		percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM h.started_at - o.created_at))
+		FROM job_history h JOIN outbox o ON o.id = h.outbox_id
+		WHERE h.kind = 'update_sales_counter' AND h.attempt = 0 AND h.deliveries = 1`).Scan(&waitP[0], &waitP[1], &waitP[2]))
+	runCell, waitCell := `#totals tr[data-kind="update_sales_counter"] td.run-p`, `#totals tr[data-kind="update_sales_counter"] td.wait-p`
+	for i, p := range []string{"data-p50", "data-p95", "data-p99"} {
+		require.Equal(t, micros(runP[i]), attr(runCell, p), "run time "+p)
+		require.Equal(t, micros(waitP[i]), attr(waitCell, p), "queue wait "+p)
+	}
+	require.Regexp(t, `^\S+ / \S+ / \S+$`, text(runCell))
+	require.Regexp(t, `^\S+ / \S+ / \S+$`, text(waitCell))
 	require.Equal(t, strconv.FormatInt(hosttest.Count(t, pool, `SELECT count(*) FROM job_history h JOIN outbox o ON o.id = h.outbox_id
 		WHERE h.kind = 'update_sales_counter' AND h.attempt = 0 AND h.deliveries = 1`), 10),
-		attr(`#totals tr[data-kind="update_sales_counter"] td.wait-p`, "data-waits"), "the first deliveries the waits are over")
+		attr(waitCell, "data-waits"), "the first deliveries the waits are over")
 	require.Equal(t, 3, count(`figure.throughput[data-kind="update_sales_counter"] polyline`), "applied, absorbed and dead_lettered lines")
 	require.Equal(t, 1, count(`figure.took[data-kind="update_sales_counter"] polyline`), "the mean duration's line")
-	shot("overview")
+	shot(t, bctx, "overview")
 
 	// Dead letters: the two letters, filtered by kind, and one shown whole.
 	run("dead letters", chromedp.Navigate(base+"/console/deadletters?kind=update_sales_counter"), chromedp.WaitVisible(chromedp.ID("letters")))
@@ -255,7 +263,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	letterRow := fmt.Sprintf(`#letters tr[data-job="%s"] `, deadJob)
 	require.Equal(t, "0 (1st)", text(letterRow+".attempt"))
 	require.Regexp(t, `^\d[\d.]*(µs|ms|s|m\d\ds)$`, text(letterRow+".age"))
-	shot("deadletters")
+	shot(t, bctx, "deadletters")
 	// Its job column links to the job's page.
 	jobLink := letterRow + "td:nth-child(3) a"
 	href, err := chromedp.Run(bctx, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector(%q).href`, jobLink)))
@@ -270,7 +278,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.ID("letter")))
 	require.Contains(t, text("#letter"), strconv.Itoa(missing))
 	require.Equal(t, "0 (1st), as its history numbers it", text("#letter-attempt"))
-	shot("deadletter")
+	shot(t, bctx, "deadletter")
 
 	// Plugins: 1.0.0 running; a 2.0.0 installed in the plugin directory
 	// is swapped in by the reload button.
@@ -298,7 +306,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.NotEmpty(t, swappedBy)
 	require.Equal(t, []string{"swapped", "1.0.0", "2.0.0", "reload", swappedBy},
 		[]string{text(swap + ".action"), text(swap + ".from"), text(swap + ".to"), text(swap + ".cause"), text(swap + ".host")})
-	shot("plugins-reloaded")
+	shot(t, bctx, "plugins-reloaded")
 
 	// The orders appear; requeueing a letter from its page, then every
 	// open one of the kind from the list, runs the jobs again (on 2.0.0)
@@ -323,7 +331,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	hosttest.Eventually(t, 30*time.Second, "the requeued jobs applied by 2.0.0", func() bool {
 		return hosttest.Count(t, pool, `SELECT count(*) FROM counter_applies WHERE job_id IN ($1, $2) AND plugin_version = '2.0.0'`, deadJob, deadJob2) == 2
 	})
-	shot("deadletters-requeued")
+	shot(t, bctx, "deadletters-requeued")
 
 	// Jobs: searched by id, both of the job's outbox rows with the
 	// outcome the database holds.
@@ -341,11 +349,11 @@ func TestConsoleInBrowser(t *testing.T) {
 		`Array.from(document.querySelectorAll('#deliveries tbody tr')).map(r => r.querySelector('.verdict').textContent.trim() + " " + r.querySelector('.plugin-version').textContent.trim())`))
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"dead_letter counters 1.0.0", "applied counters 2.0.0"}, deliveries)
-	shot("job-history")
+	shot(t, bctx, "job-history")
 	run("by request id", chromedp.Navigate(base+"/console/jobs?request=req-console-missing&outcome=applied"), chromedp.WaitVisible(chromedp.ID("jobs")))
 	require.Equal(t, []string{"applied", "applied"}, outcomes())
 	require.Contains(t, text(fmt.Sprintf(`#workflow li[data-job="%s"] .state`, deadJob)), "done")
-	shot("jobs")
+	shot(t, bctx, "jobs")
 
 	// The overview updates itself while jobs flow: no reload (a mark
 	// set on the page's window survives), its numbers follow the
@@ -367,6 +375,47 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.True(t, kept, "the page was not reloaded")
 	require.NotEqual(t, "load", text("#live-at"))
 	require.Equal(t, base+"/console/", location())
+
+	// The dead letters, a dead letter's page and the plugins page follow
+	// the database without a reload too: a letter added appears (and a
+	// tick holds the list as it is), a letter discarded elsewhere shows
+	// discarded and its page stops, a kind paused and resumed elsewhere
+	// shows it.
+	run("the dead letters", chromedp.Navigate(base+"/console/deadletters"), chromedp.WaitVisible(chromedp.ID("no-letters")))
+	markNotReloaded(t, bctx)
+	_, err = deadletter.Add(ctx, pool, deadletter.Letter{JobID: "live-1", Kind: "live_kind", Payload: []byte(`{}`),
+		Reason: "permanent: for the live list", Attempts: 1, StreamID: "1-9"})
+	require.NoError(t, err)
+	hosttest.Eventually(t, 30*time.Second, "the letter listed, without a reload", func() bool {
+		return count(`#letters tr[data-job="live-1"] input.pick`) == 1
+	})
+	requireNotReloaded(t, bctx)
+	run("tick it", click(`#letters tr[data-job="live-1"] input.pick`))
+	require.Contains(t, text("#live-at"), "held while you choose", "a tick holds the list")
+	ticked, err := chromedp.Run(bctx, chromedp.Evaluate[bool](`document.querySelector('#letters tr[data-job="live-1"] input.pick').checked`))
+	require.NoError(t, err)
+	require.True(t, ticked)
+	liveLetter := hosttest.Count(t, pool, `SELECT id FROM dead_letters WHERE job_id = 'live-1'`)
+	run("the letter", chromedp.Navigate(fmt.Sprintf("%s/console/deadletters/%d", base, liveLetter)), chromedp.WaitVisible(chromedp.ID("discard")))
+	markNotReloaded(t, bctx)
+	_, err = jobctl.Discard(ctx, pool, liveLetter, "ops", "discarded elsewhere")
+	require.NoError(t, err)
+	hosttest.Eventually(t, 30*time.Second, "the letter shown discarded, without a reload", func() bool {
+		return strings.Contains(text("#discarded"), "discarded elsewhere") && count("#discard") == 0
+	})
+	require.Contains(t, text("#live-at"), "final: no longer updated")
+	requireNotReloaded(t, bctx)
+	kindPaused := `#plugins div.kind[data-kind="update_sales_counter"] .paused`
+	run("the plugins", chromedp.Navigate(base+"/console/plugins"), chromedp.WaitVisible(chromedp.ID("plugins")))
+	markNotReloaded(t, bctx)
+	require.Zero(t, count(kindPaused))
+	_, _, err = pause.Pause(ctx, pool, "update_sales_counter", "ops", "paused elsewhere")
+	require.NoError(t, err)
+	hosttest.Eventually(t, 30*time.Second, "the kind shown paused, without a reload", func() bool { return count(kindPaused) == 1 })
+	_, err = pause.Resume(ctx, pool, "update_sales_counter", "ops")
+	require.NoError(t, err)
+	hosttest.Eventually(t, 30*time.Second, "the kind shown resumed, without a reload", func() bool { return count(kindPaused) == 0 })
+	requireNotReloaded(t, bctx)
 
 	// Dead letters page by 200 with an honest total: 450 letters of a
 	// kind of their own, three pages, the CLI saying when it cuts.
@@ -392,6 +441,21 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Equal(t, "page-400", first, "oldest first, page after page")
 
 	checkCSRF(t, base, h.AdminToken)
+}
+
+// markNotReloaded marks the page bctx shows; requireNotReloaded checks the
+// mark is still there, so the page was updated in place, not reloaded.
+func markNotReloaded(t *testing.T, bctx context.Context) {
+	t.Helper()
+	_, err := chromedp.Run(bctx, chromedp.Evaluate[bool](`window.notReloaded = true; true`))
+	require.NoError(t, err)
+}
+
+func requireNotReloaded(t *testing.T, bctx context.Context) {
+	t.Helper()
+	kept, err := chromedp.Run(bctx, chromedp.Evaluate[bool](`window.notReloaded === true`))
+	require.NoError(t, err)
+	require.True(t, kept, "the page was not reloaded")
 }
 
 // checkCSRF: a POST with the session cookie but no same-origin Origin is

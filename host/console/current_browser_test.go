@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -128,17 +126,10 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 		SELECT 'archived_kind', '{}', now() - interval '2 days' + i * interval '1 second', now(), now(), 'applied' FROM generate_series(1, 230) i`)
 	require.NoError(t, err)
 
-	shots := artifacts(t)
 	bctx := browser(t, chromium, 1000, 3*time.Minute)
 	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		require.NoError(t, chromedp.Do(bctx, steps...), what)
-	}
-	shot := func(name string) {
-		t.Helper()
-		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
-		require.NoError(t, err, "screenshot "+name)
-		require.NoError(t, os.WriteFile(filepath.Join(shots, name+".png"), png, 0o644))
 	}
 	text := func(sel string) string {
 		t.Helper()
@@ -195,7 +186,7 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	require.Equal(t, republishes, text(row+".republished"))
 	require.Equal(t, count(`SELECT count(*) FROM job_history WHERE kind = $1`, kind), text(row+".total"))
 	require.Equal(t, kind, eval(`document.querySelector('figure.throughput').dataset.kind`), "the only busy kind first")
-	shot("overview-range")
+	shot(t, bctx, "overview-range")
 
 	// A job's payload, as the outbox holds it, and its download.
 	job := jobs[0]
@@ -214,7 +205,7 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	var got []any
 	require.NoError(t, json.Unmarshal([]byte(download), &got))
 	require.Equal(t, []any{float64(200), "application/json", `attachment; filename="job-` + job + `-payload.json"`, stored}, got)
-	shot("job-payload")
+	shot(t, bctx, "job-payload")
 	run("a job whose row is gone", chromedp.Navigate(base+"/console/jobs?id="+gone), chromedp.WaitVisible(chromedp.ID("payload-gone")))
 	require.Contains(t, text("#payload-gone"), "no longer kept: outbox retention deleted the job's rows")
 	require.EqualValues(t, 0, hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE coalesce(job_id, id::text) = $1`, gone))
@@ -230,7 +221,7 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	run("the next page", click("#jobs-next"), chromedp.WaitVisible(chromedp.ID("jobs-first")))
 	require.Equal(t, "201–"+archived, text("#jobs-shown"))
 	require.Equal(t, "0", eval(`String(document.querySelectorAll('#jobs-next').length)`))
-	shot("jobs-paging")
+	shot(t, bctx, "jobs-paging")
 	// By the last error's text, in another case, and a time range.
 	run("by error", chromedp.Navigate(base+"/console/jobs"), chromedp.WaitVisible(chromedp.ID("job-search")),
 		chromedp.SendKeys(chromedp.ID("job-error"), "INJECTED Transient"),
@@ -248,7 +239,7 @@ func TestConsoleStaysCurrentInBrowser(t *testing.T) {
 	for _, e := range errs {
 		require.Contains(t, strings.ToLower(e), "injected transient error")
 	}
-	shot("jobs-search")
+	shot(t, bctx, "jobs-search")
 
 	// A job's page follows its job without a reload and stops once the
 	// job is final. With its kind paused a job waits parked, and the

@@ -27,7 +27,10 @@
 // the history numbers them, "0 (1st)", and durations humanised
 // (ops.Attempt, ops.HumanDuration), as in the CLI. Every action is the
 // CLI's (host/jobctl, host/pause, the fleet's rollback) and is recorded in
-// operator_actions with actor "console". Every number
+// operator_actions with who acted: the name the operator gave at login (or
+// on the action's form as by=; "operator" if none) and the caller's
+// address, "ada via the console from 10.0.0.7:51234", as the admin API
+// records "NAME via the admin API from ADDR". Every number
 // comes from the functions the CLI uses: host/ops for the state and the
 // charts, host/deadletter for dead letters, host/history for a job's
 // history, the host's PluginReport and Reload for plugins.

@@ -156,9 +156,10 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 }
 
 // liveEvery is how often, in seconds, the jobs, a job's, the dead
-// letters' and the workflows' pages ask for themselves again (console.js,
-// data-live) while what they show can change; the overview's depends on
-// its range (liveSeconds).
+// letters', a dead letter's, the workflows', the schedules' and the
+// plugins' pages ask for themselves again (console.js, data-live) while
+// what they show can change; the overview's depends on its range
+// (liveSeconds).
 const liveEvery = 3
 
 // letterPage is how many dead letters one page of the console lists.
@@ -226,7 +227,13 @@ func (c *Console) deadLetter(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	c.render(w, r, "deadletter.html", map[string]any{"L": l, "Forged": deadletter.ForgedKind})
+	data := map[string]any{"L": l, "Forged": deadletter.ForgedKind}
+	// An open letter's page refreshes itself until it is requeued or
+	// discarded (here or elsewhere), then drops its buttons.
+	if l.RequeuedAt == nil && l.DiscardedAt == nil {
+		data["Live"] = liveEvery
+	}
+	c.render(w, r, "deadletter.html", data)
 }
 
 func (c *Console) requeueOne(w http.ResponseWriter, r *http.Request) {
@@ -235,7 +242,7 @@ func (c *Console) requeueOne(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
-	jobs, err := jobctl.Requeue(r.Context(), c.cfg.Pool, []int64{id}, actor)
+	jobs, err := jobctl.Requeue(r.Context(), c.cfg.Pool, []int64{id}, c.actor(r))
 	if err != nil {
 		back(w, r, Prefix+"deadletters/"+strconv.FormatInt(id, 10), "requeue failed: "+err.Error())
 		return
@@ -250,7 +257,7 @@ func (c *Console) requeueKind(w http.ResponseWriter, r *http.Request) {
 		back(w, r, Prefix+"deadletters", "requeue by kind needs a kind")
 		return
 	}
-	jobs, err := jobctl.RequeueKind(r.Context(), c.cfg.Pool, kind, actor)
+	jobs, err := jobctl.RequeueKind(r.Context(), c.cfg.Pool, kind, c.actor(r))
 	n := len(jobs)
 	if err != nil {
 		back(w, r, Prefix+"deadletters?kind="+url.QueryEscape(kind), "requeue failed: "+err.Error())
@@ -270,7 +277,7 @@ func (c *Console) plugins(w http.ResponseWriter, r *http.Request) {
 	for i := range list {
 		paused[list[i].Kind] = &list[i]
 	}
-	c.render(w, r, "plugins.html", map[string]any{"Plugins": c.cfg.Plugins(r.Context()), "Now": c.cfg.Now(), "Paused": paused})
+	c.render(w, r, "plugins.html", map[string]any{"Plugins": c.cfg.Plugins(r.Context()), "Now": c.cfg.Now(), "Paused": paused, "Live": liveEvery})
 }
 
 func (c *Console) reload(w http.ResponseWriter, r *http.Request) {

@@ -111,7 +111,5 @@ func TestConsoleShowsAnOrdersWorkflow(t *testing.T) {
 			require.True(t, i > 0 && strings.HasPrefix(lanes[i-1], "0 render_tickets"), "the send's lane under its render's: %q", lanes)
 		}
 	}
-	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(artifacts(t), "workflow.png"), png, 0o644))
+	shot(t, bctx, "workflow")
 }

@@ -25,7 +25,7 @@ import (
 // workflow's timeline with its history, the actions an operator takes on
 // a running one (cancel, signal), and the schedules. Every action is also
 // in the CLI (`host workflows cancel|signal`, `host schedules pause|resume|delete`)
-// and is recorded in operator_actions, actor "console".
+// and is recorded in operator_actions with who acted (Console.actor).
 
 func (c *Console) workflowRoutes(m *http.ServeMux) {
 	m.HandleFunc("GET "+Prefix+"workflows", c.authed(c.workflows))
@@ -120,7 +120,7 @@ func (c *Console) cancelWorkflow(w http.ResponseWriter, r *http.Request) {
 		if err := tx.QueryRow(r.Context(), `SELECT usher_cancel_workflow($1, $2, $3)`, typ, id, reason).Scan(&asked); err != nil {
 			return err
 		}
-		return recordAction(r, tx, "workflow cancel", workflow.RequestID(typ, id), reason)
+		return c.recordAction(r, tx, "workflow cancel", workflow.RequestID(typ, id), reason)
 	})
 	msg := "cancel asked: the steps not started are cancelled, and the workflow decides its compensation"
 	switch {
@@ -155,7 +155,7 @@ func (c *Console) signalWorkflow(w http.ResponseWriter, r *http.Request) {
 			if err := tx.QueryRow(r.Context(), `SELECT usher_signal_workflow($1, $2, $3, $4, $5::jsonb)`, typ, id, sid, name, payload).Scan(&recorded); err != nil {
 				return err
 			}
-			return recordAction(r, tx, "workflow signal", workflow.RequestID(typ, id), name+" "+sid)
+			return c.recordAction(r, tx, "workflow signal", workflow.RequestID(typ, id), name+" "+sid)
 		})
 	}
 	msg := fmt.Sprintf("signal %s (%s) recorded", name, sid)
@@ -169,9 +169,9 @@ func (c *Console) signalWorkflow(w http.ResponseWriter, r *http.Request) {
 	back(w, r, workflowPath(typ, id), msg)
 }
 
-func recordAction(r *http.Request, tx pgx.Tx, action, target, detail string) error {
-	_, err := tx.Exec(r.Context(), `INSERT INTO operator_actions (actor, action, target, detail) VALUES ('console', $1, $2, $3)`,
-		action, target, detail)
+func (c *Console) recordAction(r *http.Request, tx pgx.Tx, action, target, detail string) error {
+	_, err := tx.Exec(r.Context(), `INSERT INTO operator_actions (actor, action, target, detail) VALUES ($1, $2, $3, $4)`,
+		c.actor(r), action, target, detail)
 	return err
 }
 
@@ -181,7 +181,7 @@ func (c *Console) schedules(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	c.render(w, r, "schedules.html", map[string]any{"List": list})
+	c.render(w, r, "schedules.html", map[string]any{"List": list, "Live": liveEvery})
 }
 
 func (c *Console) pauseSchedule(w http.ResponseWriter, r *http.Request) {
@@ -198,7 +198,7 @@ func (c *Console) pauseSchedule(w http.ResponseWriter, r *http.Request) {
 	}
 	msg := fmt.Sprintf("schedule %s %sd", name, action)
 	if err == nil {
-		err = pgx.BeginFunc(r.Context(), c.cfg.Pool, func(tx pgx.Tx) error { return recordAction(r, tx, "schedule "+action, name, "") })
+		err = pgx.BeginFunc(r.Context(), c.cfg.Pool, func(tx pgx.Tx) error { return c.recordAction(r, tx, "schedule "+action, name, "") })
 	}
 	if err != nil {
 		msg = action + " failed: " + err.Error()

@@ -2,8 +2,6 @@ package console_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,8 +20,9 @@ import (
 // after which the trip completes, every lane completed or fired; a second
 // trip is cancelled from its page and ends cancelled with its release
 // step; a schedule is paused from the schedules page; the list pages by
-// 200 with the total. Each action is in the database and in
-// operator_actions, actor console.
+// 200 with the total; the list and the schedules page follow the
+// database without a reload. Each action is in the database and in
+// operator_actions, with who acted.
 func TestConsoleWorkflowPages(t *testing.T) {
 	t.Parallel()
 	chromium := chromiumPath(t)
@@ -82,6 +81,15 @@ func TestConsoleWorkflowPages(t *testing.T) {
 	require.Contains(t, text("#workflow-counts"), "2 running")
 	require.ElementsMatch(t, []string{"paid-trip", "left-trip"},
 		evaluate(`Array.from(document.querySelectorAll('#workflows tr[data-workflow]')).map(r => r.dataset.workflow)`))
+	// The list follows the database without a reload: a workflow started
+	// meanwhile appears (a mark set on the page's window survives).
+	markNotReloaded(t, bctx)
+	_, err = client.StartWorkflow(ctx, pool, "trip", "late-trip", map[string]string{"order": "late-trip"})
+	require.NoError(t, err)
+	hosttest.Eventually(t, 30*time.Second, "the started trip listed, without a reload", func() bool {
+		return text(`#workflow-counts`) == "3 running" && len(evaluate(`Array.from(document.querySelectorAll('#workflows tr[data-workflow="late-trip"]')).map(r => r.dataset.workflow)`)) == 1
+	})
+	requireNotReloaded(t, bctx)
 
 	// The paid trip: its timeline, then a signal from its form.
 	run("the paid trip", chromedp.Navigate(base+"workflows/trip/paid-trip"), chromedp.WaitVisible(chromedp.ID("timeline-svg")))
@@ -101,9 +109,7 @@ func TestConsoleWorkflowPages(t *testing.T) {
 	require.Contains(t, evaluate(`Array.from(document.querySelectorAll('#timeline-svg line.mark')).map(l => l.dataset.mark)`), "signal_received")
 	require.Contains(t, text("#history"), "signal_received paid pay-1")
 	require.Empty(t, evaluate(`Array.from(document.querySelectorAll('#workflow-actions form')).map(f => f.id)`), "a finished workflow offers no actions")
-	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(artifacts(t), "workflow-timeline.png"), png, 0o644))
+	shot(t, bctx, "workflow-timeline")
 
 	// The other is cancelled from its page: it releases and ends cancelled.
 	run("cancel the other", chromedp.Navigate(base+"workflows/trip/left-trip"), chromedp.WaitVisible(chromedp.ID("cancel-form")),
@@ -127,6 +133,21 @@ func TestConsoleWorkflowPages(t *testing.T) {
 	require.Contains(t, text("#flash"), "schedule nightly-trip deleted")
 	require.Zero(t, hosttest.Count(t, pool, `SELECT count(*) FROM schedules`))
 	run("no schedules", chromedp.WaitVisible(chromedp.ID("no-schedules")))
+	// The schedules page follows the database without a reload: one
+	// added by the CLI's side appears, then shows paused.
+	markNotReloaded(t, bctx)
+	_, err = recurring.Add(ctx, pool, recurring.Schedule{Name: "late-trip", Target: "workflow", What: "trip",
+		Input: []byte(`{"order": "late"}`), Every: time.Hour, CatchUp: "one"}, time.Now())
+	require.NoError(t, err)
+	hosttest.Eventually(t, 30*time.Second, "the added schedule listed, without a reload", func() bool {
+		return len(evaluate(`Array.from(document.querySelectorAll('#schedules tr[data-schedule="late-trip"] .state')).map(e => e.textContent)`)) == 1
+	})
+	_, err = pool.Exec(ctx, `UPDATE schedules SET paused = true WHERE name = 'late-trip'`)
+	require.NoError(t, err)
+	hosttest.Eventually(t, 30*time.Second, "the schedule shown paused, without a reload", func() bool {
+		return text(`#schedules tr[data-schedule="late-trip"] .state`) == "paused"
+	})
+	requireNotReloaded(t, bctx)
 
 	// The list pages by 200 with the total: 230 workflows of a type of
 	// their own, newest first.
@@ -144,7 +165,9 @@ func TestConsoleWorkflowPages(t *testing.T) {
 	require.Empty(t, evaluate(`Array.from(document.querySelectorAll('#workflows-next')).map(a => a.id)`), "no page after the last")
 
 	var actions []string
-	rows, err := pool.Query(ctx, `SELECT action || ' ' || target FROM operator_actions WHERE actor = 'console' ORDER BY id`)
+	// No name given at login: who acted is "operator" and the browser's
+	// address.
+	rows, err := pool.Query(ctx, `SELECT action || ' ' || target FROM operator_actions WHERE actor LIKE 'operator via the console from 127.0.0.1:%' ORDER BY id`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var a string

@@ -6,11 +6,12 @@ document.addEventListener("submit", function (ev) {
 });
 
 // A page's parts marked data-live="SECONDS" (the overview, the jobs, a
-// job, the dead letters, the workflows) ask for the page again that often
+// job, the dead letters, a dead letter, the workflows, a workflow, the
+// schedules, the plugins) ask for the page again that often
 // while it is visible and each part is swapped for its fresh copy (found
 // by its id) when it changed, with no reload; #live-at (outside them)
 // says when. A part that comes back without data-live has reached a final
-// state (a job done, a workflow ended): it is swapped in once more and no
+// state (a job done, a workflow ended, a letter requeued or discarded): it is swapped in once more and no
 // longer asked for; once none is, the page stops asking and removes what
 // only made sense while it could change (data-while-live: a job's cancel
 // form). A form field changed inside a part holds the page as it is (the
