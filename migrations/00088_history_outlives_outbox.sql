@@ -1,0 +1,77 @@
+-- +goose Up
+-- Issue 28: the console and the CLI must read the same after outbox
+-- retention, the history (not the outbox) being the source. Two facts
+-- lived only on outbox rows:
+--
+-- A delivery's queue wait (commit to start) needs the job's commit time,
+-- the outbox row's created_at: each history record now carries it
+-- (committed_at), filled in by the insert itself from the record's outbox
+-- row, so every writer of job_history (Go's history.Write and the batch
+-- functions) carries it in the same transaction with no change of theirs.
+-- Only the runtime writes job_history (plugin roles hold no privilege on
+-- it, nor on the function).
+--
+-- A job's state, attempts, kind, request and creation time, read from its
+-- latest outbox row: retention deleted them while the job's history was
+-- kept, so a job read "unknown" (an abandoned last delivery) and dropped
+-- out of the jobs list and search. The statement that deletes the rows now
+-- keeps them in job_links for every job (not only those with a parent),
+-- trimmed with the history as before. Plugin roles hold no privilege on it.
+ALTER TABLE job_history ADD COLUMN committed_at timestamptz;
+
+-- +goose StatementBegin
+CREATE FUNCTION usher_history_committed_at() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT o.created_at INTO NEW.committed_at FROM outbox o WHERE o.id = NEW.outbox_id;
+    RETURN NEW;
+END
+$$;
+-- +goose StatementEnd
+CREATE TRIGGER job_history_committed_at BEFORE INSERT ON job_history
+    FOR EACH ROW WHEN (NEW.outbox_id IS NOT NULL AND NEW.committed_at IS NULL)
+    EXECUTE FUNCTION usher_history_committed_at();
+-- +goose StatementBegin
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION usher_history_committed_at() SET search_path = %I, pg_temp', current_schema());
+    REVOKE ALL ON FUNCTION usher_history_committed_at() FROM PUBLIC;
+END
+$$;
+-- +goose StatementEnd
+
+-- What the job's deleted rows said: the latest one's kind, request,
+-- outcome and created_at (last_row is its id), how many rows went and the
+-- highest attempt they named. A job whose rows go in several passes
+-- updates its link. Links kept before this migration (jobs with a parent)
+-- get their kind and request from the history; their outcome stays
+-- unknown (NULL).
+ALTER TABLE job_links
+    ALTER COLUMN parent_job_id DROP NOT NULL,
+    ADD COLUMN kind       text,
+    ADD COLUMN request_id text,
+    ADD COLUMN outcome    text,
+    ADD COLUMN created_at timestamptz,
+    ADD COLUMN last_row   bigint,
+    ADD COLUMN rows       integer NOT NULL DEFAULT 0,
+    ADD COLUMN attempt    integer NOT NULL DEFAULT -1;
+UPDATE job_links l SET kind = h.kind, request_id = h.request_id
+    FROM (SELECT DISTINCT ON (job_id) job_id, kind, request_id FROM job_history ORDER BY job_id, id DESC) h
+    WHERE h.job_id = l.job_id;
+-- The jobs list reads the links of trimmed jobs newest first, by kind.
+CREATE INDEX job_links_listed ON job_links (created_at DESC, job_id DESC) INCLUDE (kind) WHERE kind IS NOT NULL;
+
+-- +goose Down
+DROP INDEX job_links_listed;
+DELETE FROM job_links WHERE parent_job_id IS NULL;
+ALTER TABLE job_links
+    ALTER COLUMN parent_job_id SET NOT NULL,
+    DROP COLUMN kind,
+    DROP COLUMN request_id,
+    DROP COLUMN outcome,
+    DROP COLUMN created_at,
+    DROP COLUMN last_row,
+    DROP COLUMN rows,
+    DROP COLUMN attempt;
+DROP TRIGGER job_history_committed_at ON job_history;
+DROP FUNCTION usher_history_committed_at();
+ALTER TABLE job_history DROP COLUMN committed_at;
