@@ -145,7 +145,7 @@ func (cl *cli) jobsList(fs *flag.FlagSet) runner {
 				return err
 			}
 			if out.Cut {
-				_, err = fmt.Fprintf(cl.stdout, "showing the newest %d of %d matching jobs (--limit)\n", len(jobs), total)
+				_, err = fmt.Fprintf(cl.stdout, "showing the newest %d of %d matching jobs: --limit %d shows them all\n", len(jobs), total, total)
 			} else {
 				_, err = fmt.Fprintf(cl.stdout, "%d job(s)\n", total)
 			}

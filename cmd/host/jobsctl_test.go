@@ -80,7 +80,7 @@ func TestJobsEnqueueListAndWaitIdle(t *testing.T) {
 	out = run(0, "jobs", "list", "--limit", "1")
 	require.Contains(t, out, ids[1], "newest first")
 	require.NotRegexp(t, `(?m)^`+ids[0]+` `, out)
-	require.Contains(t, out, "showing the newest 1 of 2 matching jobs (--limit)")
+	require.Contains(t, out, "showing the newest 1 of 2 matching jobs: --limit 2 shows them all")
 	require.Contains(t, run(0, "jobs", "list", "--state", "done"), "no job matches")
 	require.Contains(t, run(0, "jobs", "list", "--kind", "render_tickets"), "no job matches")
 	require.Contains(t, run(2, "jobs", "list", "--state", "finished"), `--state "finished": one of pending, running, waiting_to_retry, done, dead_lettered`)
