@@ -57,11 +57,8 @@ ALTER TABLE job_links
 UPDATE job_links l SET kind = h.kind, request_id = h.request_id
     FROM (SELECT DISTINCT ON (job_id) job_id, kind, request_id FROM job_history ORDER BY job_id, id DESC) h
     WHERE h.job_id = l.job_id;
--- The jobs list reads the links of trimmed jobs newest first, by kind.
-CREATE INDEX job_links_listed ON job_links (created_at DESC, job_id DESC) INCLUDE (kind) WHERE kind IS NOT NULL;
 
 -- +goose Down
-DROP INDEX job_links_listed;
 DELETE FROM job_links WHERE parent_job_id IS NULL;
 ALTER TABLE job_links
     ALTER COLUMN parent_job_id SET NOT NULL,
