@@ -4,12 +4,13 @@
 -- lived only on outbox rows:
 --
 -- A delivery's queue wait (commit to start) needs the job's commit time,
--- the outbox row's created_at: each history record now carries it
--- (committed_at), filled in by the insert itself from the record's outbox
--- row, so every writer of job_history (Go's history.Write and the batch
--- functions) carries it in the same transaction with no change of theirs.
+-- the outbox row's created_at: a history record now keeps it
+-- (committed_at) once its row is gone. Retention's delete stamps the
+-- records of the rows it deletes, in the same statement; while the row
+-- is kept, the wait reads it from the row. Nothing on a job's path writes
+-- it (no trigger: a lookup per record inserted would tax every delivery).
 -- Only the runtime writes job_history (plugin roles hold no privilege on
--- it, nor on the function).
+-- it).
 --
 -- A job's state, attempts, kind, request and creation time, read from its
 -- latest outbox row: retention deleted them while the job's history was
@@ -19,25 +20,6 @@
 -- trimmed with the history as before. Plugin roles hold no privilege on it.
 ALTER TABLE job_history ADD COLUMN committed_at timestamptz;
 
--- +goose StatementBegin
-CREATE FUNCTION usher_history_committed_at() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    SELECT o.created_at INTO NEW.committed_at FROM outbox o WHERE o.id = NEW.outbox_id;
-    RETURN NEW;
-END
-$$;
--- +goose StatementEnd
-CREATE TRIGGER job_history_committed_at BEFORE INSERT ON job_history
-    FOR EACH ROW WHEN (NEW.outbox_id IS NOT NULL AND NEW.committed_at IS NULL)
-    EXECUTE FUNCTION usher_history_committed_at();
--- +goose StatementBegin
-DO $$
-BEGIN
-    EXECUTE format('ALTER FUNCTION usher_history_committed_at() SET search_path = %I, pg_temp', current_schema());
-    REVOKE ALL ON FUNCTION usher_history_committed_at() FROM PUBLIC;
-END
-$$;
--- +goose StatementEnd
 
 -- What the job's deleted rows said: the latest one's kind, request,
 -- outcome and created_at (last_row is its id), how many rows went and the
@@ -69,6 +51,4 @@ ALTER TABLE job_links
     DROP COLUMN last_row,
     DROP COLUMN rows,
     DROP COLUMN attempt;
-DROP TRIGGER job_history_committed_at ON job_history;
-DROP FUNCTION usher_history_committed_at();
 ALTER TABLE job_history DROP COLUMN committed_at;

@@ -132,10 +132,10 @@ type Latency struct {
 	// Run are the run time's p50, p95 and p99.
 	Run [3]time.Duration `json:"run_ns"`
 	// Waits is how many first deliveries (attempt 0, delivery 1) the
-	// waits are over: each record carries its job's commit time
-	// (committed_at), so they outlive the outbox rows; a record written
-	// before it did reads it from its outbox row while that is kept. Wait
-	// are their p50, p95 and p99.
+	// waits are over: the commit time is read from the job's outbox row
+	// while it is kept, and from the record (committed_at, which
+	// retention's delete stamps) once it is gone, so the waits outlive
+	// the rows. Wait are their p50, p95 and p99.
 	Waits int64            `json:"waits"`
 	Wait  [3]time.Duration `json:"wait_ns"`
 }

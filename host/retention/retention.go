@@ -500,7 +500,12 @@ linked AS (
 		last_row = greatest(l.last_row, EXCLUDED.last_row),
 		rows = l.rows + EXCLUDED.rows,
 		attempt = greatest(l.attempt, EXCLUDED.attempt),
-		kept_at = now())
+		kept_at = now()),
+-- Each of the deleted rows' history records keeps its commit time, which
+-- queue wait reads once the row is gone.
+stamped AS (
+	UPDATE job_history h SET committed_at = g.created_at FROM gone g
+	WHERE h.job_id = g.job_id AND h.outbox_id = g.id AND h.committed_at IS NULL)
 SELECT count(*) FROM gone`
 
 	deleteScheduled = `
