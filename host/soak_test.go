@@ -34,8 +34,9 @@ type soakSample struct {
 // soakTables are the runtime's tables that grow with every job: each
 // must stay flat once its window has passed. job_history grows by a row
 // per delivery (absorbed duplicates included), job_republishes by one per
-// reconciler hand-back.
-var soakTables = []string{"processed_jobs", "outbox", "scheduled_jobs", "dead_letters", "job_history", "job_republishes"}
+// reconciler hand-back, job_links by one per job whose outbox rows
+// retention deleted (trimmed with the history).
+var soakTables = []string{"processed_jobs", "outbox", "scheduled_jobs", "dead_letters", "job_history", "job_republishes", "job_links"}
 
 // TestSoak pushes USHER_SOAK_JOBS small update_sales_counter jobs (skipped
 // when unset; `make soak` sets a million, CI 20,000) through a real host and

@@ -347,7 +347,8 @@ func TestConsoleStaysCurrent(t *testing.T) {
 			"from=yesterday": `jobs search: from="yesterday" is not a time: give one as 2026-03-01T12:00 (UTC) or RFC 3339`,
 			"to=2026-13-01":  `to="2026-13-01" is not a time`,
 			"from=2026-03-02T00:00&to=2026-03-01T00:00": "jobs search: from 2026-03-02T00:00:00Z is after to 2026-03-01T00:00:00Z",
-			"before=abc": `before="abc" is not an outbox row id`,
+			"offset=abc":     `offset="abc" is not a count of jobs`,
+			"state=done-ish": `no state "done-ish"`,
 			"from=2026-03-01T12:00:00%2B01:00&to=2026-03": `to="2026-03" is not a time`,
 		} {
 			code, _, body := b.get(t, "/console/jobs?"+q)

@@ -28,8 +28,8 @@ var funcs = template.FuncMap{
 	"ms":  func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + " ms" },
 	// outcomes are the outcomes the host writes on an outbox row, offered
 	// by the jobs search.
-	"outcomes": func() []string { return []string{"applied", "absorbed", "retry_scheduled", "dead_letter", "cancelled"} },
-	"human":    ops.HumanDuration,
+	"states": func() []string { return history.States },
+	"human":  ops.HumanDuration,
 	// attempt names an attempt by its number and ordinal, "0 (1st)", as
 	// the CLI does.
 	"attempt": ops.Attempt,
@@ -306,22 +306,22 @@ func (c *Console) reload(w http.ResponseWriter, r *http.Request) {
 	back(w, r, Prefix+"plugins", msg)
 }
 
-// jobPage is how many outbox rows one page of the jobs search lists.
+// jobPage is how many jobs one page of the jobs search lists.
 const jobPage = 200
 
-// jobPageInfo is where a page of the jobs search is in all the rows it
-// matches: rows From to To (counted from 1, newest first) of Total; Next
+// jobPageInfo is where a page of the jobs search is in all the jobs it
+// matches: jobs From to To (counted from 1, newest first) of Total; Next
 // and First are the links to the next page and the first ("" for none).
 type jobPageInfo struct {
-	From, To, Total int64
+	From, To, Total int
 	Next, First     string
 }
 
 // jobFilter reads the jobs search's form. from and to are UTC times, as
 // RFC 3339 or as a datetime-local field sends them; a bad one, or from
 // after to, is an error that says so.
-func jobFilter(q url.Values) (ops.JobFilter, error) {
-	f := ops.JobFilter{ID: strings.TrimSpace(q.Get("id")), Kind: strings.TrimSpace(q.Get("kind")), Outcome: q.Get("outcome"),
+func jobFilter(q url.Values) (history.Filter, error) {
+	f := history.Filter{ID: strings.TrimSpace(q.Get("id")), Kind: strings.TrimSpace(q.Get("kind")), State: strings.TrimSpace(q.Get("state")),
 		RequestID: strings.TrimSpace(q.Get("request")), Error: strings.TrimSpace(q.Get("error")), Limit: jobPage}
 	var err error
 	if f.From, err = formTime("from", q.Get("from")); err != nil {
@@ -330,12 +330,12 @@ func jobFilter(q url.Values) (ops.JobFilter, error) {
 	if f.To, err = formTime("to", q.Get("to")); err != nil {
 		return f, err
 	}
-	if v := q.Get("before"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 {
-			return f, fmt.Errorf("before=%q is not an outbox row id", v)
+	if v := q.Get("offset"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return f, fmt.Errorf("offset=%q is not a count of jobs", v)
 		}
-		f.Before = n
+		f.Offset = n
 	}
 	return f, f.Check()
 }
@@ -357,6 +357,9 @@ func formTime(name, v string) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%s=%q is not a time: give one as 2026-03-01T12:00 (UTC) or RFC 3339 (2026-03-01T12:00:00Z)", name, v)
 }
 
+// jobs is the jobs search: the jobs history.List selects (the same list
+// `host jobs list` prints, from the outbox rows or, once retention
+// deleted them, from what it kept), a page at a time.
 func (c *Console) jobs(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f, err := jobFilter(q)
@@ -364,33 +367,28 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "jobs search: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	jobs, err := ops.FindJobs(r.Context(), c.cfg.Pool, f)
+	jobs, total, err := history.List(r.Context(), c.cfg.Pool, f)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	total, before, err := ops.CountJobs(r.Context(), c.cfg.Pool, f)
-	if err != nil {
-		c.fail(w, r, err)
-		return
-	}
-	page := jobPageInfo{From: before + 1, To: before + int64(len(jobs)), Total: total}
-	link := func(before int64) string {
+	page := jobPageInfo{From: f.Offset + 1, To: f.Offset + len(jobs), Total: total}
+	link := func(offset int) string {
 		v := url.Values{}
 		for k, vs := range q {
-			if k != "before" && k != "msg" && len(vs) > 0 && vs[0] != "" {
+			if k != "offset" && k != "msg" && len(vs) > 0 && vs[0] != "" {
 				v.Set(k, vs[0])
 			}
 		}
-		if before > 0 {
-			v.Set("before", strconv.FormatInt(before, 10))
+		if offset > 0 {
+			v.Set("offset", strconv.Itoa(offset))
 		}
 		return Prefix + "jobs?" + v.Encode()
 	}
-	if n := len(jobs); n > 0 && before+int64(n) < total {
-		page.Next = link(jobs[n-1].Row)
+	if page.To < total && len(jobs) > 0 {
+		page.Next = link(page.To)
 	}
-	if f.Before > 0 {
+	if f.Offset > 0 {
 		page.First = link(0)
 	}
 	data := map[string]any{"F": f, "Jobs": jobs, "Paging": page, "PageSize": jobPage,

@@ -52,6 +52,8 @@ func TestPluginRoleCannotWriteHistory(t *testing.T) {
 	denied(`INSERT INTO job_republishes (outbox_id, job_id, kind) VALUES (1, '1', 'update_sales_counter')`)
 	denied(`SELECT count(*) FROM job_links`)
 	denied(`INSERT INTO job_links (job_id, parent_job_id) VALUES ('1', '2')`)
+	denied(`UPDATE job_links SET outcome = 'applied'`)
+	denied(`UPDATE job_history SET committed_at = now()`)
 	const logged = `SELECT usher_applied_logged($1, $2, $3, 0, 1, '', '', '', '', '', '', now())`
 	// Another plugin's kind, and a job id that is not the row's.
 	denied(logged, ids[1], "render_tickets", "2")

@@ -251,10 +251,14 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 		jobs = append(jobs, j)
 		return j
 	}
-	// lastAttempt is the highest attempt a job's rows or records name.
+	// lastAttempt is the highest attempt a job's rows, links or records
+	// name; hasRow, the jobs with an outbox row left; settled, the jobs whose
+	// state a row or a link gave.
 	lastAttempt := map[string]int{}
+	hasRow, settled := map[string]bool{}, map[string]bool{}
 	for _, o := range ors {
 		j := add(o.jobID)
+		hasRow[o.jobID], settled[o.jobID] = true, true
 		j.Kind, j.RequestID, j.Attempts, j.Priority = o.kind, o.requestID, j.Attempts+1, o.priority
 		lastAttempt[o.jobID] = max(lastAttempt[o.jobID], o.attempt)
 		if j.Parent == "" {
@@ -285,18 +289,38 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 	for i, j := range jobs {
 		all[i] = j.ID
 	}
-	// The parent of a job whose rows retention deleted (job_links).
-	rows, err := q.Query(ctx, `SELECT job_id, parent_job_id FROM job_links WHERE job_id = ANY($1)`, all)
+	// What retention kept of a job's deleted rows (job_links): its parent,
+	// and, for a job none of whose rows is left, the state, kind and
+	// request its latest row gave it; its deleted rows count as attempts.
+	rows, err := q.Query(ctx, `SELECT job_id, coalesce(parent_job_id, ''), coalesce(kind, ''), coalesce(request_id, ''),
+		coalesce(outcome, ''), outcome IS NOT NULL, rows, attempt FROM job_links WHERE job_id = ANY($1)`, all)
 	if err != nil {
 		return nil, fmt.Errorf("history: links: %w", err)
 	}
 	if err := eachRow(rows, func(r pgx.Rows) error {
-		var id, parent string
-		if err := r.Scan(&id, &parent); err != nil {
+		var id, parent, kind, req, ended string
+		var known bool
+		var n, attempt int
+		if err := r.Scan(&id, &parent, &kind, &req, &ended, &known, &n, &attempt); err != nil {
 			return err
 		}
-		if j := byID[id]; j.Parent == "" {
+		j := byID[id]
+		if j.Parent == "" {
 			j.Parent = parent
+		}
+		j.Attempts += n
+		if attempt >= 0 {
+			lastAttempt[id] = max(lastAttempt[id], attempt)
+		}
+		if !hasRow[id] && known {
+			j.Kind, j.RequestID, j.Outcome = kind, req, ended
+			j.State = Unknown
+			if state, ok := endedAs(outcome.Outcome(ended)); ok {
+				j.State = state
+			}
+			// retry_scheduled or dead_letter: settled below from the
+			// scheduled run or the dead letter, if still kept.
+			settled[id] = true
 		}
 		return nil
 	}); err != nil {
@@ -383,14 +407,22 @@ func assemble(ctx context.Context, q outbox.Querier, ors []outboxRow, ids []stri
 		if n, ok := lastAttempt[j.ID]; ok {
 			j.Attempts = max(j.Attempts, n+1)
 		}
-		if j.State == Unknown && len(j.History) > 0 {
-			// Its rows are gone: its last record says how it ended, as
-			// a row's outcome would. Any other verdict leaves it
-			// Unknown: a retry's run or a dead letter would have been
-			// found, so what followed it is no longer kept.
-			v := j.History[len(j.History)-1].Verdict
-			if state, ended := endedAs(v); ended {
-				j.State, j.Outcome = state, string(v)
+		if j.State == Unknown && !settled[j.ID] {
+			// Its rows went before retention kept what they said (or
+			// it has none): its last record that settled a delivery
+			// says how it ended, as a row's outcome would (an
+			// abandoned delivery settles nothing: its entry ran
+			// again). Any other verdict leaves it Unknown: a retry's
+			// run or a dead letter would have been found, so what
+			// followed it is no longer kept.
+			for _, r := range slices.Backward(j.History) {
+				if r.Verdict == Abandoned {
+					continue
+				}
+				if state, ended := endedAs(r.Verdict); ended {
+					j.State, j.Outcome = state, string(r.Verdict)
+				}
+				break
 			}
 		}
 		kept = append(kept, j)

@@ -123,7 +123,7 @@ func BucketStart(t time.Time, width time.Duration) time.Time {
 const LatencySample = 5000
 
 // Latency is one kind's run time (a delivery's start to its outcome) and
-// queue wait (its outbox row's commit to the first delivery's start)
+// queue wait (the job's commit to its first delivery's start)
 // over the newest deliveries of a window, on every host.
 type Latency struct {
 	Kind string `json:"kind"`
@@ -131,21 +131,24 @@ type Latency struct {
 	Deliveries int64 `json:"deliveries"`
 	// Run are the run time's p50, p95 and p99.
 	Run [3]time.Duration `json:"run_ns"`
-	// Waits is how many first deliveries (attempt 0, delivery 1) whose
-	// outbox row is still kept the waits are over; Wait their p50, p95
-	// and p99.
+	// Waits is how many first deliveries (attempt 0, delivery 1) the
+	// waits are over: the commit time is read from the job's outbox row
+	// while it is kept, and from the record (committed_at, which
+	// retention's delete stamps) once it is gone, so the waits outlive
+	// the rows. Wait are their p50, p95 and p99.
 	Waits int64            `json:"waits"`
 	Wait  [3]time.Duration `json:"wait_ns"`
 }
 
 const latencySQL = `SELECT h.kind, count(*),
 		percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM h.finished_at - h.started_at)),
-		count(o.created_at) FILTER (WHERE h.attempt = 0 AND h.deliveries = 1),
-		percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM h.started_at - o.created_at))
-			FILTER (WHERE h.attempt = 0 AND h.deliveries = 1 AND o.created_at IS NOT NULL)
-	FROM (SELECT kind, started_at, finished_at, attempt, deliveries, outbox_id FROM job_history
+		count(h.committed_at) FILTER (WHERE h.attempt = 0 AND h.deliveries = 1),
+		percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM h.started_at - h.committed_at))
+			FILTER (WHERE h.attempt = 0 AND h.deliveries = 1 AND h.committed_at IS NOT NULL)
+	FROM (SELECT kind, started_at, finished_at, attempt, deliveries,
+	             coalesce(committed_at, (SELECT o.created_at FROM outbox o WHERE o.id = outbox_id)) AS committed_at
+	      FROM job_history
 	      WHERE finished_at >= $1 AND finished_at < $2 ORDER BY finished_at DESC LIMIT $3) h
-	LEFT JOIN outbox o ON o.id = h.outbox_id
 	GROUP BY h.kind ORDER BY h.kind`
 
 // Latencies reads, per kind, the run time and queue wait percentiles of

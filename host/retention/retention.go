@@ -479,13 +479,33 @@ WITH doomed AS (
 	ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED),
 gone AS (
 	DELETE FROM outbox o USING doomed d WHERE o.id = d.id
-	RETURNING coalesce(o.job_id, o.id::text) AS job_id, o.parent_job_id),
--- A job's parent outlives its rows, for as long as its history
--- (job_links, trimmed with it): the request's tree keeps its shape.
+	RETURNING o.id, coalesce(o.job_id, o.id::text) AS job_id, o.parent_job_id, o.kind, o.request_id,
+	          coalesce(o.outcome, '') AS outcome, o.created_at, o.attempt),
+-- What a job's rows said outlives them, for as long as its history
+-- (job_links, trimmed with it): its parent (the request's tree keeps its
+-- shape), and its latest row's kind, request, outcome and creation, its
+-- row count and highest attempt (its state and attempts read the same).
+-- A job whose rows go in several passes adds to its link.
 linked AS (
-	INSERT INTO job_links (job_id, parent_job_id)
-	SELECT DISTINCT ON (job_id) job_id, parent_job_id FROM gone WHERE parent_job_id IS NOT NULL
-	ON CONFLICT (job_id) DO NOTHING)
+	INSERT INTO job_links AS l (job_id, parent_job_id, kind, request_id, outcome, created_at, last_row, rows, attempt)
+	SELECT DISTINCT ON (job_id) job_id, max(parent_job_id) OVER w, kind, request_id, outcome, created_at, id,
+	       count(*) OVER w, max(attempt) OVER w
+	FROM gone WINDOW w AS (PARTITION BY job_id) ORDER BY job_id, id DESC
+	ON CONFLICT (job_id) DO UPDATE SET
+		parent_job_id = coalesce(l.parent_job_id, EXCLUDED.parent_job_id),
+		kind = CASE WHEN EXCLUDED.last_row > coalesce(l.last_row, 0) THEN EXCLUDED.kind ELSE coalesce(l.kind, EXCLUDED.kind) END,
+		request_id = CASE WHEN EXCLUDED.last_row > coalesce(l.last_row, 0) THEN EXCLUDED.request_id ELSE coalesce(l.request_id, EXCLUDED.request_id) END,
+		outcome = CASE WHEN EXCLUDED.last_row > coalesce(l.last_row, 0) THEN EXCLUDED.outcome ELSE l.outcome END,
+		created_at = CASE WHEN EXCLUDED.last_row > coalesce(l.last_row, 0) THEN EXCLUDED.created_at ELSE l.created_at END,
+		last_row = greatest(l.last_row, EXCLUDED.last_row),
+		rows = l.rows + EXCLUDED.rows,
+		attempt = greatest(l.attempt, EXCLUDED.attempt),
+		kept_at = now()),
+-- Each of the deleted rows' history records keeps its commit time, which
+-- queue wait reads once the row is gone.
+stamped AS (
+	UPDATE job_history h SET committed_at = g.created_at FROM gone g
+	WHERE h.job_id = g.job_id AND h.outbox_id = g.id AND h.committed_at IS NULL)
 SELECT count(*) FROM gone`
 
 	deleteScheduled = `

@@ -107,7 +107,7 @@ func CheckPluginName(name string) error {
 var RuntimeTables = []string{"outbox", "processed_jobs", "scheduled_jobs", "dead_letters",
 	"absorbed_duplicates", "plugin_kinds", "plugin_enqueues", "runtime_secrets", "tx_gates", "job_history", "plugin_installs",
 	"workflows", "workflow_events", "workflow_steps", "workflow_timers", "workflow_signals", "workflow_decisions",
-	"job_dedup_keys", "kind_pauses", "operator_actions", "workflow_binaries", "schedules", "kind_limits", "claim_wakes", "job_republishes", "job_cancels"}
+	"job_dedup_keys", "kind_pauses", "operator_actions", "workflow_binaries", "schedules", "kind_limits", "claim_wakes", "job_republishes", "job_cancels", "job_links"}
 
 // AppEnqueueFunction is the applications' enqueue (package client, and any
 // language's driver): an operator grants EXECUTE on it to an application's
