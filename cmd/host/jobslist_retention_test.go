@@ -60,5 +60,5 @@ func TestJobsListAfterOutboxRetention(t *testing.T) {
 	require.True(t, cut.Cut)
 	require.Equal(t, []string{ids[2], ids[1]}, []string{cut.Jobs[0].ID, cut.Jobs[1].ID})
 	plain := runHost(t, bin, env, "jobs", "list", "--kind", "trimmed_kind", "--limit", "2")
-	require.Contains(t, plain.stdout, "showing the newest 2 of 3 matching jobs")
+	require.Contains(t, plain.stdout, "the newest 2 of 3 matching jobs: --limit 3 shows them all")
 }

@@ -17,12 +17,15 @@ document.addEventListener("submit", function (ev) {
 // form). A form field changed inside a part holds the page as it is (the
 // operator's ticks and typing are never swapped away). A failed fetch, or
 // one sent to the login form (the session ended), leaves the page as it
-// is until the next.
+// is until the next. A page slow to answer is asked for less often: the
+// next ask waits ten times as long as the last answer took (a jobs search
+// over a long history costs the database seconds; an open tab must not
+// keep one of its backends busy).
 (function () {
   var parts = Array.prototype.slice.call(document.querySelectorAll("[data-live]"));
   if (!parts.length || !window.fetch || !window.DOMParser) return;
   var every = Math.max(1, parseFloat(parts[0].getAttribute("data-live")) || 2) * 1000;
-  var busy = false, held = false, timer;
+  var busy = false, held = false, timer, next = 0;
   var at = document.getElementById("live-at");
   var last = at ? at.textContent : "";
   function say(text) { if (at) at.textContent = text; }
@@ -38,8 +41,9 @@ document.addEventListener("submit", function (ev) {
   document.addEventListener("input", hold, true);
   document.addEventListener("change", hold, true);
   function refresh() {
-    if (busy || held || document.hidden) return;
+    if (busy || held || document.hidden || Date.now() < next) return;
     busy = true;
+    var asked = Date.now();
     fetch(location.href, { credentials: "same-origin" })
       .then(function (res) {
         if (!res.ok || res.redirected) throw new Error("live: " + res.status);
@@ -68,7 +72,10 @@ document.addEventListener("submit", function (ev) {
         say(last + ", final: no longer updated");
       })
       .catch(function () {})
-      .then(function () { busy = false; });
+      .then(function () {
+        busy = false;
+        next = asked + 10 * (Date.now() - asked);
+      });
   }
   timer = setInterval(refresh, every);
 })();
