@@ -511,7 +511,9 @@ func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*bat
 		open.err = tx.begin(ctx, r.recordJobs(batch, open.recorded))
 	}()
 	done := lap(&phases.Invoke)
-	actx := pluginhost.WithAnswered(callCtx)
+	// Every job of the batch holds the plugin's gate until its outcome is
+	// back, so the batch's call holds it with them.
+	actx := pluginhost.HeldAs(pluginhost.WithAnswered(callCtx), first.ctx)
 	w.calling()
 	answers, err := first.inv.Invoke(actx, allCalls)
 	w.answered()

@@ -29,6 +29,13 @@ type Invoker interface {
 	Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error)
 }
 
+// A Holder is an Invoker whose calls a job holds for its whole run
+// (pluginhost.Gate): Run holds it before the job takes a connection of
+// the plugin's pool, so no job holding one waits at the gate.
+type Holder interface {
+	Hold(ctx context.Context) (context.Context, func(), error)
+}
+
 // DB is where a plugin's jobs run: the plugin's own pool, whose
 // connections log in as its role (sandbox.OpenPluginPool), and the role's
 // name for messages. Every statement of the job, the plugin's and the
@@ -205,6 +212,15 @@ func NewRunner(cfg Config) (*Runner, error) {
 // its history record in the job's own transaction (Outcome.Recorded).
 func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, job *usherv1.Job, d Delivery) Outcome {
 	ctx = pluginhost.WithAnswered(ctx)
+	if h, ok := inv.(Holder); ok {
+		held, release, err := h.Hold(ctx)
+		if err != nil {
+			d.arrive()
+			return abandoned(fmt.Errorf("%s job %s did not start: %w", job.GetKind(), job.GetId(), err))
+		}
+		defer release()
+		ctx = held
+	}
 	batched := g == usherv1.Guard_GUARD_JOB_ID && db.Pool != nil && r.batches(ctx)
 	if !batched {
 		d.arrive() // joins no batch; a batched job arrives once queued

@@ -117,9 +117,9 @@ type Supervisor struct {
 
 	// swapMu serialises swaps.
 	swapMu sync.Mutex
-	// alone is held for reading by every call and for writing by a call
-	// that must run alone on the process (see Alone).
-	alone sync.RWMutex
+	// gate is held by every job that calls the plugin, alone or together
+	// (see Gate).
+	gate *Gate
 
 	mu  sync.Mutex
 	cur *tracked
@@ -143,7 +143,7 @@ func NewSupervisor(ctx context.Context, cfg SupervisorConfig) (*Supervisor, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Supervisor{cfg: cfg, cur: &tracked{Instance: inst, started: time.Now()}, healthy: true, backoff: cfg.MinBackoff,
+	return &Supervisor{cfg: cfg, cur: &tracked{Instance: inst, started: time.Now()}, healthy: true, gate: NewGate(), backoff: cfg.MinBackoff,
 		quarantine: cfg.UnhealthyRetry}, nil
 }
 
@@ -224,17 +224,22 @@ func IsAlone(ctx context.Context) bool {
 // breaks).
 const crashSettle = 2 * time.Second
 
+// Hold holds the plugin's gate for a job's whole run (see Gate); Invoke
+// holds it for one call when the job did not.
+func (s *Supervisor) Hold(ctx context.Context) (context.Context, func(), error) {
+	return s.gate.Hold(ctx)
+}
+
 // Invoke sends calls to the current version. An error is a *CrashError
 // when the process died under the call.
 func (s *Supervisor) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error) {
 	alone := IsAlone(ctx)
-	if alone {
-		s.alone.Lock()
-		defer s.alone.Unlock()
-	} else {
-		s.alone.RLock()
-		defer s.alone.RUnlock()
+	ctx, release, err := s.gate.Hold(ctx)
+	if err != nil {
+		// Not the plugin's doing: the hang limit does not count it.
+		return nil, err
 	}
+	defer release()
 	s.mu.Lock()
 	t := s.cur
 	ok := s.healthy && !s.stopped && !t.Exited()

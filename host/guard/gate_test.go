@@ -1,0 +1,129 @@
+package guard_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/usherhq/usher/host/guard"
+	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/pluginhost"
+	usherv1 "github.com/usherhq/usher/proto/usher/v1"
+)
+
+// gatedStateFirst is a state-first plugin behind a pluginhost.Gate, as the
+// supervisor puts one: its check reads through its handle, its commit
+// writes conditionally; a phase listed in hold waits for its channel.
+type gatedStateFirst struct {
+	gate *pluginhost.Gate
+	hs   *guard.Handles
+	hold map[string]chan struct{} // "<job>.<phase>"
+	mu   sync.Mutex
+	done map[string]bool // "<job>.<phase>" answered
+}
+
+func (g *gatedStateFirst) Hold(ctx context.Context) (context.Context, func(), error) {
+	return g.gate.Hold(ctx)
+}
+
+func (g *gatedStateFirst) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error) {
+	ctx, release, err := g.gate.Hold(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	c := calls[0]
+	phase := map[usherv1.Phase]string{usherv1.Phase_PHASE_CHECK: "check", usherv1.Phase_PHASE_PREPARE: "prepare",
+		usherv1.Phase_PHASE_COMMIT: "commit"}[c.GetPhase()]
+	key := c.GetJob().GetId() + "." + phase
+	if ch := g.hold[key]; ch != nil {
+		<-ch
+	}
+	var st *usherv1.Statement
+	switch phase {
+	case "check":
+		st = &usherv1.Statement{Mode: usherv1.Mode_MODE_QUERY, Sql: `SELECT n FROM gcount WHERE id = 0`}
+	case "commit":
+		st = &usherv1.Statement{Mode: usherv1.Mode_MODE_WRITE_IF, Sql: `UPDATE gcount SET n = n + 1 WHERE id = 0 RETURNING n`}
+	}
+	if st != nil {
+		if _, err := g.hs.Exec(ctx, &usherv1.ExecRequest{Handle: c.GetHandle(), Statements: []*usherv1.Statement{st}}); err != nil {
+			return []*usherv1.Result{{Outcome: usherv1.Outcome_OUTCOME_ERROR, Error: err.Error()}}, nil
+		}
+	}
+	g.mu.Lock()
+	g.done[key] = true
+	g.mu.Unlock()
+	return []*usherv1.Result{{Outcome: usherv1.Outcome_OUTCOME_OK}}, nil
+}
+
+func (g *gatedStateFirst) answered(key string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.done[key]
+}
+
+// The plugin's pool has one connection. Job c is in its check (holding the
+// gate, about to read), job a in its prepare, and job b, a rerun after a
+// crash, waits to run alone. a then opens its transaction (the pool's one
+// connection) and commits; c reads. When the gate was taken per call, a
+// waited at it for its commit behind b, b waited for c, and c waited for
+// the connection a held: a cycle that only the jobs' deadlines broke (in
+// make demo, with the pool of four and a crash, about one run in three).
+// Held for a whole job from before its first connection, all three apply.
+func TestGateHeldForTheWholeJob(t *testing.T) {
+	t.Parallel()
+	owner, db := gcountDB(t, "")
+	db.Pool = hosttest.RawPool(t, owner, 1)
+	hs := guard.NewHandles("public", nil)
+	runner, err := guard.NewRunner(guard.Config{Handles: hs})
+	require.NoError(t, err)
+	cGo, aGo := make(chan struct{}), make(chan struct{})
+	inv := &gatedStateFirst{gate: pluginhost.NewGate(), hs: hs,
+		hold: map[string]chan struct{}{"c.check": cGo, "a.prepare": aGo}, done: map[string]bool{}}
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	outs := map[string]guard.Outcome{}
+	run := func(id string, alone bool) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if alone {
+				ctx = pluginhost.Alone(ctx)
+			}
+			out := runner.Run(ctx, inv, db, usherv1.Guard_GUARD_STATE_FIRST, &usherv1.Job{Id: id, Kind: "raw_job"}, guard.Delivery{})
+			mu.Lock()
+			outs[id] = out
+			mu.Unlock()
+		}()
+	}
+	finished := func(id string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		_, ok := outs[id]
+		return ok
+	}
+
+	run("c", false)
+	run("a", false)
+	hosttest.Eventually(t, 5*time.Second, "a checked, now in its prepare", func() bool { return inv.answered("a.check") })
+	run("b", true)
+	time.Sleep(100 * time.Millisecond) // b waits to run alone
+	close(aGo)
+	hosttest.Eventually(t, 5*time.Second, "a holding the pool's connection, or done", func() bool {
+		return db.Pool.Stat().AcquiredConns() == 1 || finished("a")
+	})
+	close(cGo)
+	wg.Wait()
+
+	for _, id := range []string{"a", "b", "c"} {
+		require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %s", id, outs[id].Reason)
+	}
+	require.EqualValues(t, 3, hosttest.Count(t, owner, `SELECT n FROM gcount WHERE id = 0`))
+}
