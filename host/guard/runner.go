@@ -212,18 +212,20 @@ func NewRunner(cfg Config) (*Runner, error) {
 // its history record in the job's own transaction (Outcome.Recorded).
 func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, job *usherv1.Job, d Delivery) Outcome {
 	ctx = pluginhost.WithAnswered(ctx)
+	batched := g == usherv1.Guard_GUARD_JOB_ID && db.Pool != nil && r.batches(ctx)
+	if !batched {
+		d.arrive() // joins no batch; a batched job arrives once queued
+	}
 	if h, ok := inv.(Holder); ok {
 		held, release, err := h.Hold(ctx)
 		if err != nil {
-			d.arrive()
+			if batched {
+				d.arrive() // it never joins one
+			}
 			return abandoned(fmt.Errorf("%s job %s did not start: %w", job.GetKind(), job.GetId(), err))
 		}
 		defer release()
 		ctx = held
-	}
-	batched := g == usherv1.Guard_GUARD_JOB_ID && db.Pool != nil && r.batches(ctx)
-	if !batched {
-		d.arrive() // joins no batch; a batched job arrives once queued
 	}
 	var out Outcome
 	switch {
