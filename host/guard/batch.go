@@ -524,6 +524,8 @@ func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*bat
 		for _, h := range all {
 			r.cfg.Handles.release(h)
 		}
+		// Its connection back first: the jobs alone need one each.
+		tx.Rollback(context.WithoutCancel(ctx))
 		r.alone(batch)
 		return
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
 
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/hosttest"
@@ -125,5 +126,53 @@ func TestGateHeldForTheWholeJob(t *testing.T) {
 	for _, id := range []string{"a", "b", "c"} {
 		require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %s", id, outs[id].Reason)
 	}
+	require.EqualValues(t, 3, hosttest.Count(t, owner, `SELECT n FROM gcount WHERE id = 0`))
+}
+
+// A batch whose opening fails (here its records: one job's kind is not
+// the plugin's) runs its jobs again alone, and gives its connection back
+// first: holding it, the jobs run alone waited for it until their
+// deadline on a pool of one.
+func TestBatchThatCannotOpenGivesBackItsConnection(t *testing.T) {
+	t.Parallel()
+	owner, db := gcountDB(t, "")
+	db.Pool = hosttest.RawPool(t, owner, 1)
+	hs := guard.NewHandles("public", nil)
+	runner, err := guard.NewRunner(guard.Config{Handles: hs, BatchMax: 32})
+	require.NoError(t, err)
+	unblock := make(chan struct{})
+	inv := &callbackInvoker{hs: hs, wait: map[string]chan struct{}{"blocker": unblock}, refused: map[string]codes.Code{}}
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	outs := map[string]guard.Outcome{}
+	run := func(id, kind string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			out := runner.Run(ctx, inv, db, usherv1.Guard_GUARD_JOB_ID, &usherv1.Job{Id: id, Kind: kind}, guard.Delivery{})
+			mu.Lock()
+			outs[id] = out
+			mu.Unlock()
+		}()
+	}
+	// The blocker's run holds the pool while the others queue for one
+	// batch.
+	run("blocker", "raw_job")
+	time.Sleep(50 * time.Millisecond)
+	run("a", "raw_job")
+	run("foreign", "not_this_plugins_job")
+	run("b", "raw_job")
+	time.Sleep(50 * time.Millisecond)
+	close(unblock)
+	wg.Wait()
+
+	for _, id := range []string{"blocker", "a", "b"} {
+		require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %s", id, outs[id].Reason)
+	}
+	require.NotEqual(t, guard.Applied, outs["foreign"].Verdict)
+	require.NotContains(t, outs["foreign"].Reason, "deadline", "the foreign job ended on its own error, not its deadline")
 	require.EqualValues(t, 3, hosttest.Count(t, owner, `SELECT n FROM gcount WHERE id = 0`))
 }
