@@ -22,17 +22,24 @@ var docShotRef = regexp.MustCompile(`console/([a-z0-9-]+)\.png`)
 // docShots are the screenshots docs/*.md show, by name (no .png).
 func docShots(t testing.TB) map[string]bool {
 	t.Helper()
-	mds, err := filepath.Glob(filepath.Join("..", "..", "docs", "*.md"))
+	return matchesIn(t, filepath.Join("..", "..", "docs", "*.md"), docShotRef)
+}
+
+// matchesIn is the first submatch of every match of re in the files of
+// glob.
+func matchesIn(t testing.TB, glob string, re *regexp.Regexp) map[string]bool {
+	t.Helper()
+	files, err := filepath.Glob(glob)
 	require.NoError(t, err)
-	names := map[string]bool{}
-	for _, md := range mds {
-		b, err := os.ReadFile(md)
+	found := map[string]bool{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
 		require.NoError(t, err)
-		for _, m := range docShotRef.FindAllStringSubmatch(string(b), -1) {
-			names[m[1]] = true
+		for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+			found[m[1]] = true
 		}
 	}
-	return names
+	return found
 }
 
 // shot writes the page bctx shows, whole, as NAME.png into the artifacts
@@ -66,16 +73,7 @@ var shotCall = regexp.MustCompile(`\bshot\([^()]*?"([a-z0-9-]+)"\)`)
 // other: a picture no test writes would go stale unseen.
 func TestDocShotsComeFromTests(t *testing.T) {
 	t.Parallel()
-	srcs, err := filepath.Glob("*_test.go")
-	require.NoError(t, err)
-	written := map[string]bool{}
-	for _, src := range srcs {
-		b, err := os.ReadFile(src)
-		require.NoError(t, err)
-		for _, m := range shotCall.FindAllStringSubmatch(string(b), -1) {
-			written[m[1]] = true
-		}
-	}
+	written := matchesIn(t, "*_test.go", shotCall)
 	docs := docShots(t)
 	require.NotEmpty(t, docs)
 	for name := range docs {

@@ -368,7 +368,11 @@ func (r *Runner) gather(b *batcher) {
 // down), not when one of them is: a job absorbed at the record finishes
 // at once, and its context ends with it, while its batch-mates still run
 // (a batch that inherited its cancellation lost its commit's answer, and
-// ran its committed jobs again alone). release frees what watches them.
+// ran its committed jobs again alone). It keeps the last job's values,
+// its hold on the plugin's gate among them (pluginhost.Gate): every job
+// of the batch holds the gate until its outcome is back, so the batch's
+// call runs under their holds and does not wait at the gate again.
+// release frees what watches them.
 func batchContext(batch []*batchReq) (ctx context.Context, stop context.CancelCauseFunc, release func()) {
 	last := batch[len(batch)-1].ctx
 	base, cancel := context.WithoutCancel(last), context.CancelFunc(func() {})
@@ -511,9 +515,7 @@ func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*bat
 		open.err = tx.begin(ctx, r.recordJobs(batch, open.recorded))
 	}()
 	done := lap(&phases.Invoke)
-	// Every job of the batch holds the plugin's gate until its outcome is
-	// back, so the batch's call holds it with them.
-	actx := pluginhost.HeldAs(pluginhost.WithAnswered(callCtx), first.ctx)
+	actx := pluginhost.WithAnswered(callCtx)
 	w.calling()
 	answers, err := first.inv.Invoke(actx, allCalls)
 	w.answered()

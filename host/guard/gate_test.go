@@ -176,3 +176,91 @@ func TestBatchThatCannotOpenGivesBackItsConnection(t *testing.T) {
 	require.NotContains(t, outs["foreign"].Reason, "deadline", "the foreign job ended on its own error, not its deadline")
 	require.EqualValues(t, 3, hosttest.Count(t, owner, `SELECT n FROM gcount WHERE id = 0`))
 }
+
+// gatedBatchInvoker applies each job by a statement sent back through the
+// host, behind a pluginhost.Gate taken per call as the supervisor takes
+// it; before is called first, with the call's jobs.
+type gatedBatchInvoker struct {
+	*callbackInvoker
+	gate   *pluginhost.Gate
+	before func(calls []*usherv1.Call)
+}
+
+func (g *gatedBatchInvoker) Hold(ctx context.Context) (context.Context, func(), error) {
+	return g.gate.Hold(ctx)
+}
+
+func (g *gatedBatchInvoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*usherv1.Result, error) {
+	g.before(calls)
+	ctx, release, err := g.gate.Hold(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return g.callbackInvoker.Invoke(ctx, calls)
+}
+
+// A batch's call runs under its jobs' holds on the gate: with a job
+// waiting to run alone ahead of it at the gate, taking the gate again
+// would wait behind that job, which waits for the batch's jobs.
+func TestBatchCallRunsUnderItsJobsHolds(t *testing.T) {
+	t.Parallel()
+	owner, db := gcountDB(t, "")
+	hs := guard.NewHandles("public", nil)
+	var batches []guard.BatchReport
+	var bmu sync.Mutex
+	runner, err := guard.NewRunner(guard.Config{Handles: hs, BatchMax: 32, OnBatch: func(b guard.BatchReport) {
+		bmu.Lock()
+		batches = append(batches, b)
+		bmu.Unlock()
+	}})
+	require.NoError(t, err)
+	unblock := make(chan struct{})
+	inv := &gatedBatchInvoker{gate: pluginhost.NewGate(),
+		callbackInvoker: &callbackInvoker{hs: hs, wait: map[string]chan struct{}{"blocker": unblock}, refused: map[string]codes.Code{}}}
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	outs := map[string]guard.Outcome{}
+	run := func(id string, alone bool) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if alone {
+				ctx = pluginhost.Alone(ctx)
+			}
+			out := runner.Run(ctx, inv, db, usherv1.Guard_GUARD_JOB_ID, &usherv1.Job{Id: id, Kind: "raw_job"}, guard.Delivery{})
+			mu.Lock()
+			outs[id] = out
+			mu.Unlock()
+		}()
+	}
+	var once sync.Once
+	inv.before = func(calls []*usherv1.Call) {
+		if len(calls) > 1 {
+			once.Do(func() {
+				run("alone", true)
+				time.Sleep(100 * time.Millisecond) // it waits at the gate
+			})
+		}
+	}
+	run("blocker", false)
+	time.Sleep(50 * time.Millisecond)
+	run("a", false)
+	run("b", false)
+	time.Sleep(50 * time.Millisecond)
+	close(unblock)
+	wg.Wait()
+
+	for _, id := range []string{"blocker", "a", "b", "alone"} {
+		require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %s", id, outs[id].Reason)
+	}
+	require.EqualValues(t, 4, hosttest.Count(t, owner, `SELECT n FROM gcount WHERE id = 0`))
+	bmu.Lock()
+	defer bmu.Unlock()
+	require.Len(t, batches, 1, "a and b in one batch")
+	require.True(t, batches[0].Committed, "the batch committed whole, not called off and split")
+	require.Equal(t, 2, batches[0].Jobs)
+}

@@ -46,12 +46,3 @@ func (g *Gate) Hold(ctx context.Context) (context.Context, func(), error) {
 	}
 	return context.WithValue(ctx, heldKey{}, g), func() { g.sem.Release(n) }, nil
 }
-
-// HeldAs marks ctx as holding whatever gate from holds: a batch's call
-// runs under its jobs' holds.
-func HeldAs(ctx, from context.Context) context.Context {
-	if g := from.Value(heldKey{}); g != nil {
-		return context.WithValue(ctx, heldKey{}, g)
-	}
-	return ctx
-}
