@@ -14,7 +14,7 @@ func TestBatchMaxIsChecked(t *testing.T) {
 	require.ErrorContains(t, c.setDefaults(), "BatchMax -1 is negative")
 	c = Config{DatabaseURL: "postgres://x", RedisURL: "redis://x"}
 	require.NoError(t, c.setDefaults())
-	require.Equal(t, 32, c.BatchMax)
+	require.Equal(t, 128, c.BatchMax)
 	require.Equal(t, 2*time.Millisecond, c.BatchWait, "--batch-wait's default")
 	c = Config{DatabaseURL: "postgres://x", RedisURL: "redis://x", BatchWait: -1}
 	require.NoError(t, c.setDefaults())

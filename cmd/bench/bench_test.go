@@ -256,3 +256,18 @@ func TestScalingDocCommandParses(t *testing.T) {
 	}
 	require.Equal(t, 1, n, "docs/scaling.md gives its measuring command")
 }
+
+// Best against best takes each runtime at its own fastest level, which
+// need not be the same level: usher's 256 against asynq's 64.
+func TestBestRatios(t *testing.T) {
+	usher := []levelResult{{Inflight: 16, JobsPerSec: 4000}, {Inflight: 64, JobsPerSec: 7000}, {Inflight: 256, JobsPerSec: 10000}}
+	peers := []peerResult{
+		{Runtime: "river", Inflight: 16, JobsPerSec: 1500}, {Runtime: "river", Inflight: 64, JobsPerSec: 2000}, {Runtime: "river", Inflight: 256, JobsPerSec: 1600},
+		{Runtime: "asynq", Inflight: 16, JobsPerSec: 3000}, {Runtime: "asynq", Inflight: 64, JobsPerSec: 4000}, {Runtime: "asynq", Inflight: 256, JobsPerSec: 0},
+	}
+	require.Equal(t, []bestRatio{
+		{Peer: "river", UsherInflight: 256, Usher: 10000, PeerInflight: 64, Other: 2000, Ratio: 5},
+		{Peer: "asynq", UsherInflight: 256, Usher: 10000, PeerInflight: 64, Other: 4000, Ratio: 2.5},
+	}, bestRatios(usher, peers))
+	require.Nil(t, bestRatios(nil, peers), "no usher level, no ratio")
+}

@@ -42,6 +42,11 @@ type config struct {
 	// HostPoolSize is the host's own pool size (pool_max_conns); 0 keeps
 	// pgx's default, as `host run` does. Default 0.
 	HostPoolSize int
+	// BatchMax is the host's --batch-max; 0 keeps its default. Default 0.
+	BatchMax int
+	// PluginPoolSize is the host's --plugin-pool-size; 0 keeps its
+	// default. Default 0.
+	PluginPoolSize int
 	// Rate is the latency run's offered load in jobs/s. Default 1000.
 	Rate int
 	// RateSeconds is how long the latency run offers it. Default 10.
@@ -106,6 +111,8 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.Warmup, "warmup", 500, "jobs run through each host before any clock")
 	inflight := fs.String("inflight", "16,64", "comma-separated jobs-in-flight levels (the host's Concurrency)")
 	fs.IntVar(&cfg.HostPoolSize, "host-pool-size", 0, "the host's own Postgres pool size; 0 keeps pgx's default, as host run does")
+	fs.IntVar(&cfg.BatchMax, "batch-max", 0, "the host's --batch-max (the most jobs one batch commits); 0 keeps host run's default")
+	fs.IntVar(&cfg.PluginPoolSize, "plugin-pool-size", 0, "the host's --plugin-pool-size (Postgres connections per plugin); 0 keeps host run's default")
 	fs.IntVar(&cfg.Rate, "rate", 1000, "latency run: offered jobs per second")
 	fs.IntVar(&cfg.RateSeconds, "rate-seconds", 10, "latency run: seconds of offered load")
 	fs.IntVar(&cfg.Mix, "mix", 300, "orders of the full Stagedoor mix (render, send, count; the PDFs also rendered alone); 0 skips it")
@@ -160,6 +167,8 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 		return cfg, errors.New("--warmup must not be negative")
 	case cfg.HostPoolSize < 0:
 		return cfg, errors.New("--host-pool-size must not be negative")
+	case cfg.BatchMax < 0 || cfg.PluginPoolSize < 0:
+		return cfg, errors.New("--batch-max and --plugin-pool-size must not be negative")
 	case cfg.Rate < 1:
 		return cfg, errors.New("--rate must be at least 1")
 	case cfg.RateSeconds < 1:

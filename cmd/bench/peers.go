@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -84,6 +85,46 @@ func ratios(usher []levelResult, peers []peerResult) []ratio {
 			if u.Inflight == p.Inflight && u.JobsPerSec > 0 && p.JobsPerSec > 0 {
 				out = append(out, ratio{Peer: p.Runtime, Inflight: p.Inflight, Usher: u.JobsPerSec, Other: p.JobsPerSec, Ratio: u.JobsPerSec / p.JobsPerSec})
 			}
+		}
+	}
+	return out
+}
+
+// bestRatio is usher's best throughput over a peer's best, each runtime at
+// the in-flight level where it was fastest in this run: the comparison
+// issue 29's targets are stated in (5 x River, 3 x asynq).
+type bestRatio struct {
+	Peer          string  `json:"peer"`
+	UsherInflight int     `json:"usher_inflight"`
+	Usher         float64 `json:"usher_jobs_per_sec"`
+	PeerInflight  int     `json:"peer_inflight"`
+	Other         float64 `json:"peer_jobs_per_sec"`
+	Ratio         float64 `json:"ratio"` // usher ÷ peer
+}
+
+// bestRatios has one bestRatio per peer runtime, in the peers' order.
+func bestRatios(usher []levelResult, peers []peerResult) []bestRatio {
+	var u levelResult
+	for _, l := range usher {
+		if l.JobsPerSec > u.JobsPerSec {
+			u = l
+		}
+	}
+	if u.JobsPerSec <= 0 {
+		return nil
+	}
+	var out []bestRatio
+	for _, p := range peers {
+		if p.JobsPerSec <= 0 {
+			continue
+		}
+		i := slices.IndexFunc(out, func(b bestRatio) bool { return b.Peer == p.Runtime })
+		if i < 0 {
+			out = append(out, bestRatio{Peer: p.Runtime, UsherInflight: u.Inflight, Usher: u.JobsPerSec})
+			i = len(out) - 1
+		}
+		if p.JobsPerSec > out[i].Other {
+			out[i].PeerInflight, out[i].Other, out[i].Ratio = p.Inflight, p.JobsPerSec, u.JobsPerSec/p.JobsPerSec
 		}
 	}
 	return out

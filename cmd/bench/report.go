@@ -43,8 +43,11 @@ type results struct {
 	// a Redis Cluster.
 	Scale  []scaleRow `json:"scale,omitempty"`
 	Ratios []ratio    `json:"ratios,omitempty"`
-	Plots  []string   `json:"plots"`
-	Errors []string   `json:"errors,omitempty"`
+	// Best compares each runtime at its fastest level: usher's best over
+	// each peer's best.
+	Best   []bestRatio `json:"best,omitempty"`
+	Plots  []string    `json:"plots"`
+	Errors []string    `json:"errors,omitempty"`
 }
 
 // boundary is the plugin boundary's cost at one level: Cost is the share
@@ -234,6 +237,10 @@ func (r *results) printTable(w io.Writer) {
 			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%d\t%d\t%s\t\n", p.Runtime, p.Inflight, p.JobsPerSec, p.CPUSeconds, p.Lost, p.Doubled, rt)
 		}
 		_ = tw.Flush()
+		for _, b := range r.Best {
+			fmt.Fprintf(w, "  best against best: usher %.0f jobs/s (%d in flight) ÷ %s %.0f (%d in flight) = %.2f\n",
+				b.Usher, b.UsherInflight, b.Peer, b.Other, b.PeerInflight, b.Ratio)
+		}
 	}
 	r.Workflows.print(w)
 	printScale(w, r.Scale)

@@ -53,6 +53,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			res.Errors = append(res.Errors, err.Error())
 		}
 		res.Ratios = ratios(res.Usher, res.Peers)
+		res.Best = bestRatios(res.Usher, res.Peers)
 	}
 	if cfg.Workflows > 0 && ctx.Err() == nil {
 		res.Workflows = &workflowResults{}

@@ -125,7 +125,7 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&cfg.StalledAfter, "stalled-after", 2*time.Second,
 		"a job running longer gives its slot back, and a plugin with half of --concurrency such jobs gets no more until they end (USHER_STALLED_AFTER)")
 	fromEnv(fs, "stalled-after", "USHER_STALLED_AFTER")
-	fs.IntVar(&cfg.BatchMax, "batch-max", 32,
+	fs.IntVar(&cfg.BatchMax, "batch-max", 128,
 		"most jobs of one plugin that record their job id run in one transaction; 1: each in its own (USHER_BATCH_MAX)")
 	fromEnv(fs, "batch-max", "USHER_BATCH_MAX")
 	fs.DurationVar(&cfg.BatchWait, "batch-wait", 2*time.Millisecond,

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
 
@@ -398,24 +399,36 @@ func batchContext(batch []*batchReq) (ctx context.Context, stop context.CancelCa
 	}
 }
 
+// batchPayloadBytes bounds the payloads of one batch's jobs together: half
+// of contract.MaxMessageBytes, the gRPC limit its one Invoke must fit in,
+// so the call carries them with room for the rest of the message. A job
+// whose payload alone is larger (entry.MaxBytes allows a megabyte, far
+// below it) is still taken, by itself.
+const batchPayloadBytes = contract.MaxMessageBytes / 2
+
 // take takes the next batch from b's queue (b.mu held): jobs of one plugin
 // process (a swap can leave jobs of the old and the new one waiting on the
-// same pool), at most BatchMax, none of a job with another entry in a
-// batch not over. It is empty when every job waiting has such an entry.
+// same pool), at most BatchMax and batchPayloadBytes of payload, none of a
+// job with another entry in a batch not over. It is empty when every job
+// waiting has such an entry.
 func (r *Runner) take(b *batcher) []*batchReq {
 	if b.inflight == nil {
 		b.inflight = map[[2]string]int{}
 	}
 	var inv Invoker
 	var batch, rest []*batchReq
+	bytes := 0
 	for _, q := range b.queue {
 		k := jobKey(q)
+		size := len(q.job.GetPayload())
 		switch {
-		case len(batch) >= r.cfg.BatchMax, inv != nil && q.inv != inv, b.inflight[k] > 0:
+		case len(batch) >= r.cfg.BatchMax, inv != nil && q.inv != inv, b.inflight[k] > 0,
+			len(batch) > 0 && bytes+size > batchPayloadBytes:
 			rest = append(rest, q)
 		default:
 			inv = q.inv
 			batch = append(batch, q)
+			bytes += size
 			b.inflight[k]++
 		}
 	}

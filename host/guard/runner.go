@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/usherhq/usher/host/pluginhost"
 	"log/slog"
 	"math"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
