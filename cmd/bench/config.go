@@ -47,6 +47,8 @@ type config struct {
 	// PluginPoolSize is the host's --plugin-pool-size; 0 keeps its
 	// default. Default 0.
 	PluginPoolSize int
+	// BatchWait is the host's --batch-wait; 0 keeps its default. Default 0.
+	BatchWait time.Duration
 	// Rate is the latency run's offered load in jobs/s. Default 1000.
 	Rate int
 	// RateSeconds is how long the latency run offers it. Default 10.
@@ -113,6 +115,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.HostPoolSize, "host-pool-size", 0, "the host's own Postgres pool size; 0 keeps pgx's default, as host run does")
 	fs.IntVar(&cfg.BatchMax, "batch-max", 0, "the host's --batch-max (the most jobs one batch commits); 0 keeps host run's default")
 	fs.IntVar(&cfg.PluginPoolSize, "plugin-pool-size", 0, "the host's --plugin-pool-size (Postgres connections per plugin); 0 keeps host run's default")
+	fs.DurationVar(&cfg.BatchWait, "batch-wait", 0, "the host's --batch-wait (how long a batch waits for the jobs on their way; negative: none); 0 keeps host run's default")
 	fs.IntVar(&cfg.Rate, "rate", 1000, "latency run: offered jobs per second")
 	fs.IntVar(&cfg.RateSeconds, "rate-seconds", 10, "latency run: seconds of offered load")
 	fs.IntVar(&cfg.Mix, "mix", 300, "orders of the full Stagedoor mix (render, send, count; the PDFs also rendered alone); 0 skips it")

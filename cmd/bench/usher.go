@@ -242,7 +242,7 @@ func benchHostConfig(cfg config, db *database, pluginDir string, inflight int, l
 		Stream: "usher:bench:{" + id + "}", Group: group, Consumer: "bench-" + id,
 		PluginDir: pluginDir, DisablePluginWatch: true,
 		Concurrency: inflight, Logger: logger,
-		BatchMax: cfg.BatchMax, PluginPoolSize: cfg.PluginPoolSize,
+		BatchMax: cfg.BatchMax, PluginPoolSize: cfg.PluginPoolSize, BatchWait: cfg.BatchWait,
 	}, nil
 }
 
