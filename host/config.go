@@ -186,8 +186,11 @@ type Config struct {
 	// id that run in one transaction, with one call to the plugin: the
 	// jobs waiting when a batch starts, after BatchWait at most for those
 	// on their way. A batch that cannot apply whole runs each of its jobs
-	// again alone. Default 128: at 256 jobs in flight a host committed
-	// 9,300-10,700 counter jobs/s with it against 7,200-7,500 with 32
+	// again alone, so the more jobs a batch has, the likelier one failing
+	// job costs all of them a second run: a plugin whose jobs often fail
+	// wants fewer. A batch also stops at 8 MiB of jobs (half the gRPC
+	// message cap). Default 128: at 256 jobs in flight a host committed
+	// 9,300-10,700 counter jobs/s with it against 6,800-7,500 with 32
 	// (docs/benchmarks.md); below a plugin's rate the batches stay as
 	// small as the jobs waiting. 1 runs every job in its own transaction.
 	BatchMax int

@@ -83,6 +83,9 @@ var hostileCases = []hostileCase{
 	{"hostile_apply", "returned-args", "", false},
 	{"hostile_apply", "hijack-commit", `syntax error at or near "COMMIT"`, false},
 	{"hostile_apply", "returned-args", "", false},
+	// An answer over the gRPC message cap: dead-lettered at once, saying
+	// why, not abandoned to be delivered again and again.
+	{"hostile_apply", "huge-answer", "over the 16777216-byte message cap", false},
 	// Capabilities, decided by what the database reports.
 	{"hostile_state", "readonly-write", "a read-only phase wrote", false},
 	{"hostile_state", "readonly-commit", "controlled the host's transaction (COMMIT)", false},

@@ -126,7 +126,7 @@ func (f *hostFlags) register(fs *flag.FlagSet) {
 		"a job running longer gives its slot back, and a plugin with half of --concurrency such jobs gets no more until they end (USHER_STALLED_AFTER)")
 	fromEnv(fs, "stalled-after", "USHER_STALLED_AFTER")
 	fs.IntVar(&cfg.BatchMax, "batch-max", 128,
-		"most jobs of one plugin that record their job id run in one transaction; 1: each in its own (USHER_BATCH_MAX)")
+		"most jobs of one plugin that record their job id run in one transaction (and at most 8 MiB of them); one failing job runs its batch-mates again alone; 1: each in its own (USHER_BATCH_MAX)")
 	fromEnv(fs, "batch-max", "USHER_BATCH_MAX")
 	fs.DurationVar(&cfg.BatchWait, "batch-wait", 2*time.Millisecond,
 		"longest a batch waits for the jobs read for it and not yet queued; negative: none (USHER_BATCH_WAIT)")

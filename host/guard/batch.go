@@ -14,6 +14,9 @@ import (
 	"github.com/usherhq/usher/host/pluginhost"
 
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
@@ -114,7 +117,7 @@ type batcher struct {
 	// queued has a value when a job was queued since gather last looked.
 	queued chan struct{}
 	// calls are how long the plugin took to answer the last committed
-	// batches, newest at calls[next-1]; calledOff counts the batches
+	// batches, per job, newest at calls[next-1]; calledOff counts the batches
 	// called off since the last one committed (callOffAfter).
 	calls     [callOffWindow]time.Duration
 	next      int
@@ -122,8 +125,8 @@ type batcher struct {
 }
 
 // A batch is called off when its call runs past callOffFactor times the
-// slowest of its pool's last callOffWindow committed calls, and never
-// before callOffFloor: a handler that hangs is told from a batch that is
+// slowest of its pool's last callOffWindow committed calls (per job, times
+// its own jobs), and never before callOffFloor: a handler that hangs is told from a batch that is
 // merely slow within a tenth of a second or so. Each batch called off in a
 // row doubles the time (a plugin slowed down as a whole, a loaded machine,
 // soon runs its batches whole again), up to StalledAfter. Much sooner, at
@@ -145,9 +148,12 @@ const (
 	overtakeFloor  = 2 * time.Millisecond
 )
 
-// batchTimes are how long b's next batch may run before the next one
-// overtakes it, and before it is called off.
-func (r *Runner) batchTimes(b *batcher) (overtake, callOff time.Duration) {
+// batchTimes are how long b's next batch, of n jobs, may run before the
+// next one overtakes it, and before it is called off. The calls are known
+// per job (answered), so that a batch of 128 after a run of batches of 5
+// is given time for 128: a handler's work, and its statements sent back
+// one at a time in the batch's transaction, grow with the jobs.
+func (r *Runner) batchTimes(b *batcher, n int) (overtake, callOff time.Duration) {
 	b.mu.Lock()
 	calls, calledOff := b.calls, b.calledOff
 	b.mu.Unlock()
@@ -156,18 +162,20 @@ func (r *Runner) batchTimes(b *batcher) (overtake, callOff time.Duration) {
 		return r.cfg.StalledAfter, r.cfg.StalledAfter // nothing known of this pool yet
 	}
 	slices.Sort(known)
-	median, slowest := known[len(known)/2], known[len(known)-1]
+	jobs := time.Duration(max(n, 1))
+	median, slowest := known[len(known)/2]*jobs, known[len(known)-1]*jobs
 	backoff := min(calledOff, 16)
 	callOff = min(max(callOffFactor*slowest, callOffFloor)<<backoff, r.cfg.StalledAfter)
 	overtake = min(max(overtakeFactor*median, overtakeFloor)<<backoff, callOff)
 	return overtake, callOff
 }
 
-// answered records how long a committed batch's call took.
-func (b *batcher) answered(d time.Duration) {
+// answered records how long a committed batch's call of n jobs took, per
+// job.
+func (b *batcher) answered(d time.Duration, n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.calls[b.next] = d
+	b.calls[b.next] = max(d/time.Duration(max(n, 1)), 1)
 	b.next = (b.next + 1) % callOffWindow
 	b.calledOff = 0
 }
@@ -247,7 +255,7 @@ func (r *Runner) drain(b *batcher) {
 			defer w.answered() // a batch that never reached the plugin is not called off
 			r.runBatch(ctx, callCtx, b, batch, free, w)
 		}()
-		go r.watch(b, len(batch) == 1, done, calling, answered, free, callOff)
+		go r.watch(b, len(batch), done, calling, answered, free, callOff)
 		<-next
 	}
 }
@@ -265,8 +273,9 @@ type watched struct {
 // to free). Once the plugin has answered, the next batch waits for this
 // one's writes, for StalledAfter at most (they wait on row locks, or its
 // commit on the disk); nothing calls the batch off then.
-func (r *Runner) watch(b *batcher, lone bool, done, calling, answered <-chan struct{}, free func(), callOff context.CancelCauseFunc) {
-	overtake, offAfter := r.batchTimes(b)
+func (r *Runner) watch(b *batcher, n int, done, calling, answered <-chan struct{}, free func(), callOff context.CancelCauseFunc) {
+	lone := n == 1
+	overtake, offAfter := r.batchTimes(b, n)
 	start := time.Now()
 	t := time.NewTimer(overtake)
 	defer t.Stop()
@@ -399,16 +408,16 @@ func batchContext(batch []*batchReq) (ctx context.Context, stop context.CancelCa
 	}
 }
 
-// batchPayloadBytes bounds the payloads of one batch's jobs together: half
-// of contract.MaxMessageBytes, the gRPC limit its one Invoke must fit in,
-// so the call carries them with room for the rest of the message. A job
-// whose payload alone is larger (entry.MaxBytes allows a megabyte, far
-// below it) is still taken, by itself.
+// batchPayloadBytes bounds one batch's jobs together, as encoded (their
+// payloads, ids, request ids and traces): half of contract.MaxMessageBytes,
+// the gRPC limit its one Invoke must fit in, so the call carries them with
+// room for the rest of the message. A job larger alone (entry.MaxBytes
+// allows a megabyte, far below it) is still taken, by itself.
 const batchPayloadBytes = contract.MaxMessageBytes / 2
 
 // take takes the next batch from b's queue (b.mu held): jobs of one plugin
 // process (a swap can leave jobs of the old and the new one waiting on the
-// same pool), at most BatchMax and batchPayloadBytes of payload, none of a
+// same pool), at most BatchMax and batchPayloadBytes of jobs, none of a
 // job with another entry in a batch not over. It is empty when every job
 // waiting has such an entry.
 func (r *Runner) take(b *batcher) []*batchReq {
@@ -420,7 +429,7 @@ func (r *Runner) take(b *batcher) []*batchReq {
 	bytes := 0
 	for _, q := range b.queue {
 		k := jobKey(q)
-		size := len(q.job.GetPayload())
+		size := proto.Size(q.job)
 		switch {
 		case len(batch) >= r.cfg.BatchMax, inv != nil && q.inv != inv, b.inflight[k] > 0,
 			len(batch) > 0 && bytes+size > batchPayloadBytes:
@@ -455,6 +464,11 @@ func (r *Runner) over(b *batcher, batch []*batchReq) {
 }
 
 func jobKey(q *batchReq) [2]string { return [2]string{q.job.GetKind(), q.job.GetId()} }
+
+// tooLarge reports whether err is gRPC's refusal of a message over the
+// cap (contract.MaxMessageBytes) in either direction: a batch's answer
+// carries every job's writes, which nothing else bounds.
+func tooLarge(err error) bool { return status.Code(err) == codes.ResourceExhausted }
 
 // errBatchStalled calls off a batch whose plugin ran past its call-off
 // time (batchTimes).
@@ -572,7 +586,7 @@ func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*bat
 			r.cfg.Handles.release(h)
 		}
 	}
-	if err != nil && context.Cause(callCtx) != errBatchStalled {
+	if err != nil && context.Cause(callCtx) != errBatchStalled && !tooLarge(err) {
 		release()
 		r.observe(first.db, len(run), nil) // they run again alone
 		for _, q := range run {
@@ -582,7 +596,11 @@ func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*bat
 	}
 	// Called off as stalled (err set), not crashed: one of the jobs hangs,
 	// and the batch splits below like any batch that cannot apply whole;
-	// alone, the hanging job holds only itself.
+	// alone, the hanging job holds only itself. So does a batch whose
+	// call or answer was over the gRPC message cap (tooLarge): abandoned,
+	// its jobs would meet again in the same batch after their reclaim,
+	// until their deliveries ran out; alone, each fits, or is the one
+	// that does not.
 	ok := err == nil && len(res) == len(calls)
 	parts := make([]*writePart, len(run))
 	for i := 0; ok && i < len(run); i++ {
@@ -629,7 +647,7 @@ func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*bat
 		return
 	}
 	done()
-	b.answered(phases.Invoke)
+	b.answered(phases.Invoke, len(allCalls))
 	r.observe(first.db, len(run), &phases)
 	for _, q := range run {
 		out := applied(q.d)

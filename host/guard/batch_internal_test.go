@@ -2,6 +2,7 @@ package guard
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -27,16 +28,16 @@ func TestWritesInLockOrder(t *testing.T) {
 	require.Same(t, note, one[3].ws[1], "a job's writes stay together, in its order")
 }
 
-// A batch's payloads fit in its one Invoke: take stops at
-// batchPayloadBytes, whatever BatchMax allows, and a job over it alone
+// A batch's jobs fit in its one Invoke: take stops at batchPayloadBytes
+// of them, encoded, whatever BatchMax allows, and a job over it alone
 // still runs, by itself.
 func TestTakeBoundsTheBatchsPayload(t *testing.T) {
 	r := &Runner{cfg: Config{BatchMax: 128}}
 	req := func(id string, size int) *batchReq {
 		return &batchReq{job: &usherv1.Job{Kind: "k", Id: id, Payload: make([]byte, size)}}
 	}
-	quarter := batchPayloadBytes / 4
-	b := &batcher{queue: []*batchReq{req("a", quarter), req("b", quarter), req("c", quarter), req("d", quarter), req("e", 1)}}
+	quarter := batchPayloadBytes/4 - 64 // a job's other fields, encoded, take a few bytes
+	b := &batcher{queue: []*batchReq{req("a", quarter), req("b", quarter), req("c", quarter), req("d", quarter), req("e", 1000)}}
 	first := r.take(b)
 	require.Len(t, first, 4, "four quarters fill a batch")
 	require.Equal(t, "e", b.queue[0].job.Id)
@@ -46,4 +47,24 @@ func TestTakeBoundsTheBatchsPayload(t *testing.T) {
 	require.Len(t, first, 1)
 	require.Equal(t, "big", first[0].job.Id, "a job larger than the bound still runs, alone")
 	require.Len(t, r.take(b), 1)
+}
+
+// A batch's call-off and overtake times grow with its jobs: after calls
+// of 5 jobs that took 1 ms, a batch of 128 gets the time of 128 such
+// jobs, one of 5 the same as before.
+func TestBatchTimesScaleWithTheBatch(t *testing.T) {
+	r := &Runner{cfg: Config{StalledAfter: 2 * time.Second}}
+	b := &batcher{}
+	for range 8 {
+		b.answered(time.Millisecond, 5)
+	}
+	overtake, callOff := r.batchTimes(b, 5)
+	require.Equal(t, 4*time.Millisecond, overtake, "4 x 1 ms, as before")
+	require.Equal(t, callOffFloor, callOff, "20 x 1 ms is under the floor")
+	overtake, callOff = r.batchTimes(b, 128)
+	perJob := time.Millisecond / 5
+	require.Equal(t, overtakeFactor*perJob*128, overtake)
+	require.Equal(t, callOffFactor*perJob*128, callOff)
+	_, callOff = r.batchTimes(b, 100000)
+	require.Equal(t, r.cfg.StalledAfter, callOff, "never past StalledAfter")
 }

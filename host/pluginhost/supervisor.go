@@ -263,6 +263,8 @@ func (s *Supervisor) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*ushe
 				"plugin", t.Manifest().Name, "pid", t.Pid(), "timeouts_in_a_row", n)
 			t.kill()
 		}
+	case status.Code(err) == codes.ResourceExhausted:
+		// A message over the cap: the process is alive and answered.
 	case ctx.Err() == nil && crashed(t):
 		return nil, &CrashError{Plugin: t.Manifest().Name, Pid: t.Pid(), Alone: alone, Err: err}
 	}

@@ -248,6 +248,11 @@ func (s *server) phase(c *usherv1.Call) *usherv1.Result {
 			s.exec(h, plain, hijack("SELECT $1")...)
 			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
 				argWriteOf(job), {Mode: plain, Sql: "ROLLBACK"}, argWriteOf(job), {Mode: plain, Sql: "COMMIT"}}}
+		case "huge-answer":
+			// A write of 17 MiB: the answer is over the host's message
+			// cap (contract.MaxMessageBytes), whatever the batch.
+			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
+				{Mode: plain, Sql: effect(job) + " -- " + strings.Repeat("x", 17<<20)}}}
 		case "returned-savepoint":
 			return &usherv1.Result{Outcome: usherv1.Outcome_OUTCOME_OK, Writes: []*usherv1.Statement{
 				{Mode: plain, Sql: "SAVEPOINT hostile"}, {Mode: plain, Sql: effect(job)}}}
