@@ -14,8 +14,6 @@ import (
 	"github.com/usherhq/usher/host/pluginhost"
 
 	"github.com/jackc/pgx/v5"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/usherhq/usher/internal/contract"
@@ -126,8 +124,8 @@ type batcher struct {
 
 // A batch is called off when its call runs past callOffFactor times the
 // slowest of its pool's last callOffWindow committed calls (per job, times
-// its own jobs), and never before callOffFloor: a handler that hangs is told from a batch that is
-// merely slow within a tenth of a second or so. Each batch called off in a
+// its own jobs), and never before callOffFloor: a handler that hangs is
+// told from a batch that is merely slow within a tenth of a second or so. Each batch called off in a
 // row doubles the time (a plugin slowed down as a whole, a loaded machine,
 // soon runs its batches whole again), up to StalledAfter. Much sooner, at
 // overtakeFactor times the median of those calls (overtakeFloor at
@@ -408,16 +406,16 @@ func batchContext(batch []*batchReq) (ctx context.Context, stop context.CancelCa
 	}
 }
 
-// batchPayloadBytes bounds one batch's jobs together, as encoded (their
+// batchBytes bounds one batch's jobs together, as encoded (their
 // payloads, ids, request ids and traces): half of contract.MaxMessageBytes,
 // the gRPC limit its one Invoke must fit in, so the call carries them with
 // room for the rest of the message. A job larger alone (entry.MaxBytes
 // allows a megabyte, far below it) is still taken, by itself.
-const batchPayloadBytes = contract.MaxMessageBytes / 2
+const batchBytes = contract.MaxMessageBytes / 2
 
 // take takes the next batch from b's queue (b.mu held): jobs of one plugin
 // process (a swap can leave jobs of the old and the new one waiting on the
-// same pool), at most BatchMax and batchPayloadBytes of jobs, none of a
+// same pool), at most BatchMax and batchBytes of jobs, none of a
 // job with another entry in a batch not over. It is empty when every job
 // waiting has such an entry.
 func (r *Runner) take(b *batcher) []*batchReq {
@@ -432,7 +430,7 @@ func (r *Runner) take(b *batcher) []*batchReq {
 		size := proto.Size(q.job)
 		switch {
 		case len(batch) >= r.cfg.BatchMax, inv != nil && q.inv != inv, b.inflight[k] > 0,
-			len(batch) > 0 && bytes+size > batchPayloadBytes:
+			len(batch) > 0 && bytes+size > batchBytes:
 			rest = append(rest, q)
 		default:
 			inv = q.inv
@@ -464,11 +462,6 @@ func (r *Runner) over(b *batcher, batch []*batchReq) {
 }
 
 func jobKey(q *batchReq) [2]string { return [2]string{q.job.GetKind(), q.job.GetId()} }
-
-// tooLarge reports whether err is gRPC's refusal of a message over the
-// cap (contract.MaxMessageBytes) in either direction: a batch's answer
-// carries every job's writes, which nothing else bounds.
-func tooLarge(err error) bool { return status.Code(err) == codes.ResourceExhausted }
 
 // errBatchStalled calls off a batch whose plugin ran past its call-off
 // time (batchTimes).
@@ -586,7 +579,7 @@ func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*bat
 			r.cfg.Handles.release(h)
 		}
 	}
-	if err != nil && context.Cause(callCtx) != errBatchStalled && !tooLarge(err) {
+	if err != nil && context.Cause(callCtx) != errBatchStalled && !pluginhost.TooLarge(err) {
 		release()
 		r.observe(first.db, len(run), nil) // they run again alone
 		for _, q := range run {
@@ -597,7 +590,7 @@ func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*bat
 	// Called off as stalled (err set), not crashed: one of the jobs hangs,
 	// and the batch splits below like any batch that cannot apply whole;
 	// alone, the hanging job holds only itself. So does a batch whose
-	// call or answer was over the gRPC message cap (tooLarge): abandoned,
+	// call or answer was over the gRPC message cap (pluginhost.TooLarge): abandoned,
 	// its jobs would meet again in the same batch after their reclaim,
 	// until their deliveries ran out; alone, each fits, or is the one
 	// that does not.

@@ -28,7 +28,7 @@ func TestWritesInLockOrder(t *testing.T) {
 	require.Same(t, note, one[3].ws[1], "a job's writes stay together, in its order")
 }
 
-// A batch's jobs fit in its one Invoke: take stops at batchPayloadBytes
+// A batch's jobs fit in its one Invoke: take stops at batchBytes
 // of them, encoded, whatever BatchMax allows, and a job over it alone
 // still runs, by itself.
 func TestTakeBoundsTheBatchsPayload(t *testing.T) {
@@ -36,13 +36,13 @@ func TestTakeBoundsTheBatchsPayload(t *testing.T) {
 	req := func(id string, size int) *batchReq {
 		return &batchReq{job: &usherv1.Job{Kind: "k", Id: id, Payload: make([]byte, size)}}
 	}
-	quarter := batchPayloadBytes/4 - 64 // a job's other fields, encoded, take a few bytes
+	quarter := batchBytes/4 - 64 // a job's other fields, encoded, take a few bytes
 	b := &batcher{queue: []*batchReq{req("a", quarter), req("b", quarter), req("c", quarter), req("d", quarter), req("e", 1000)}}
 	first := r.take(b)
 	require.Len(t, first, 4, "four quarters fill a batch")
 	require.Equal(t, "e", b.queue[0].job.Id)
 
-	b = &batcher{queue: []*batchReq{req("big", batchPayloadBytes+1), req("small", 1)}}
+	b = &batcher{queue: []*batchReq{req("big", batchBytes+1), req("small", 1)}}
 	first = r.take(b)
 	require.Len(t, first, 1)
 	require.Equal(t, "big", first[0].job.Id, "a job larger than the bound still runs, alone")

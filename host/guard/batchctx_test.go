@@ -15,6 +15,7 @@ import (
 
 	"github.com/usherhq/usher/host/guard"
 	"github.com/usherhq/usher/host/hosttest"
+	"github.com/usherhq/usher/host/pluginhost"
 	"github.com/usherhq/usher/internal/contract"
 	usherv1 "github.com/usherhq/usher/proto/usher/v1"
 )
@@ -229,33 +230,55 @@ func TestBatchCallbacksRunInTheirOpeningTransaction(t *testing.T) {
 	require.Equal(t, 2, batches[0].Jobs)
 }
 
-// jobRuns runs raw_job jobs through a runner, each on a goroutine of its
+// jobRuns runs jobs through a runner, each on a goroutine of its
 // own as the host's dispatch does, and keeps their outcomes.
 type jobRuns struct {
 	runner *guard.Runner
 	inv    guard.Invoker
 	db     guard.DB
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	outs   map[string]guard.Outcome
+	// timeout is each job's deadline. Default 30s.
+	timeout time.Duration
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	outs    map[string]guard.Outcome
 }
 
 func newJobRuns(runner *guard.Runner, inv guard.Invoker, db guard.DB) *jobRuns {
-	return &jobRuns{runner: runner, inv: inv, db: db, outs: map[string]guard.Outcome{}}
+	return &jobRuns{runner: runner, inv: inv, db: db, timeout: 30 * time.Second, outs: map[string]guard.Outcome{}}
 }
 
-// start runs job id.
-func (j *jobRuns) start(id string) {
+// start runs raw_job job id, whose guard records its id.
+func (j *jobRuns) start(id string) { j.startAs(id, usherv1.Guard_GUARD_JOB_ID, false) }
+
+// startAs runs raw_job job id under guard g, as a job that must run alone
+// (pluginhost.Alone) when alone is set.
+func (j *jobRuns) startAs(id string, g usherv1.Guard, alone bool) {
+	j.startJob(&usherv1.Job{Id: id, Kind: "raw_job"}, g, alone)
+}
+
+// startJob runs job under guard g, alone when alone is set.
+func (j *jobRuns) startJob(job *usherv1.Job, g usherv1.Guard, alone bool) {
 	j.wg.Add(1)
 	go func() {
 		defer j.wg.Done()
-		jobCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		jobCtx, cancel := context.WithTimeout(context.Background(), j.timeout)
 		defer cancel()
-		out := j.runner.Run(jobCtx, j.inv, j.db, usherv1.Guard_GUARD_JOB_ID, &usherv1.Job{Id: id, Kind: "raw_job"}, guard.Delivery{})
+		if alone {
+			jobCtx = pluginhost.Alone(jobCtx)
+		}
+		out := j.runner.Run(jobCtx, j.inv, j.db, g, job, guard.Delivery{})
 		j.mu.Lock()
-		j.outs[id] = out
+		j.outs[job.GetId()] = out
 		j.mu.Unlock()
 	}()
+}
+
+// finished reports whether job id has its outcome.
+func (j *jobRuns) finished(id string) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	_, ok := j.outs[id]
+	return ok
 }
 
 // wait waits for the jobs started so far and returns every outcome.

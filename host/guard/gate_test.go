@@ -86,31 +86,9 @@ func TestGateHeldForTheWholeJob(t *testing.T) {
 	inv := &gatedStateFirst{gate: pluginhost.NewGate(), hs: hs,
 		hold: map[string]chan struct{}{"c.check": cGo, "a.prepare": aGo}, done: map[string]bool{}}
 
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	outs := map[string]guard.Outcome{}
-	run := func(id string, alone bool) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if alone {
-				ctx = pluginhost.Alone(ctx)
-			}
-			out := runner.Run(ctx, inv, db, usherv1.Guard_GUARD_STATE_FIRST, &usherv1.Job{Id: id, Kind: "raw_job"}, guard.Delivery{})
-			mu.Lock()
-			outs[id] = out
-			mu.Unlock()
-		}()
-	}
-	finished := func(id string) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		_, ok := outs[id]
-		return ok
-	}
-
+	runs := newJobRuns(runner, inv, db)
+	runs.timeout = 10 * time.Second
+	run := func(id string, alone bool) { runs.startAs(id, usherv1.Guard_GUARD_STATE_FIRST, alone) }
 	run("c", false)
 	run("a", false)
 	hosttest.Eventually(t, 5*time.Second, "a checked, now in its prepare", func() bool { return inv.answered("a.check") })
@@ -118,11 +96,10 @@ func TestGateHeldForTheWholeJob(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // b waits to run alone
 	close(aGo)
 	hosttest.Eventually(t, 5*time.Second, "a holding the pool's connection, or done", func() bool {
-		return db.Pool.Stat().AcquiredConns() == 1 || finished("a")
+		return db.Pool.Stat().AcquiredConns() == 1 || runs.finished("a")
 	})
 	close(cGo)
-	wg.Wait()
-
+	outs := runs.wait()
 	for _, id := range []string{"a", "b", "c"} {
 		require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %s", id, outs[id].Reason)
 	}
@@ -143,20 +120,10 @@ func TestBatchThatCannotOpenGivesBackItsConnection(t *testing.T) {
 	unblock := make(chan struct{})
 	inv := &callbackInvoker{hs: hs, wait: map[string]chan struct{}{"blocker": unblock}, refused: map[string]codes.Code{}}
 
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	outs := map[string]guard.Outcome{}
+	runs := newJobRuns(runner, inv, db)
+	runs.timeout = 10 * time.Second
 	run := func(id, kind string) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			out := runner.Run(ctx, inv, db, usherv1.Guard_GUARD_JOB_ID, &usherv1.Job{Id: id, Kind: kind}, guard.Delivery{})
-			mu.Lock()
-			outs[id] = out
-			mu.Unlock()
-		}()
+		runs.startJob(&usherv1.Job{Id: id, Kind: kind}, usherv1.Guard_GUARD_JOB_ID, false)
 	}
 	// The blocker's run holds the pool while the others queue for one
 	// batch.
@@ -167,8 +134,7 @@ func TestBatchThatCannotOpenGivesBackItsConnection(t *testing.T) {
 	run("b", "raw_job")
 	time.Sleep(50 * time.Millisecond)
 	close(unblock)
-	wg.Wait()
-
+	outs := runs.wait()
 	for _, id := range []string{"blocker", "a", "b"} {
 		require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %s", id, outs[id].Reason)
 	}
@@ -219,24 +185,9 @@ func TestBatchCallRunsUnderItsJobsHolds(t *testing.T) {
 	inv := &gatedBatchInvoker{gate: pluginhost.NewGate(),
 		callbackInvoker: &callbackInvoker{hs: hs, wait: map[string]chan struct{}{"blocker": unblock}, refused: map[string]codes.Code{}}}
 
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	outs := map[string]guard.Outcome{}
-	run := func(id string, alone bool) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if alone {
-				ctx = pluginhost.Alone(ctx)
-			}
-			out := runner.Run(ctx, inv, db, usherv1.Guard_GUARD_JOB_ID, &usherv1.Job{Id: id, Kind: "raw_job"}, guard.Delivery{})
-			mu.Lock()
-			outs[id] = out
-			mu.Unlock()
-		}()
-	}
+	runs := newJobRuns(runner, inv, db)
+	runs.timeout = 10 * time.Second
+	run := func(id string, alone bool) { runs.startAs(id, usherv1.Guard_GUARD_JOB_ID, alone) }
 	var once sync.Once
 	inv.before = func(calls []*usherv1.Call) {
 		if len(calls) > 1 {
@@ -252,8 +203,7 @@ func TestBatchCallRunsUnderItsJobsHolds(t *testing.T) {
 	run("b", false)
 	time.Sleep(50 * time.Millisecond)
 	close(unblock)
-	wg.Wait()
-
+	outs := runs.wait()
 	for _, id := range []string{"blocker", "a", "b", "alone"} {
 		require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %s", id, outs[id].Reason)
 	}

@@ -257,7 +257,7 @@ func (r *Runner) Run(ctx context.Context, inv Invoker, db DB, g usherv1.Guard, j
 // Outcome; ok is true when the phase returned OK or DONE.
 func (r *Runner) call(ctx context.Context, inv Invoker, c *usherv1.Call) (*usherv1.Result, Outcome, bool) {
 	res, err := inv.Invoke(ctx, []*usherv1.Call{c})
-	if err != nil && tooLarge(err) {
+	if err != nil && pluginhost.TooLarge(err) {
 		// Alone, the job itself is over the cap: its next run would be
 		// too, so it is dead-lettered now, not after its deliveries.
 		return nil, permanent(fmt.Errorf("%s of %s job %s: its call or the plugin's answer is over the %d-byte message cap: %w",

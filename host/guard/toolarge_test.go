@@ -2,7 +2,6 @@ package guard_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -42,7 +41,6 @@ func (t *tooLargeInvoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]
 func TestBatchOverTheMessageCapSplits(t *testing.T) {
 	t.Parallel()
 	owner, db := gcountDB(t, "")
-	ctx := context.Background()
 	runner, err := guard.NewRunner(guard.Config{Handles: guard.NewHandles("public", nil), BatchMax: 32})
 	require.NoError(t, err)
 	unblock := make(chan struct{})
@@ -50,35 +48,21 @@ func TestBatchOverTheMessageCapSplits(t *testing.T) {
 		gatedInvoker: &gatedInvoker{calls: map[string]int{}, wait: map[string]chan struct{}{"blocker": unblock}},
 		huge:         map[string]bool{"huge": true},
 	}
-	outs := map[string]guard.Outcome{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	run := func(id string) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			jobCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			out := runner.Run(jobCtx, inv, db, usherv1.Guard_GUARD_JOB_ID, &usherv1.Job{Id: id, Kind: "raw_job"}, guard.Delivery{})
-			mu.Lock()
-			outs[id] = out
-			mu.Unlock()
-		}()
-	}
+	runs := newJobRuns(runner, inv, db)
 	// The blocker holds the pool's batches while the others queue for the
 	// next one, which is then refused whole.
-	run("blocker")
+	runs.start("blocker")
 	hosttest.Eventually(t, 10*time.Second, "the blocker in its Invoke", func() bool {
 		inv.mu.Lock()
 		defer inv.mu.Unlock()
 		return inv.calls["blocker"] == 1
 	})
 	for _, id := range []string{"a", "b", "huge"} {
-		run(id)
+		runs.start(id)
 	}
 	time.Sleep(100 * time.Millisecond) // queued behind the blocker
 	close(unblock)
-	wg.Wait()
+	outs := runs.wait()
 
 	for _, id := range []string{"blocker", "a", "b"} {
 		require.Equal(t, guard.Applied, outs[id].Verdict, "%s: %+v", id, outs[id])

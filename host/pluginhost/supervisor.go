@@ -263,13 +263,19 @@ func (s *Supervisor) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*ushe
 				"plugin", t.Manifest().Name, "pid", t.Pid(), "timeouts_in_a_row", n)
 			t.kill()
 		}
-	case status.Code(err) == codes.ResourceExhausted:
+	case TooLarge(err):
 		// A message over the cap: the process is alive and answered.
 	case ctx.Err() == nil && crashed(t):
 		return nil, &CrashError{Plugin: t.Manifest().Name, Pid: t.Pid(), Alone: alone, Err: err}
 	}
 	return res, err
 }
+
+// TooLarge reports whether err, from Invoke, is gRPC's refusal of a
+// message over contract.MaxMessageBytes in either direction: the call, or
+// the plugin's answer, which carries every job's writes and which nothing
+// else bounds. It is not a crash: the same calls fail the same way again.
+func TooLarge(err error) bool { return status.Code(err) == codes.ResourceExhausted }
 
 // crashed reports whether t's process exited by itself, waiting up to
 // crashSettle for the exit to be seen.
