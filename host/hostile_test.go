@@ -237,7 +237,7 @@ func TestHostilePlugin(t *testing.T) {
 		require.NoError(t, err)
 		defer admin.Close()
 		asleep := func() bool {
-			return hosttest.Count(t, admin, `SELECT count(*) FROM pg_stat_activity WHERE usename = 'usher_plugin_hostile' AND wait_event = 'PgSleep'`) > 0
+			return hosttest.Count(t, admin, `SELECT count(*) FROM pg_stat_activity WHERE usename = 'usher_plugin_hostile' AND wait_event = 'PgSleep' AND datname = current_database()`) > 0
 		}
 		h := hosttest.Start(t, cfg)
 		hosttest.Eventually(t, 30*time.Second, "hostile jobs asleep", asleep)

@@ -42,7 +42,7 @@ func TestCancelOnStreamIsHeard(t *testing.T) {
 	// The listener's LISTEN is in place once it has read once more
 	// (it wakes a read when it starts listening); give it a moment.
 	hosttest.Eventually(t, 5*time.Second, "the listener", func() bool {
-		return hosttest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN `+jobctl.CancelChannel+`'`) == 1
+		return hosttest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN `+jobctl.CancelChannel+`' AND datname = current_database()`) == 1
 	})
 
 	asked := time.Now()

@@ -172,7 +172,8 @@ func TestPreparedWrites(t *testing.T) {
 		}()
 		hosttest.Eventually(t, 10*time.Second, "the lock queued behind this transaction", func() bool {
 			return hosttest.Count(t, owner, `SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-				WHERE c.relname = 'prepared_writes' AND NOT l.granted`) > 0
+				WHERE c.relname = 'prepared_writes' AND NOT l.granted
+				  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`) > 0
 		})
 	})
 	<-locked

@@ -38,12 +38,16 @@ type Node struct {
 }
 
 // Ports finds n ports p free on loopback with p+10000 (the cluster bus
-// port) free too.
+// port) free too, both below the kernel's ephemeral range
+// (ip_local_port_range), where no outgoing connection takes them while a
+// killed node is down: a node restarted on a port (Restart) whose bus port
+// an outgoing connection had meanwhile been given could not bind it.
 func Ports(n int) ([]int, error) {
+	lo, hi := portRange()
 	var ports []int
 	held := map[int]bool{}
 	for tries := 0; len(ports) < n && tries < 1000; tries++ {
-		p := 20000 + rand.IntN(20000)
+		p := lo + rand.IntN(hi-lo)
 		if held[p] || held[p+10000] {
 			continue
 		}
@@ -64,6 +68,25 @@ func Ports(n int) ([]int, error) {
 		return nil, errors.New("localcluster: no free ports for a Redis Cluster")
 	}
 	return ports, nil
+}
+
+// portRange is where Ports picks a node's port: [lo, hi), with the bus
+// ports (10000 above) ending where the ephemeral range begins.
+func portRange() (lo, hi int) {
+	ephemeral := 32768 // Linux's default
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				ephemeral = v
+			}
+		}
+	}
+	hi = ephemeral - 10000
+	if hi < 12000 {
+		// An ephemeral range that starts low leaves no room below it.
+		return 20000, 40000
+	}
+	return max(hi-8000, 10000), hi
 }
 
 // StartNode runs a cluster node on port with its files in dir/<port>
@@ -99,7 +122,11 @@ func StartNode(dir string, port int) (*Node, error) {
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
 			<-n.Done
-			return nil, fmt.Errorf("localcluster: redis-server on %d did not answer: %w", port, err)
+			log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
+			if len(log) > 2000 {
+				log = log[len(log)-2000:]
+			}
+			return nil, fmt.Errorf("localcluster: redis-server on %d did not answer: %w; its log ends:\n%s", port, err, log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

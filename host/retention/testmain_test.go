@@ -1,0 +1,10 @@
+package retention_test
+
+import (
+	"testing"
+
+	"github.com/usherhq/usher/host/hosttest"
+)
+
+// The package's databases are copies of one migrated template.
+func TestMain(m *testing.M) { hosttest.Main(m) }
