@@ -50,7 +50,8 @@ func TestHostKilledMidBatch(t *testing.T) {
 	// out of a batch for StalledAfter.
 	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: pool, Redis: rdb, Stream: stream, Key: hosttest.SigningKey(t, pool)})
 	require.NoError(t, err)
-	for hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) > 0 {
+	for deadline := time.Now().Add(30 * time.Second); hosttest.Count(t, pool, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) > 0; {
+		require.True(t, time.Now().Before(deadline), "the relay published every job within 30s")
 		_, err := relay.RelayOnce(ctx)
 		require.NoError(t, err)
 	}

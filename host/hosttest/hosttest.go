@@ -231,8 +231,19 @@ func (t *templateDB) get(tb testing.TB) string {
 	pool, _ := createDB(tb, name, "")
 	defer pool.Close()
 	migrate(tb, pool)
-	// A database is copied only while nobody else is connected to it.
+	// A database is copied only while nobody else is connected to it:
+	// none may connect from now on (autovacuum's routine visits
+	// included). Copies allow connections (CREATE DATABASE's default).
 	pool.Close()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, DatabaseURL())
+	if err != nil {
+		tb.Fatalf("hosttest: postgres: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH ALLOW_CONNECTIONS false"); err != nil {
+		tb.Fatalf("hosttest: template: %v", err)
+	}
 	made, t.name = true, name
 	return name
 }

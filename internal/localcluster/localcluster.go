@@ -71,22 +71,27 @@ func Ports(n int) ([]int, error) {
 }
 
 // portRange is where Ports picks a node's port: [lo, hi), with the bus
-// ports (10000 above) ending where the ephemeral range begins.
+// ports (10000 above) outside the kernel's ephemeral range: below it, or,
+// when it starts too low for that, above it.
 func portRange() (lo, hi int) {
-	ephemeral := 32768 // Linux's default
+	first, last := 32768, 60999 // Linux's default
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {
-			if v, err := strconv.Atoi(f[0]); err == nil {
-				ephemeral = v
+			a, errA := strconv.Atoi(f[0])
+			z, errZ := strconv.Atoi(f[1])
+			if errA == nil && errZ == nil {
+				first, last = a, z
 			}
 		}
 	}
-	hi = ephemeral - 10000
-	if hi < 12000 {
-		// An ephemeral range that starts low leaves no room below it.
-		return 20000, 40000
+	const width = 8000 // ample for 6 nodes, with others' clusters beside
+	if hi := first - 10000; hi >= 10000+2000 {
+		return max(hi-width, 10000), hi
 	}
-	return max(hi-8000, 10000), hi
+	if lo, top := last+1, 65535-10000; top-lo >= 2000 {
+		return lo, min(lo+width, top)
+	}
+	return 20000, 40000 // no room outside it: a restart may find its port taken
 }
 
 // StartNode runs a cluster node on port with its files in dir/<port>
