@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -115,11 +116,34 @@ type batcher struct {
 	// queued has a value when a job was queued since gather last looked.
 	queued chan struct{}
 	// calls are how long the plugin took to answer the last committed
-	// batches, per job, newest at calls[next-1]; calledOff counts the batches
-	// called off since the last one committed (callOffAfter).
-	calls     [callOffWindow]time.Duration
+	// batches, and how many jobs each had, newest at calls[next-1];
+	// calledOff counts the batches called off since the last one
+	// committed (callOffAfter).
+	calls     [callOffWindow]call
 	next      int
 	calledOff int
+}
+
+// call is how long the plugin took to answer a committed batch of jobs.
+type call struct {
+	took time.Duration
+	jobs int
+}
+
+// scaled is how long c would take for a batch of n jobs, for the times a
+// batch is given: as long for fewer jobs, and longer for more by the
+// square root of how many times more. A call is a fixed part and a part
+// per job, so c's time per job (took/jobs) times n overstates a bigger
+// batch's; by that much that, after batches of one on a loaded machine, a
+// batch of five holding a stalled job was called off only at StalledAfter
+// (TestStalledJobHoldsOnlyItself failed a CI so). The square root still
+// covers a call all of whose time grows with its jobs, for up to 400
+// times c's jobs (callOffFactor * sqrt(r) >= r), BatchMax's 128 within.
+func (c call) scaled(n int) time.Duration {
+	if n <= c.jobs {
+		return c.took
+	}
+	return time.Duration(float64(c.took) * math.Sqrt(float64(n)/float64(c.jobs)))
 }
 
 // A batch is called off when its call runs past callOffFactor times the
@@ -147,33 +171,37 @@ const (
 )
 
 // batchTimes are how long b's next batch, of n jobs, may run before the
-// next one overtakes it, and before it is called off. The calls are known
-// per job (answered), so that a batch of 128 after a run of batches of 5
-// is given time for 128: a handler's work, and its statements sent back
-// one at a time in the batch's transaction, grow with the jobs.
+// next one overtakes it, and before it is called off. The calls known are
+// scaled to n jobs (call.scaled), so that a batch of 128 after a run of
+// batches of 5 is given time for 128: a handler's work, and its
+// statements sent back one at a time in the batch's transaction, grow
+// with the jobs.
 func (r *Runner) batchTimes(b *batcher, n int) (overtake, callOff time.Duration) {
 	b.mu.Lock()
 	calls, calledOff := b.calls, b.calledOff
 	b.mu.Unlock()
-	known := slices.DeleteFunc(calls[:], func(d time.Duration) bool { return d == 0 })
+	var known []time.Duration
+	for _, c := range calls {
+		if c.jobs > 0 {
+			known = append(known, c.scaled(max(n, 1)))
+		}
+	}
 	if len(known) == 0 {
 		return r.cfg.StalledAfter, r.cfg.StalledAfter // nothing known of this pool yet
 	}
 	slices.Sort(known)
-	jobs := time.Duration(max(n, 1))
-	median, slowest := known[len(known)/2]*jobs, known[len(known)-1]*jobs
+	median, slowest := known[len(known)/2], known[len(known)-1]
 	backoff := min(calledOff, 16)
 	callOff = min(max(callOffFactor*slowest, callOffFloor)<<backoff, r.cfg.StalledAfter)
 	overtake = min(max(overtakeFactor*median, overtakeFloor)<<backoff, callOff)
 	return overtake, callOff
 }
 
-// answered records how long a committed batch's call of n jobs took, per
-// job.
+// answered records how long a committed batch's call of n jobs took.
 func (b *batcher) answered(d time.Duration, n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.calls[b.next] = max(d/time.Duration(max(n, 1)), 1)
+	b.calls[b.next] = call{took: max(d, 1), jobs: max(n, 1)}
 	b.next = (b.next + 1) % callOffWindow
 	b.calledOff = 0
 }

@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -62,9 +63,24 @@ func TestBatchTimesScaleWithTheBatch(t *testing.T) {
 	require.Equal(t, 4*time.Millisecond, overtake, "4 x 1 ms, as before")
 	require.Equal(t, callOffFloor, callOff, "20 x 1 ms is under the floor")
 	overtake, callOff = r.batchTimes(b, 128)
-	perJob := time.Millisecond / 5
-	require.Equal(t, overtakeFactor*perJob*128, overtake)
-	require.Equal(t, callOffFactor*perJob*128, callOff)
+	grown := time.Duration(float64(time.Millisecond) * math.Sqrt(128.0/5))
+	require.Equal(t, overtakeFactor*grown, overtake)
+	require.Equal(t, callOffFactor*grown, callOff)
+	require.Greater(t, callOff, 128*time.Millisecond/5, "a call all of whose time grows with its jobs is covered")
 	_, callOff = r.batchTimes(b, 100000)
 	require.Equal(t, r.cfg.StalledAfter, callOff, "never past StalledAfter")
+
+	// After batches of one on a loaded machine, a batch of five is given
+	// 20 x sqrt(5) of the slowest, not 20 x 5 (StalledAfter here, as
+	// in TestStalledJobHoldsOnlyItself).
+	r = &Runner{cfg: Config{StalledAfter: 5 * time.Second}}
+	b = &batcher{}
+	for range 8 {
+		b.answered(50*time.Millisecond, 1)
+	}
+	_, callOff = r.batchTimes(b, 5)
+	require.Equal(t, callOffFactor*time.Duration(float64(50*time.Millisecond)*math.Sqrt(5)), callOff)
+	require.Less(t, callOff, r.cfg.StalledAfter)
+	_, callOff = r.batchTimes(b, 1)
+	require.Equal(t, callOffFactor*50*time.Millisecond, callOff, "a batch no bigger is given the calls' own times")
 }
