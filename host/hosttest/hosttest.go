@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -19,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -112,10 +114,7 @@ var rolesOnce sync.Once
 func EnsureRoles(tb testing.TB, plugins ...string) {
 	tb.Helper()
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, DatabaseURL())
-	if err != nil {
-		tb.Fatalf("hosttest: postgres: %v", err)
-	}
+	admin := adminConn(tb)
 	defer admin.Close(ctx)
 	// Made and marked already (by this run's first test binary, or an
 	// earlier run): no Setup again. Setup would set every role's
@@ -141,6 +140,17 @@ func EnsureRoles(tb testing.TB, plugins ...string) {
 		PluginConnectionLimit: -1, Adopt: true, RolesOnly: Deployment != ""}); err != nil {
 		tb.Fatalf("hosttest: roles: %v", err)
 	}
+}
+
+// adminConn connects as the administrator of DatabaseURL; the caller
+// closes it.
+func adminConn(tb testing.TB) *pgx.Conn {
+	tb.Helper()
+	admin, err := pgx.Connect(context.Background(), DatabaseURL())
+	if err != nil {
+		tb.Fatalf("hosttest: postgres: %v", err)
+	}
+	return admin
 }
 
 // DB creates a fresh database owned by Owner, migrated, for the test and
@@ -195,6 +205,7 @@ func migrate(tb testing.TB, pool *pgxpool.Pool) {
 // with DB copying one migrated template instead of migrating every
 // database, and drops the template when the tests end.
 func Main(m *testing.M) {
+	sweepOrphans()
 	templates.enabled = true
 	code := m.Run()
 	templates.drop()
@@ -236,16 +247,66 @@ func (t *templateDB) get(tb testing.TB) string {
 	// included). Copies allow connections (CREATE DATABASE's default).
 	pool.Close()
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, DatabaseURL())
-	if err != nil {
-		tb.Fatalf("hosttest: postgres: %v", err)
-	}
+	admin := adminConn(tb)
 	defer admin.Close(ctx)
 	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH ALLOW_CONNECTIONS false"); err != nil {
 		tb.Fatalf("hosttest: template: %v", err)
 	}
 	made, t.name = true, name
 	return name
+}
+
+// madeByPrefix begins the comment createDB puts on each database: the
+// process that made it and the machine it ran on.
+const madeByPrefix = "usher hosttest: pid "
+
+func madeBy() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s%d on %s", madeByPrefix, os.Getpid(), host)
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// sweepOrphans drops the databases (tests' and templates) that a test
+// binary killed before its cleanup (by -timeout, or kill -9) left behind:
+// those whose comment names a process of this machine that no longer
+// exists. A database made on another machine sharing the server, or by a
+// live process, is left alone. Best effort: a server it cannot reach is
+// the first test's to report.
+func sweepOrphans() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, DatabaseURL())
+	if err != nil {
+		return
+	}
+	defer c.Close(ctx)
+	rows, err := c.Query(ctx, `SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database
+		WHERE starts_with(datname, $1) AND starts_with(shobj_description(oid, 'pg_database'), $2)`, DatabasePrefix, madeByPrefix)
+	if err != nil {
+		return
+	}
+	type made struct{ Name, By string }
+	found, err := pgx.CollectRows(rows, pgx.RowToStructByPos[made])
+	if err != nil {
+		return
+	}
+	host, _ := os.Hostname()
+	for _, d := range found {
+		var pid int
+		var on string
+		if _, err := fmt.Sscanf(strings.TrimPrefix(d.By, madeByPrefix), "%d on %s", &pid, &on); err != nil || on != host {
+			continue
+		}
+		if processGone(pid) {
+			_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{d.Name}.Sanitize()+" WITH (FORCE)")
+		}
+	}
+}
+
+// processGone reports whether no process pid exists on this machine.
+func processGone(pid int) bool {
+	return pid > 0 && errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }
 
 // drop drops the template, if one was made.
@@ -286,10 +347,7 @@ func createDB(tb testing.TB, name, template string) (*pgxpool.Pool, string) {
 	tb.Helper()
 	rolesOnce.Do(func() { EnsureRoles(tb, PluginNames...) })
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, DatabaseURL())
-	if err != nil {
-		tb.Fatalf("hosttest: postgres: %v", err)
-	}
+	admin := adminConn(tb)
 	defer admin.Close(ctx)
 	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " OWNER " + pgx.Identifier{Owner}.Sanitize()
 	if template != "" {
@@ -297,6 +355,12 @@ func createDB(tb testing.TB, name, template string) (*pgxpool.Pool, string) {
 	}
 	if _, err := admin.Exec(ctx, create); err != nil {
 		tb.Fatalf("hosttest: create database: %v", err)
+	}
+	// Whose it is, for the sweep of a later binary (sweepOrphans) should
+	// this one be killed before it drops it.
+	if _, err := admin.Exec(ctx, "COMMENT ON DATABASE "+pgx.Identifier{name}.Sanitize()+" IS "+quoteLiteral(madeBy())); err != nil {
+		dropDatabase(name)
+		tb.Fatalf("hosttest: mark the database: %v", err)
 	}
 	if Deployment != "" {
 		if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET "+sandbox.DeploymentSetting+" = '"+Deployment+"'"); err != nil {
