@@ -2,9 +2,7 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -257,23 +255,26 @@ func gocmd(t *testing.T, dir string, args ...string) []byte {
 	return out
 }
 
-// The README's "Write a plugin" lines, run as written by sh from the root
-// of a copy of this checkout (its files as git sees them, then bin/host
-// built there as make build builds it), in the test's own environment
-// (this machine's module proxy and cache; no GOFLAGS or GOPROXY of the
-// test's), the test's Postgres in place of the README's: init finds the
-// checkout above bin/host and replaces usher with it, go mod tidy
-// resolves, and make test vets (go vet, usher-vet) and passes the new
-// plugin's sdktest tests. Then docs/plugins.md's "Vet your plugin" lines,
-// as written, in that module: they pass; they report a mistake; and
-// without the module's tool line they fail, as make vet does.
+// The README's "Write a plugin" lines, run as written by sh from a
+// directory whose bin/host links to a host built from this checkout (as
+// make build builds it), in the test's own environment (this machine's
+// module proxy and cache; no GOFLAGS or GOPROXY of the test's), the test's
+// Postgres in place of the README's: init finds this checkout above the
+// host's executable and replaces usher with it, go mod tidy resolves, and
+// make test vets (go vet, usher-vet) and passes the new plugin's sdktest
+// tests. Then docs/plugins.md's "Vet your plugin" lines, as written, in
+// that module: they pass; they report a mistake; and without the module's
+// tool line they fail, as make vet does. The module is written outside
+// the checkout, which the test leaves as it was; and usher's packages are
+// this checkout's, compiled once for every test (a copy of the checkout
+// elsewhere would compile them all again: the build cache keys a package
+// by its directory).
 func TestREADMEWriteAPlugin(t *testing.T) {
 	t.Parallel()
-	checkout := copyCheckout(t)
-	build := exec.Command("go", "build", "-o", "bin/host", "./cmd/host")
-	build.Dir = checkout
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	checkout := hosttest.ModuleRoot(t)
+	work := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(work, "bin"), 0o755))
+	require.NoError(t, os.Symlink(hosttest.Build(t, "./cmd/host"), filepath.Join(work, "bin", "host")))
 
 	lines := doctest.Block(t, "README.md", "**Write a plugin.**", "sh")
 	require.Len(t, lines, 2)
@@ -287,12 +288,12 @@ func TestREADMEWriteAPlugin(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}
-	out1, err := shell(checkout, lines[0])
+	out1, err := shell(work, lines[0])
 	require.NoError(t, err, "%s: %s", lines[0], out1)
 	require.Contains(t, out1, "its go.mod replaces github.com/usherhq/usher with the checkout "+checkout)
-	shop := filepath.Join(checkout, "shop")
+	shop := filepath.Join(work, "shop")
 	require.Equal(t, checkout, readGoMod(t, shop).Replace[0].New.Path)
-	out2, err := shell(checkout, strings.Replace(lines[1], readmeURL, "'"+hosttest.DatabaseURL()+"'", 1))
+	out2, err := shell(work, strings.Replace(lines[1], readmeURL, "'"+hosttest.DatabaseURL()+"'", 1))
 	require.NoError(t, err, "%s: %s", lines[1], out2)
 	require.Contains(t, out2, "go tool usher-vet ./...", "make test vets with usher-vet")
 	require.Regexp(t, `(?m)^ok  \texample\.com/shop\t`, out2)
@@ -322,7 +323,7 @@ func TestREADMEWriteAPlugin(t *testing.T) {
 	require.Contains(t, out3, `no such tool "usher-vet"`)
 	mk := exec.Command("make", "vet")
 	mk.Dir = shop
-	out, err = mk.CombinedOutput()
+	out, err := mk.CombinedOutput()
 	require.Error(t, err, "%s", out)
 	require.Contains(t, string(out), "make vet: usher-vet is not a tool of this module: go mod edit -tool github.com/usherhq/usher/cmd/usher-vet && go mod tidy")
 
@@ -334,31 +335,6 @@ func TestREADMEWriteAPlugin(t *testing.T) {
 	require.Error(t, err, "%s", out)
 	require.Contains(t, string(out), "make test: USHER_TEST_DATABASE_URL is not set")
 	require.NotContains(t, string(out), "go vet")
-}
-
-// copyCheckout copies this checkout's files, as git lists them (tracked,
-// and untracked but not ignored: no bin/), into a new directory.
-func copyCheckout(t *testing.T) string {
-	t.Helper()
-	root := hosttest.ModuleRoot(t)
-	ls := exec.Command("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-	ls.Dir = root
-	list, err := ls.Output()
-	require.NoError(t, err)
-	dst := filepath.Join(t.TempDir(), "usher")
-	for _, rel := range strings.Split(strings.TrimRight(string(list), "\x00"), "\x00") {
-		src := filepath.Join(root, rel)
-		st, err := os.Lstat(src)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // deleted, not yet committed
-		}
-		require.NoError(t, err)
-		b, err := os.ReadFile(src)
-		require.NoError(t, err)
-		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dst, rel)), 0o755))
-		require.NoError(t, os.WriteFile(filepath.Join(dst, rel), b, st.Mode().Perm()))
-	}
-	return dst
 }
 
 // withoutEnv is env without name.
