@@ -32,9 +32,12 @@ import (
 // outcomes with the COMMIT. A job whose id was recorded before is absorbed
 // at the first. Anything else that is not a clean apply of every job (an
 // answer other than OK, a write that fails or affects too few rows, a
-// refusal, a failed commit) rolls the batch back and runs each of its jobs
-// again by itself, where it gets its own outcome: a batch never commits a
-// job that would not have committed alone, and one job's failure costs the
+// refusal, a failed commit) rolls the batch back: a batch never commits a
+// job that would not have committed alone. The jobs whose own answer,
+// write or refusal failed it run again by themselves, where each gets its
+// own outcome, and the others go back to the queue for the next batch
+// (againBatched), once at most; a failure that is no job's own (a failed
+// commit) runs each job again by itself. One job's failure costs the
 // others a second run, not a retry. A crash of the plugin abandons every
 // job of the batch, as it does the jobs in flight beside a single one;
 // those run again alone (Config.Solo) until they apply, so a job that
@@ -98,6 +101,10 @@ type batchReq struct {
 	d    Delivery
 	out  Outcome
 	done chan struct{}
+	// again: put back in the queue once already, by a batch that a
+	// batch-mate's answer split (againBatched); the next split runs it
+	// alone.
+	again bool
 }
 
 // batcher queues the jobs of one pool.
@@ -624,31 +631,54 @@ func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*bat
 	// that does not.
 	ok := err == nil && len(res) == len(calls)
 	parts := make([]*writePart, len(run))
+	// failed marks the jobs whose own answer or writes split the batch.
+	var failed []bool
 	for i := 0; ok && i < len(run); i++ {
-		if res[i] == nil {
-			ok = false
-			break
+		good := res[i] != nil
+		if good {
+			_, good = r.result(calls[i], res[i])
+			parts[i] = &writePart{h: hs[i], ws: res[i].GetWrites()}
 		}
-		_, ok = r.result(calls[i], res[i])
-		parts[i] = &writePart{h: hs[i], ws: res[i].GetWrites()}
+		if !good {
+			failed = markFailed(failed, len(run), i)
+		}
 	}
+	if failed != nil {
+		release()
+		tx.Rollback(context.WithoutCancel(ctx))
+		r.observe(first.db, len(run), nil)
+		r.alone(r.againBatched(b, run, failed))
+		return
+	}
+	// Every job answered a clean apply (else the call failed or was
+	// called off, and parts are not made).
+	answered := ok
 	if ok {
 		done = lap(&phases.Writes)
 		ok = r.cfg.Handles.writeAll(inLockOrder(parts))
 		done()
 	}
-	for i := 0; ok && i < len(run); i++ {
-		_, ok = r.written(run[i].job, parts[i])
+	// The jobs whose own writes failed, or were refused: not those whose
+	// writes did not run because another's stopped the batch first.
+	for i := 0; answered && i < len(run); i++ {
+		if out, good := r.written(run[i].job, parts[i]); !good && out.Verdict != Abandoned {
+			failed = markFailed(failed, len(run), i)
+		}
 	}
 	release()
-	for i := 0; ok && i < len(run); i++ {
-		_, bad := refused(run[i].job, hs[i])
-		ok = !bad
+	for i := 0; answered && i < len(run); i++ {
+		if _, bad := refused(run[i].job, hs[i]); bad {
+			failed = markFailed(failed, len(run), i)
+		}
 	}
-	if !ok {
+	if !ok || failed != nil {
 		tx.Rollback(context.WithoutCancel(ctx))
 		r.observe(first.db, len(run), nil)
-		r.alone(run)
+		if failed == nil {
+			r.alone(run) // no job of its own failed: a failure of the batch's
+			return
+		}
+		r.alone(r.againBatched(b, run, failed))
 		return
 	}
 	written()
@@ -675,6 +705,44 @@ func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*bat
 		out.Version = q.d.Version
 		finish(q, out)
 	}
+}
+
+// markFailed marks job i of n as failed, making the marks when there are
+// none yet.
+func markFailed(failed []bool, n, i int) []bool {
+	if failed == nil {
+		failed = make([]bool, n)
+	}
+	failed[i] = true
+	return failed
+}
+
+// againBatched splits a batch whose plugin answered some of its jobs
+// (failed) with anything but a clean apply: those jobs, and the others
+// that a split put back once already, are returned to run alone, where
+// each gets its own outcome; the others go back to the front of the queue
+// to meet in the next batch, which starts once this one is over (the
+// batch's entries in flight hold them until then). One failing job of a
+// batch of BatchMax then costs its batch-mates one batch more, not a
+// transaction each; a job is put back once at most, so a plugin failing
+// a job in every batch cannot hold the others in the queue.
+func (r *Runner) againBatched(b *batcher, run []*batchReq, failed []bool) (alone []*batchReq) {
+	var back []*batchReq
+	for i, q := range run {
+		if failed[i] || q.again {
+			alone = append(alone, q)
+			continue
+		}
+		q.again = true
+		back = append(back, q)
+	}
+	if len(back) < 2 {
+		return append(alone, back...) // a batch of one is a job alone
+	}
+	b.mu.Lock()
+	b.queue = append(back, b.queue...)
+	b.mu.Unlock()
+	return alone
 }
 
 // inLockOrder is parts in the order their writes are sent: by their first

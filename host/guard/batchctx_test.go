@@ -65,6 +65,16 @@ func (g *gatedInvoker) Invoke(ctx context.Context, calls []*usherv1.Call) ([]*us
 	return res, nil
 }
 
+// waitCalled waits until job id's first call is in Invoke.
+func (g *gatedInvoker) waitCalled(t *testing.T, id string) {
+	t.Helper()
+	hosttest.Eventually(t, 10*time.Second, id+" in its Invoke", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.calls[id] == 1
+	})
+}
+
 // gcountDB is a database whose gcount row 0 gatedInvoker's writes count
 // up, and a pool of the raw plugin role (usher_plugin_raw) on it; sql runs
 // after the table is made.
@@ -131,11 +141,7 @@ func TestAbsorbedLastJobDoesNotEndItsBatch(t *testing.T) {
 		}()
 	}
 	run("blocker", nil)
-	hosttest.Eventually(t, 10*time.Second, "the blocker in its Invoke", func() bool {
-		inv.mu.Lock()
-		defer inv.mu.Unlock()
-		return inv.calls["blocker"] == 1
-	})
+	inv.waitCalled(t, "blocker")
 	for _, id := range []string{"a", "b", "absorbed"} {
 		var done func()
 		if id == "absorbed" {

@@ -52,11 +52,7 @@ func TestBatchOverTheMessageCapSplits(t *testing.T) {
 	// The blocker holds the pool's batches while the others queue for the
 	// next one, which is then refused whole.
 	runs.start("blocker")
-	hosttest.Eventually(t, 10*time.Second, "the blocker in its Invoke", func() bool {
-		inv.mu.Lock()
-		defer inv.mu.Unlock()
-		return inv.calls["blocker"] == 1
-	})
+	inv.waitCalled(t, "blocker")
 	for _, id := range []string{"a", "b", "huge"} {
 		runs.start(id)
 	}
