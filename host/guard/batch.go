@@ -643,15 +643,9 @@ func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*bat
 			failed = markFailed(failed, len(run), i)
 		}
 	}
-	if failed != nil {
-		release()
-		tx.Rollback(context.WithoutCancel(ctx))
-		r.observe(first.db, len(run), nil)
-		r.alone(r.againBatched(b, run, failed))
-		return
-	}
-	// Every job answered a clean apply (else the call failed or was
-	// called off, and parts are not made).
+	// Every job answered a clean apply (else the call failed, was called
+	// off or a job's answer split the batch: no writes run).
+	ok = ok && failed == nil
 	answered := ok
 	if ok {
 		done = lap(&phases.Writes)
@@ -674,11 +668,11 @@ func (r *Runner) runBatch(ctx, callCtx context.Context, b *batcher, batch []*bat
 	if !ok || failed != nil {
 		tx.Rollback(context.WithoutCancel(ctx))
 		r.observe(first.db, len(run), nil)
-		if failed == nil {
-			r.alone(run) // no job of its own failed: a failure of the batch's
-			return
+		// A failure that is no job's own runs every job alone.
+		if failed != nil {
+			run = r.againBatched(b, run, failed)
 		}
-		r.alone(r.againBatched(b, run, failed))
+		r.alone(run)
 		return
 	}
 	written()

@@ -299,7 +299,7 @@ func sweepOrphans() {
 			continue
 		}
 		if processGone(pid) {
-			_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{d.Name}.Sanitize()+" WITH (FORCE)")
+			dropDatabase(d.Name)
 		}
 	}
 }
